@@ -1,0 +1,157 @@
+"""msgpack framing of requests and replies, with size limits (DESIGN.md "Wire protocol")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ._errors import ErrorCode, ProtocolError
+from ._version import PROTOCOL_VERSION
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Caps applied before and while decoding a message.
+
+    Attributes:
+        max_frame_bytes: largest single frame (also ZeroMQ's MAXMSGSIZE).
+        max_frames: most frames in one multipart message (envelope included).
+        max_total_bytes: largest sum of frame sizes in one message.
+    """
+
+    max_frame_bytes: int = DEFAULT_MAX_BYTES
+    max_frames: int = 8
+    max_total_bytes: int = DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A decoded request envelope; ``args`` is not yet validated for the op."""
+
+    id: int
+    op: str
+    args: dict[str, Any]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def pack(value: object) -> bytes:
+    """Encode a value as msgpack (str as str, bytes as bin)."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(body: bytes, limits: Limits | None = None) -> Any:
+    """Decode one msgpack value, refusing oversize input.
+
+    Raises:
+        ProtocolError: ``too_large`` past the frame limit, ``bad_request`` for
+            anything that is not exactly one well-formed msgpack value.
+    """
+    limit = (limits or Limits()).max_frame_bytes
+    if len(body) > limit:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"frame of {len(body)} bytes exceeds {limit}")
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=True, max_buffer_size=limit)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError, RecursionError) as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"body is not valid msgpack: {exc}") from None
+
+
+def decode_request(body: bytes, limits: Limits | None = None) -> Request:
+    """Decode and check a request envelope ``{v, id, op, args}``.
+
+    Raises:
+        ProtocolError: with the request id when it could be read.
+    """
+    value = unpack(body, limits)
+    if not isinstance(value, dict):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "request body must be a map")
+    request_id = value.get("id")
+    if not _is_int(request_id):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "request 'id' must be an integer")
+    assert isinstance(request_id, int)
+    version = value.get("v")
+    if version != PROTOCOL_VERSION or not _is_int(version):
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"protocol version {version!r} is not supported (this daemon speaks {PROTOCOL_VERSION})",
+            request_id,
+        )
+    op = value.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "request 'op' must be a string", request_id)
+    args = value.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "request 'args' must be a map", request_id)
+    extra = set(value) - {"v", "id", "op", "args"}
+    if extra:
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST, f"unknown envelope field(s): {sorted(map(str, extra))}", request_id
+        )
+    return Request(request_id, op, args)
+
+
+def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
+    """Encode a request body."""
+    return pack({"v": PROTOCOL_VERSION, "id": request_id, "op": op, "args": args})
+
+
+def encode_result(request_id: int | None, result: dict[str, Any]) -> bytes:
+    """Encode a successful reply body."""
+    return pack({"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": result})
+
+
+def encode_error(request_id: int | None, code: ErrorCode | str, message: str) -> bytes:
+    """Encode an error reply body."""
+    return pack(
+        {
+            "v": PROTOCOL_VERSION,
+            "id": request_id,
+            "ok": False,
+            "error": {"code": str(code), "message": message},
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A decoded reply: ``result`` when ``ok``, else ``code`` and ``message``."""
+
+    id: int | None
+    ok: bool
+    result: dict[str, Any] | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+def decode_reply(body: bytes, limits: Limits | None = None) -> Reply:
+    """Decode a reply body.
+
+    Raises:
+        ProtocolError: ``bad_request`` when the reply breaks the envelope.
+    """
+    value = unpack(body, limits)
+    if not isinstance(value, dict) or not isinstance(value.get("ok"), bool):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "reply is not a ctxwin reply envelope")
+    request_id = value.get("id")
+    if request_id is not None and not _is_int(request_id):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "reply 'id' must be an integer or nil")
+    if value["ok"]:
+        result = value.get("result")
+        if not isinstance(result, dict):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "reply 'result' must be a map")
+        return Reply(request_id, True, result=result)
+    error = value.get("error")
+    if not isinstance(error, dict):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "reply 'error' must be a map")
+    return Reply(
+        request_id, False, code=str(error.get("code")), message=str(error.get("message", ""))
+    )

@@ -1,0 +1,310 @@
+"""The ops of wire protocol version 1, their arguments, and argument checks.
+
+DESIGN.md "Wire protocol" is the contract; this module is its executable form.
+The daemon validates every request with :func:`validate_args` before any work;
+the client library uses the same tables, so both sides agree on shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, TypedDict
+
+from ._errors import ErrorCode, ProtocolError
+
+TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Task ids (DESIGN.md): anything else is refused before it can touch a path."""
+
+KEEP_VALUES = ("none", "lastTwo", "half", "quarter")
+COMPACT_KEEP_VALUES = ("quarter", "none")
+USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
+
+Keep = Literal["none", "lastTwo", "half", "quarter"]
+DeletedRange = list[int] | None
+
+
+class Message(TypedDict):
+    """A conversation message (SPEC.md §1); other keys pass through."""
+
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class Model(TypedDict):
+    """The model a request goes to (SPEC.md §2)."""
+
+    id: str
+    context_window: NotRequired[int | float | None]
+    provider: NotRequired[str | None]
+
+
+class Usage(TypedDict, total=False):
+    """Token usage of a model request (SPEC.md §2); missing fields count 0."""
+
+    ts: int
+    tokens_in: int
+    tokens_out: int
+    cache_writes: int
+    cache_reads: int
+
+
+def is_valid_task_id(task: object) -> bool:
+    """Whether ``task`` is a task id the daemon accepts."""
+    return isinstance(task, str) and TASK_ID_PATTERN.fullmatch(task) is not None
+
+
+class _Invalid(Exception):
+    """An argument failed its check; converted to a ProtocolError by validate_args."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_task(value: object) -> None:
+    if not is_valid_task_id(value):
+        raise ProtocolError(
+            ErrorCode.INVALID_TASK_ID,
+            "task id must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        )
+
+
+def _check_int(value: object) -> None:
+    if not _is_int(value):
+        raise _Invalid("must be an integer")
+
+
+def _check_ts(value: object) -> None:
+    if not _is_int(value) or value < 0:  # type: ignore[operator]
+        raise _Invalid("must be a non-negative integer (milliseconds since the epoch)")
+
+
+def _check_bool(value: object) -> None:
+    if not isinstance(value, bool):
+        raise _Invalid("must be a boolean")
+
+
+def _check_str(value: object) -> None:
+    if not isinstance(value, str):
+        raise _Invalid("must be a string")
+
+
+def _check_messages(value: object) -> None:
+    if not isinstance(value, list):
+        raise _Invalid("must be a list of messages")
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise _Invalid(f"[{index}] must be a map")
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            raise _Invalid(f"[{index}].role must be 'user' or 'assistant'")
+        content = message.get("content")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise _Invalid(f"[{index}].content must be a string or a list of blocks")
+        for block_index, block in enumerate(content):
+            if not isinstance(block, dict):
+                raise _Invalid(f"[{index}].content[{block_index}] must be a map")
+
+
+def _check_model(value: object) -> None:
+    if not isinstance(value, dict):
+        raise _Invalid("must be a map {id, context_window, provider?}")
+    if not isinstance(value.get("id"), str):
+        raise _Invalid(".id must be a string")
+    window = value.get("context_window")
+    if window is not None and (
+        isinstance(window, bool)
+        or not isinstance(window, int | float)
+        or not math.isfinite(window)
+        or window < 0
+    ):
+        raise _Invalid(".context_window must be a non-negative number or nil")
+    provider = value.get("provider")
+    if provider is not None and not isinstance(provider, str):
+        raise _Invalid(".provider must be a string or nil")
+
+
+def _check_usage(value: object) -> None:
+    if not isinstance(value, dict):
+        raise _Invalid("must be a map {ts, tokens_in, tokens_out, cache_writes, cache_reads}")
+    for field in USAGE_FIELDS:
+        if field in value and value[field] is not None:
+            token_count = value[field]
+            if not _is_int(token_count) or token_count < 0:
+                raise _Invalid(f".{field} must be a non-negative integer")
+    if "ts" in value and value["ts"] is not None:
+        try:
+            _check_ts(value["ts"])
+        except _Invalid as exc:
+            raise _Invalid(f".ts {exc}") from None
+
+
+def _check_optional_usage(value: object) -> None:
+    if value is not None:
+        _check_usage(value)
+
+
+def _check_range(value: object) -> None:
+    if value is None:
+        return
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(_is_int(bound) for bound in value)
+    ):
+        raise _Invalid("must be nil or a pair of integers [start, end]")
+    if value[0] != 2:
+        raise _Invalid("must start at 2 (messages 0 and 1 are never removed)")
+
+
+def _check_threshold(value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _Invalid("must be a number or nil")
+    if value < 0:
+        raise _Invalid("must not be negative")
+
+
+def _one_of(values: tuple[str, ...]) -> Callable[[object], None]:
+    def check(value: object) -> None:
+        if value not in values:
+            raise _Invalid("must be one of " + ", ".join(values))
+
+    return check
+
+
+CHECKS: dict[str, Callable[[object], None]] = {
+    "task": _check_task,
+    "messages": _check_messages,
+    "model": _check_model,
+    "usage": _check_usage,
+    "previous_request": _check_optional_usage,
+    "deleted_range": _check_range,
+    "keep": _one_of(KEEP_VALUES),
+    "ts": _check_ts,
+    "threshold": _check_threshold,
+    "use_auto_condense": _check_bool,
+    "text": _check_str,
+    "ephemeral": _check_bool,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """One op of the wire table: its required and optional arguments.
+
+    Attributes:
+        name: the op as sent in ``op``.
+        required: arguments that must be present.
+        optional: arguments that may be present.
+        needs_task: the op runs in a task's actor.
+        one_of: groups of which exactly one argument must be present.
+    """
+
+    name: str
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    one_of: tuple[tuple[str, ...], ...] = ()
+    checks: Mapping[str, Callable[[object], None]] | None = None
+
+    @property
+    def needs_task(self) -> bool:
+        return "task" in self.required
+
+    @property
+    def fields(self) -> frozenset[str]:
+        names = set(self.required) | set(self.optional)
+        for group in self.one_of:
+            names.update(group)
+        return frozenset(names)
+
+
+_OPEN = ("ephemeral",)
+
+OPS: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec("ping"),
+        OpSpec("stats"),
+        OpSpec("context_window_info", ("model",)),
+        OpSpec("should_compact", ("usage", "model"), ("threshold", "task", "messages")),
+        OpSpec("next_truncation_range", ("messages", "deleted_range", "keep")),
+        OpSpec(
+            "prepare_request",
+            ("task", "messages", "model"),
+            ("previous_request", "use_auto_condense", "deleted_range", *_OPEN),
+        ),
+        OpSpec("truncated_messages", ("task", "messages"), ("deleted_range", *_OPEN)),
+        OpSpec("optimize_file_reads", ("task", "messages", "ts"), ("deleted_range", *_OPEN)),
+        OpSpec(
+            "optimize_file_reads_in_memory", ("task", "messages", "ts"), ("deleted_range", *_OPEN)
+        ),
+        OpSpec("compact_subagent", ("task", "messages"), ("deleted_range", *_OPEN)),
+        OpSpec("apply_truncation_notice", ("task", "ts", "messages"), _OPEN),
+        OpSpec(
+            "compact",
+            ("task", "messages", "keep", "ts"),
+            _OPEN,
+            checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
+        ),
+        OpSpec("condensed", ("task", "messages"), _OPEN),
+        OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN)),
+        OpSpec("inspect", ("task",), _OPEN),
+        OpSpec("flush", (), ("task",)),
+        OpSpec("close", ("task",)),
+        OpSpec("count_tokens", one_of=(("messages", "text"),)),
+    )
+}
+"""Every op of protocol version 1, by name."""
+
+
+def validate_args(op: str, args: Mapping[str, Any]) -> OpSpec:
+    """Check ``args`` against the op's spec.
+
+    Args:
+        op: the op name from the request.
+        args: the request's args map.
+
+    Returns:
+        The op's spec.
+
+    Raises:
+        ProtocolError: ``unknown_op`` for an op not in :data:`OPS`,
+            ``invalid_task_id`` for a bad task id, ``bad_request`` for a
+            missing, unknown or ill-typed argument.
+    """
+    spec = OPS.get(op)
+    if spec is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}")
+    for name in spec.required:
+        if name not in args:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{op}: missing argument {name!r}")
+    for group in spec.one_of:
+        present = [name for name in group if name in args]
+        if len(present) != 1:
+            raise ProtocolError(
+                ErrorCode.BAD_REQUEST, f"{op}: give exactly one of {', '.join(group)}"
+            )
+    unknown = [name for name in args if name not in spec.fields]
+    if unknown:
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(map(str, unknown))}"
+        )
+    # The task id first: a bad one must be refused as such, whatever else is wrong.
+    if "task" in args:
+        _check_task(args["task"])
+    for name, value in args.items():
+        if name == "task":
+            continue
+        check = (spec.checks or {}).get(name) or CHECKS[name]
+        try:
+            check(value)
+        except _Invalid as exc:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{op}: {name} {exc}") from None
+    return spec
