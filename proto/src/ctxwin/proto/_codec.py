@@ -58,8 +58,14 @@ def unpack(body: bytes, limits: Limits | None = None) -> Any:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"frame of {len(body)} bytes exceeds {limit}")
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=True, max_buffer_size=limit)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError, RecursionError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+        RecursionError,
+    ) as exc:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"body is not valid msgpack: {exc}") from None
 
 
@@ -80,7 +86,8 @@ def decode_request(body: bytes, limits: Limits | None = None) -> Request:
     if version != PROTOCOL_VERSION or not _is_int(version):
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_VERSION,
-            f"protocol version {version!r} is not supported (this daemon speaks {PROTOCOL_VERSION})",
+            f"protocol version {version!r} is not supported "
+            f"(this daemon speaks {PROTOCOL_VERSION})",
             request_id,
         )
     op = value.get("op")
@@ -94,7 +101,9 @@ def decode_request(body: bytes, limits: Limits | None = None) -> Request:
     extra = set(value) - {"v", "id", "op", "args"}
     if extra:
         raise ProtocolError(
-            ErrorCode.BAD_REQUEST, f"unknown envelope field(s): {sorted(map(str, extra))}", request_id
+            ErrorCode.BAD_REQUEST,
+            f"unknown envelope field(s): {sorted(map(str, extra))}",
+            request_id,
         )
     return Request(request_id, op, args)
 

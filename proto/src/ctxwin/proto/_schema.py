@@ -152,11 +152,7 @@ def _check_optional_usage(value: object) -> None:
 def _check_range(value: object) -> None:
     if value is None:
         return
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(_is_int(bound) for bound in value)
-    ):
+    if not isinstance(value, list) or len(value) != 2 or not all(_is_int(bound) for bound in value):
         raise _Invalid("must be nil or a pair of integers [start, end]")
     if value[0] != 2:
         raise _Invalid("must start at 2 (messages 0 and 1 are never removed)")

@@ -1,0 +1,51 @@
+"""The context-window engine: SPEC.md as pure functions over a task's state (no I/O)."""
+
+from __future__ import annotations
+
+from ._blocks import text_of, utf16_len
+from ._notices import DEFAULT_NOTICES, Notices
+from ._optimize import Optimisation, optimize_file_reads
+from ._overlay import CorruptStateError, MessageUpdates, Overlay
+from ._range import Keep, next_truncation_range
+from ._state import (
+    CompactResult,
+    InMemoryResult,
+    OptimizeResult,
+    PrepareResult,
+    SubagentResult,
+    TaskState,
+)
+from ._view import truncated_messages
+from ._window import (
+    CompactDecision,
+    WindowInfo,
+    context_window_info,
+    should_compact,
+    total_tokens,
+)
+
+__all__ = [
+    "DEFAULT_NOTICES",
+    "CompactDecision",
+    "CompactResult",
+    "CorruptStateError",
+    "InMemoryResult",
+    "Keep",
+    "MessageUpdates",
+    "Notices",
+    "Optimisation",
+    "OptimizeResult",
+    "Overlay",
+    "PrepareResult",
+    "SubagentResult",
+    "TaskState",
+    "WindowInfo",
+    "context_window_info",
+    "next_truncation_range",
+    "optimize_file_reads",
+    "should_compact",
+    "text_of",
+    "total_tokens",
+    "truncated_messages",
+    "utf16_len",
+]

@@ -1,0 +1,282 @@
+"""One task's state, overlay plus deleted range, and the operations on it (SPEC.md §5-§9)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._blocks import Message, text_of
+from ._notices import DEFAULT_NOTICES, Notices
+from ._optimize import Optimisation, optimize_file_reads
+from ._overlay import EDIT_UNDEFINED, CorruptStateError, Overlay
+from ._range import Keep, next_truncation_range
+from ._view import keep_from, truncated_messages
+from ._window import context_window_info, total_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    """What ``prepare_request`` decided and the view to send."""
+
+    deleted_range: list[int] | None
+    range_updated: bool
+    messages: list[Message]
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "deleted_range": self.deleted_range,
+            "range_updated": self.range_updated,
+            "messages": self.messages,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizeResult:
+    """The outcome of a persisted file read optimisation."""
+
+    changed: bool
+    need_to_truncate: bool
+    percent_saved: float
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "changed": self.changed,
+            "need_to_truncate": self.need_to_truncate,
+            "percent_saved": self.percent_saved,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class InMemoryResult:
+    """The outcome of an in-memory optimisation and the conversation to use."""
+
+    changed: bool
+    need_to_truncate: bool
+    messages: list[Message]
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "changed": self.changed,
+            "need_to_truncate": self.need_to_truncate,
+            "messages": self.messages,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentResult:
+    """The outcome of compacting a subagent's conversation."""
+
+    compacted: bool
+    deleted_range: list[int] | None
+    messages: list[Message]
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "compacted": self.compacted,
+            "deleted_range": self.deleted_range,
+            "messages": self.messages,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CompactResult:
+    """The range after a forced compaction and whether anything changed."""
+
+    deleted_range: list[int] | None
+    changed: bool
+
+    def wire(self) -> dict[str, Any]:
+        return {"deleted_range": self.deleted_range, "changed": self.changed}
+
+
+def _check_range(value: object) -> list[int] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 2
+        or not all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
+    ):
+        raise CorruptStateError("a deleted range must be null or [start, end]")
+    return [value[0], value[1]]
+
+
+class TaskState:
+    """A task's overlay and deleted range, with the engine's operations on them.
+
+    The history itself is never stored or changed here: every operation takes
+    the caller's messages and returns new lists. ``revision`` grows with each
+    change that should be written to disk, so a persister can tell what it has
+    written.
+    """
+
+    __slots__ = ("_deleted_range", "notices", "overlay", "revision")
+
+    def __init__(self, notices: Notices = DEFAULT_NOTICES) -> None:
+        self.notices = notices
+        self.overlay = Overlay()
+        self._deleted_range: list[int] | None = None
+        self.revision = 0
+
+    @property
+    def deleted_range(self) -> list[int] | None:
+        """The inclusive ``[2, end]`` range of messages not sent, or None."""
+        return None if self._deleted_range is None else list(self._deleted_range)
+
+    @deleted_range.setter
+    def deleted_range(self, value: Sequence[int] | None) -> None:
+        new = None if value is None else [value[0], value[1]]
+        if new != self._deleted_range:
+            self._deleted_range = new
+            self.revision += 1
+
+    @classmethod
+    def load(
+        cls, updates: object, deleted_range: object = None, notices: Notices = DEFAULT_NOTICES
+    ) -> TaskState:
+        """Rebuild a state from its stored form.
+
+        Args:
+            updates: the parsed ``context_history.json`` (SPEC.md §1), or None.
+            deleted_range: the stored range, or None.
+            notices: the notice texts to use from now on.
+
+        Raises:
+            CorruptStateError: when either value does not have its stored shape.
+        """
+        state = cls(notices)
+        if updates is not None:
+            state.overlay = Overlay.load(updates)
+        state._deleted_range = _check_range(deleted_range)
+        return state
+
+    def dump_updates(self) -> list[Any]:
+        """The overlay in on-disk form (SPEC.md §1), ready for ``json.dumps``."""
+        return self.overlay.dump()
+
+    def _changed(self) -> None:
+        self.revision += 1
+
+    def truncated_messages(self, messages: Sequence[Message]) -> list[Message]:
+        """The view of ``messages`` under this task's range and overlay (SPEC.md §4)."""
+        return truncated_messages(messages, self._deleted_range, self.overlay, self.notices)
+
+    # §5 -----------------------------------------------------------------
+
+    def add_truncation_notice(self, ts: int) -> bool:
+        """Replace message 1 with the truncation notice unless it has edits already."""
+        if 1 in self.overlay:
+            return False
+        self.overlay.append(1, EDIT_UNDEFINED, 0, [ts, "text", [self.notices.truncation], []])
+        return True
+
+    def add_first_user_replacement(self, ts: int, messages: Sequence[Message]) -> bool:
+        """Replace message 0's first text block unless it has edits already."""
+        if 0 in self.overlay or not messages:
+            return False
+        content = messages[0].get("content")
+        if not isinstance(content, list) or not content:
+            return False
+        first = content[0]
+        if first.get("type") != "text" or not text_of(first):
+            return False
+        self.overlay.append(0, EDIT_UNDEFINED, 0, [ts, "text", [self.notices.first_user], []])
+        return True
+
+    def apply_truncation_notice(self, ts: int, messages: Sequence[Message]) -> bool:
+        """Both notices of SPEC.md §5; True when either was added."""
+        changed = self.add_truncation_notice(ts)
+        changed = self.add_first_user_replacement(ts, messages) or changed
+        if changed:
+            self._changed()
+        return changed
+
+    # §6 -----------------------------------------------------------------
+
+    def _optimize(self, messages: Sequence[Message], ts: int, whole: bool) -> Optimisation:
+        start = 2 if whole else keep_from(self._deleted_range)
+        return optimize_file_reads(messages, start, self.overlay, ts, self.notices)
+
+    def optimize_file_reads(self, messages: Sequence[Message], ts: int) -> OptimizeResult:
+        """Replace superseded file reads after the range and persist (SPEC.md §6)."""
+        result = self._optimize(messages, ts, whole=False)
+        if result.changed:
+            self._changed()
+        return OptimizeResult(result.changed, result.need_to_truncate, result.percent_saved)
+
+    def optimize_file_reads_in_memory(self, messages: Sequence[Message], ts: int) -> InMemoryResult:
+        """As :meth:`optimize_file_reads` without asking for a write (SPEC.md §8).
+
+        Returns the view when something changed, else ``messages`` untouched.
+        """
+        result = self._optimize(messages, ts, whole=False)
+        view = self.truncated_messages(messages) if result.changed else list(messages)
+        return InMemoryResult(result.changed, result.need_to_truncate, view)
+
+    # §7 -----------------------------------------------------------------
+
+    def prepare_request(
+        self,
+        messages: Sequence[Message],
+        previous_request: Mapping[str, Any] | None,
+        model: Mapping[str, Any],
+        use_auto_condense: bool = False,
+    ) -> PrepareResult:
+        """Decide whether to cut before the next request and build its view (SPEC.md §7)."""
+        range_updated = False
+        if not use_auto_condense and previous_request is not None:
+            total = total_tokens(previous_request)
+            limit = context_window_info(model).max_allowed_size
+            if total >= limit:
+                keep: Keep = "quarter" if total / 2 > limit else "half"
+                ts = previous_request.get("ts") or 0
+                result = self._optimize(messages, ts, whole=False)
+                changed = result.changed
+                if result.need_to_truncate:
+                    changed = self.add_truncation_notice(ts) or changed
+                    self.deleted_range = next_truncation_range(messages, self._deleted_range, keep)
+                    range_updated = True
+                if changed:
+                    self._changed()
+        return PrepareResult(self.deleted_range, range_updated, self.truncated_messages(messages))
+
+    # §8 -----------------------------------------------------------------
+
+    def compact_subagent(self, messages: Sequence[Message], ts: int) -> SubagentResult:
+        """Make a subagent's conversation fit: optimise in memory, else cut a quarter (§8)."""
+        result = optimize_file_reads(messages, 2, self.overlay, ts, self.notices)
+        conversation: Sequence[Message] = messages
+        if result.changed:
+            conversation = truncated_messages(messages, None, self.overlay, self.notices)
+            if not result.need_to_truncate:
+                return SubagentResult(True, self.deleted_range, self.truncated_messages(messages))
+        current = self._deleted_range
+        proposed = next_truncation_range(conversation, current, "quarter")
+        if proposed[1] < proposed[0] or proposed == current:
+            return SubagentResult(False, self.deleted_range, self.truncated_messages(messages))
+        self.deleted_range = proposed
+        return SubagentResult(True, self.deleted_range, self.truncated_messages(messages))
+
+    def compact(self, messages: Sequence[Message], keep: Keep, ts: int) -> CompactResult:
+        """Force a cut: after a context-window error (quarter) or a summary (none) (§8)."""
+        before = self.revision
+        self.deleted_range = next_truncation_range(messages, self._deleted_range, keep)
+        self.apply_truncation_notice(ts, messages)
+        return CompactResult(self.deleted_range, self.revision != before)
+
+    def condensed(self, messages: Sequence[Message]) -> list[int] | None:
+        """After auto-condense, also hide the summary request and its turn (SPEC.md §8)."""
+        current = self._deleted_range
+        if current is not None and current[1] + 2 <= len(messages) - 1:
+            self.deleted_range = [current[0], current[1] + 2]
+        return self.deleted_range
+
+    # §9 -----------------------------------------------------------------
+
+    def rollback(self, ts: int) -> int:
+        """Undo every edit newer than ``ts`` (SPEC.md §9); returns how many were removed."""
+        removed = self.overlay.rollback(ts)
+        if removed:
+            self._changed()
+        return removed

@@ -1,0 +1,147 @@
+"""The view sent to the model: range, overlay and tool pairing applied (SPEC.md §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._blocks import Block, Message, with_text
+from ._notices import DEFAULT_NOTICES, Notices
+from ._overlay import Overlay
+
+FIRST_REMOVABLE = 2
+
+
+def keep_from(deleted_range: Sequence[int] | None) -> int:
+    """The first history index after the deleted range.
+
+    A range that ends before message 1 hides nothing: the first pair is always
+    in the view and never repeated.
+    """
+    if not deleted_range:
+        return FIRST_REMOVABLE
+    return max(deleted_range[1] + 1, FIRST_REMOVABLE)
+
+
+def apply_overlay(message: Message, overlay_entry: Any) -> Message:
+    """A copy of ``message`` with each block's latest text update applied (SPEC.md §4 step 4)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    blocks: list[Block] | None = None
+    for block_index, updates in overlay_entry.blocks.items():
+        if not updates or not 0 <= block_index < len(content):
+            continue
+        latest = updates[-1]
+        if latest[1] != "text":
+            continue
+        if blocks is None:
+            blocks = list(content)
+        blocks[block_index] = with_text(blocks[block_index], latest[2][0])
+    if blocks is None:
+        return message
+    return {**message, "content": blocks}
+
+
+def _tool_use_ids(message: Message) -> list[str]:
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, list):
+        return []
+    ids: list[str] = []
+    for block in content:
+        if block.get("type") == "tool_use":
+            tool_id = block.get("id")
+            if isinstance(tool_id, str) and tool_id:
+                ids.append(tool_id)
+    return ids
+
+
+def _result_id(block: Block) -> str | None:
+    if block.get("type") != "tool_result":
+        return None
+    tool_use_id = block.get("tool_use_id")
+    return tool_use_id if isinstance(tool_use_id, str) and tool_use_id else None
+
+
+def repair_tool_results(ids: list[str], message: Message, notices: Notices) -> Message:
+    """The user message after a tool_use turn, with its results first and in order.
+
+    Returns ``message`` itself when it already pairs (SPEC.md §4 step 5).
+    """
+    content = message.get("content")
+    blocks: list[Block] = content if isinstance(content, list) else []
+    results: dict[str, Block] = {}
+    others: list[Block] = []
+    matched = 0
+    result_count = 0
+    in_order = True
+    for block in blocks:
+        result_id = _result_id(block)
+        if result_id is None:
+            others.append(block)
+            if matched < len(ids):
+                in_order = False
+            continue
+        results[result_id] = block
+        result_count += 1
+        if matched < len(ids) and in_order and result_id == ids[matched]:
+            matched += 1
+        else:
+            in_order = False
+    if isinstance(content, list) and in_order and matched == len(ids) and result_count == matched:
+        return message
+    ordered: list[Block] = [
+        results.get(tool_id)
+        or {"type": "tool_result", "tool_use_id": tool_id, "content": notices.missing_result}
+        for tool_id in ids
+    ]
+    return {**message, "content": ordered + others}
+
+
+def truncated_messages(
+    messages: Sequence[Message],
+    deleted_range: Sequence[int] | None,
+    overlay: Overlay | None = None,
+    notices: Notices = DEFAULT_NOTICES,
+) -> list[Message]:
+    """The messages to send: the first pair, then everything after the range (SPEC.md §4).
+
+    Args:
+        messages: the task's full history; never mutated.
+        deleted_range: ``[2, end]`` or None.
+        overlay: the task's edits, applied to copies of the messages they touch.
+        notices: supplies the text of an invented missing tool result.
+
+    Returns:
+        A new list; messages that needed no change are the caller's own objects.
+    """
+    if len(messages) < 2:
+        return list(messages)
+    start = keep_from(deleted_range)
+    view = [messages[0], messages[1], *messages[start:]]
+    if start > FIRST_REMOVABLE and len(view) > 2:
+        third = view[2]
+        content = third.get("content")
+        if (
+            third.get("role") == "user"
+            and isinstance(content, list)
+            and any(block.get("type") == "tool_result" for block in content)
+        ):
+            view[2] = {
+                **third,
+                "content": [block for block in content if block.get("type") != "tool_result"],
+            }
+    if overlay:
+        for position, original in enumerate((0, 1)):
+            entry = overlay.get(original)
+            if entry is not None:
+                view[position] = apply_overlay(view[position], entry)
+        for original, entry in overlay.items():
+            if original >= start and original < len(messages):
+                position = original - start + 2
+                view[position] = apply_overlay(view[position], entry)
+    for position in range(len(view) - 1):
+        ids = _tool_use_ids(view[position])
+        if ids and view[position + 1].get("role") == "user":
+            view[position + 1] = repair_tool_results(ids, view[position + 1], notices)
+    return view

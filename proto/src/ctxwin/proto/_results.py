@@ -1,0 +1,185 @@
+"""Typed shapes of the ``result`` map of each op (DESIGN.md "Wire protocol").
+
+Keys beyond the ones listed may appear (the daemon may add fields in a later
+minor version); readers must ignore what they do not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from ._schema import DeletedRange, Message
+
+__all__ = [
+    "RESULT_FIELDS",
+    "ApplyTruncationNoticeResult",
+    "CloseResult",
+    "CompactResult",
+    "CompactSubagentResult",
+    "CondensedResult",
+    "ContextWindowInfoResult",
+    "CountTokensResult",
+    "FlushResult",
+    "InspectResult",
+    "NextTruncationRangeResult",
+    "OptimizeFileReadsInMemoryResult",
+    "OptimizeFileReadsResult",
+    "PingResult",
+    "PrepareRequestResult",
+    "RollbackResult",
+    "ShouldCompactResult",
+    "StatsResult",
+    "TruncatedMessagesResult",
+]
+
+
+class PingResult(TypedDict):
+    """``ping``: the daemon is alive."""
+
+    pong: bool
+    version: str
+    proto: int
+
+
+class StatsResult(TypedDict):
+    """``stats``: counters of the running daemon."""
+
+    tasks: int
+    actors: int
+    requests: int
+    flushes: int
+    write_failures: int
+    uptime_s: float
+
+
+class ContextWindowInfoResult(TypedDict):
+    """``context_window_info`` (SPEC.md §2)."""
+
+    context_window: int
+    max_allowed_size: int | float
+
+
+class ShouldCompactResult(TypedDict):
+    """``should_compact`` (SPEC.md §2, §8)."""
+
+    compact: bool
+    total_tokens: int
+    threshold_tokens: int
+
+
+class NextTruncationRangeResult(TypedDict):
+    """``next_truncation_range`` (SPEC.md §3)."""
+
+    deleted_range: DeletedRange
+
+
+class PrepareRequestResult(TypedDict):
+    """``prepare_request`` (SPEC.md §7): the messages to send to the model."""
+
+    deleted_range: DeletedRange
+    range_updated: bool
+    messages: list[Message]
+
+
+class TruncatedMessagesResult(TypedDict):
+    """``truncated_messages`` (SPEC.md §4)."""
+
+    messages: list[Message]
+
+
+class OptimizeFileReadsResult(TypedDict):
+    """``optimize_file_reads`` (SPEC.md §6)."""
+
+    changed: bool
+    need_to_truncate: bool
+    percent_saved: float
+
+
+class OptimizeFileReadsInMemoryResult(TypedDict):
+    """``optimize_file_reads_in_memory`` (SPEC.md §8)."""
+
+    changed: bool
+    need_to_truncate: bool
+    messages: list[Message]
+
+
+class CompactSubagentResult(TypedDict):
+    """``compact_subagent`` (SPEC.md §8)."""
+
+    compacted: bool
+    deleted_range: DeletedRange
+    messages: list[Message]
+
+
+class ApplyTruncationNoticeResult(TypedDict):
+    """``apply_truncation_notice`` (SPEC.md §5)."""
+
+    changed: bool
+
+
+class CompactResult(TypedDict):
+    """``compact`` (SPEC.md §8)."""
+
+    deleted_range: DeletedRange
+    changed: bool
+
+
+class CondensedResult(TypedDict):
+    """``condensed`` (SPEC.md §8)."""
+
+    deleted_range: DeletedRange
+
+
+class RollbackResult(TypedDict):
+    """``rollback`` (SPEC.md §9): how many updates were dropped."""
+
+    removed: int
+
+
+class InspectResult(TypedDict):
+    """``inspect``: the task's overlay in its on-disk form (SPEC.md §1)."""
+
+    updates: list[Any]
+    deleted_range: DeletedRange
+    dirty: bool
+
+
+class FlushResult(TypedDict):
+    """``flush``: answered once the data is durable."""
+
+    flushed: int
+
+
+class CloseResult(TypedDict):
+    """``close``: the task's actor is stopped (its state flushed first)."""
+
+    closed: bool
+
+
+class CountTokensResult(TypedDict):
+    """``count_tokens``."""
+
+    tokens: int
+
+
+RESULT_FIELDS: dict[str, tuple[str, ...]] = {
+    "ping": ("pong", "version", "proto"),
+    "stats": ("tasks", "actors", "requests", "flushes", "write_failures", "uptime_s"),
+    "context_window_info": ("context_window", "max_allowed_size"),
+    "should_compact": ("compact", "total_tokens", "threshold_tokens"),
+    "next_truncation_range": ("deleted_range",),
+    "prepare_request": ("deleted_range", "range_updated", "messages"),
+    "truncated_messages": ("messages",),
+    "optimize_file_reads": ("changed", "need_to_truncate", "percent_saved"),
+    "optimize_file_reads_in_memory": ("changed", "need_to_truncate", "messages"),
+    "compact_subagent": ("compacted", "deleted_range", "messages"),
+    "apply_truncation_notice": ("changed",),
+    "compact": ("deleted_range", "changed"),
+    "condensed": ("deleted_range",),
+    "rollback": ("removed",),
+    "inspect": ("updates", "deleted_range", "dirty"),
+    "flush": ("flushed",),
+    "close": ("closed",),
+    "count_tokens": ("tokens",),
+}
+"""The fields each op's result carries (the right-hand column of the wire table)."""
