@@ -57,7 +57,7 @@ def unpack(body: bytes, limits: Limits | None = None) -> Any:
     if len(body) > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"frame of {len(body)} bytes exceeds {limit}")
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=True, max_buffer_size=limit)
+        return msgpack.unpackb(body, raw=False, strict_map_key=True)
     except (
         ValueError,
         TypeError,

@@ -1,0 +1,244 @@
+"""Properties of the engine over generated conversations (SPEC.md §3, §4, §9)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxwin.engine import TaskState, next_truncation_range
+
+PATHS = ["src/app.py", "src/ü.ts", "README.md", "a b/c.txt"]
+MODEL = {"id": "test-model", "context_window": 64_000}
+PROFILE = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+words = st.text(alphabet="abc xyz\n😀é", max_size=40)
+paths = st.sampled_from(PATHS)
+
+
+@st.composite
+def user_content(draw: st.DrawFn, tool_ids: list[str]) -> Any:
+    """A user message body: file reads in both formats, mentions, results, images."""
+    kind = draw(st.integers(0, 6))
+    blocks: list[dict[str, Any]] = []
+    if kind == 0:
+        return draw(words)
+    if kind == 1:
+        path = draw(paths)
+        blocks = [
+            {"type": "text", "text": f"[read_file for '{path}'] Result:"},
+            {"type": "text", "text": draw(words)},
+        ]
+    elif kind == 2:
+        path = draw(paths)
+        blocks = [{"type": "text", "text": f"[read_file for '{path}'] Result:\n{draw(words)}"}]
+    elif kind == 3:
+        path = draw(paths)
+        tool = draw(st.sampled_from(["write_to_file", "replace_in_file"]))
+        body = f'<final_file_content path="{path}">\n{draw(words)}\n</final_file_content>'
+        blocks = [{"type": "text", "text": f"[{tool} for '{path}'] Result:\n{body}"}]
+    elif kind == 4:
+        mentioned = draw(st.lists(paths, min_size=1, max_size=3))
+        text = "see " + "".join(
+            f'<file_content path="{path}">{draw(words)}</file_content>' for path in mentioned
+        )
+        blocks = [{"type": "text", "text": text}]
+    elif kind == 5:
+        blocks = [{"type": "image", "source": {"type": "base64", "data": "QUJD"}}]
+    else:
+        blocks = [{"type": "text", "text": draw(words)}]
+    if tool_ids:
+        results = [
+            {"type": "tool_result", "tool_use_id": tool_id, "content": draw(words)}
+            for tool_id in tool_ids
+            if draw(st.booleans()) or draw(st.booleans())
+        ]
+        results = draw(st.permutations(results))
+        place_first = draw(st.booleans())
+        blocks = [*results, *blocks] if place_first else [*blocks, *results]
+    return blocks
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Alternating user/assistant messages, user first, each tagged with its index."""
+    count = draw(st.integers(0, 24))
+    messages: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for index in range(count):
+        if index % 2 == 0:
+            content = (
+                draw(user_content(pending))
+                if index
+                else [{"type": "text", "text": "<task>do it</task>"}]
+            )
+            messages.append({"role": "user", "content": content, "ts": index})
+            pending = []
+        else:
+            uses = draw(st.integers(0, 2))
+            pending = [f"tool-{index}-{n}" for n in range(uses)]
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": draw(words)}]
+            blocks += [
+                {"type": "tool_use", "id": tool_id, "name": "read_file", "input": {"p": 1}}
+                for tool_id in pending
+            ]
+            content = blocks if uses or draw(st.booleans()) else draw(words)
+            messages.append({"role": "assistant", "content": content, "ts": index})
+    return messages
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("prepare"), st.integers(0, 200_000)),
+        st.tuples(st.just("optimize"), st.just(0)),
+        st.tuples(st.just("compact"), st.sampled_from(["quarter", "none"])),
+        st.tuples(st.just("notice"), st.just(0)),
+        st.tuples(st.just("condensed"), st.just(0)),
+    ),
+    max_size=8,
+)
+
+
+def apply(state: TaskState, messages: list[dict[str, Any]], op: tuple[str, Any], ts: int) -> None:
+    """Run one generated operation at time ``ts``."""
+    name, value = op
+    if name == "prepare":
+        usage = {"ts": ts, "tokens_in": value}
+        state.prepare_request(messages, usage, MODEL)
+    elif name == "optimize":
+        state.optimize_file_reads(messages, ts)
+    elif name == "compact":
+        state.compact(messages, value, ts)
+    elif name == "notice":
+        state.apply_truncation_notice(ts, messages)
+    else:
+        state.condensed(messages)
+
+
+def run_all(messages: list[dict[str, Any]], ops: list[tuple[str, Any]]) -> TaskState:
+    state = TaskState()
+    for ts, op in enumerate(ops, start=1):
+        apply(state, messages, op, ts * 1000)
+    return state
+
+
+def tool_use_ids(message: dict[str, Any]) -> list[str]:
+    content = message["content"]
+    if message["role"] != "assistant" or not isinstance(content, list):
+        return []
+    return [block["id"] for block in content if block.get("type") == "tool_use"]
+
+
+@PROFILE
+@given(conversations(), operations)
+def test_the_first_pair_is_always_in_the_view(
+    messages: list[dict[str, Any]], ops: list[tuple[str, Any]]
+) -> None:
+    """Whatever was cut, the view starts with messages 0 and 1 (edited or not)."""
+    view = run_all(messages, ops).truncated_messages(messages)
+    if len(messages) >= 2:
+        assert [0, 1] == [view[0]["ts"], view[1]["ts"]]
+        assert ["user", "assistant"] == [view[0]["role"], view[1]["role"]]
+    else:
+        assert messages == view
+
+
+@PROFILE
+@given(conversations(), st.sampled_from(["none", "lastTwo", "half", "quarter"]), st.data())
+def test_a_truncation_ends_on_an_assistant_and_keeps_a_user_next(
+    messages: list[dict[str, Any]], keep: str, data: st.DataObject
+) -> None:
+    """A non-empty range ends on an assistant message and the next kept message is a user's."""
+    previous = None
+    if len(messages) > 4 and data.draw(st.booleans()):
+        previous = next_truncation_range(messages, None, "half")
+    start, end = next_truncation_range(messages, previous, keep)
+    assert start == 2
+    if previous is not None:
+        assert end >= previous[1] or end < start
+    if start <= end < len(messages):
+        assert messages[end]["role"] == "assistant"
+        if end + 1 < len(messages):
+            assert messages[end + 1]["role"] == "user"
+
+
+@PROFILE
+@given(conversations(), operations)
+def test_every_tool_use_is_followed_by_its_results_in_order(
+    messages: list[dict[str, Any]], ops: list[tuple[str, Any]]
+) -> None:
+    """In the view, a user message after tool_use blocks starts with their results in order."""
+    view = run_all(messages, ops).truncated_messages(messages)
+    for current, following in itertools.pairwise(view):
+        ids = tool_use_ids(current)
+        if not ids or following["role"] != "user":
+            continue
+        content = following["content"]
+        assert isinstance(content, list)
+        head = content[: len(ids)]
+        assert ids == [block.get("tool_use_id") for block in head]
+        assert all(block["type"] == "tool_result" for block in head)
+        rest = content[len(ids) :]
+        assert not any(block.get("type") == "tool_result" for block in rest)
+
+
+@PROFILE
+@given(conversations(), operations, operations)
+def test_rollback_then_replay_gives_the_same_overlay(
+    messages: list[dict[str, Any]],
+    before: list[tuple[str, Any]],
+    after: list[tuple[str, Any]],
+) -> None:
+    """Rolling back to a checkpoint and replaying the later operations rebuilds the overlay."""
+    state = TaskState()
+    ts = 0
+    for op in before:
+        ts += 1000
+        apply(state, messages, op, ts)
+    checkpoint_ts, checkpoint_range = ts, state.deleted_range
+    checkpoint = json.dumps(state.dump_updates())
+    for op in after:
+        ts += 1000
+        apply(state, messages, op, ts)
+    final = json.dumps(state.dump_updates())
+
+    state.rollback(checkpoint_ts)
+    state.deleted_range = checkpoint_range
+    assert checkpoint == json.dumps(state.dump_updates())
+    ts = checkpoint_ts
+    for op in after:
+        ts += 1000
+        apply(state, messages, op, ts)
+    assert final == json.dumps(state.dump_updates())
+
+
+@PROFILE
+@given(conversations(), operations)
+def test_dump_and_load_round_trip(
+    messages: list[dict[str, Any]], ops: list[tuple[str, Any]]
+) -> None:
+    """The on-disk form survives JSON and a load: same overlay, same view."""
+    state = run_all(messages, ops)
+    stored = json.loads(json.dumps(state.dump_updates()))
+    loaded = TaskState.load(stored, state.deleted_range)
+    assert state.dump_updates() == loaded.dump_updates()
+    assert state.truncated_messages(messages) == loaded.truncated_messages(messages)
+
+
+@PROFILE
+@given(conversations(), operations)
+def test_the_input_is_never_mutated(
+    messages: list[dict[str, Any]], ops: list[tuple[str, Any]]
+) -> None:
+    """No operation changes the caller's messages, and views are new lists."""
+    pristine = copy.deepcopy(messages)
+    state = run_all(messages, ops)
+    view = state.truncated_messages(messages)
+    in_memory = state.optimize_file_reads_in_memory(messages, 10**9)
+    assert pristine == messages
+    assert view is not messages
+    assert in_memory.messages is not messages

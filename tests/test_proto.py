@@ -1,0 +1,254 @@
+"""The wire protocol package: codec limits, argument checks, endpoint and error classifier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from ctxwin import proto
+from ctxwin.proto import ErrorCode, ProtocolError
+
+
+def request(**fields: Any) -> bytes:
+    body = {"v": 1, "id": 7, "op": "ping", "args": {}}
+    body.update(fields)
+    return msgpack.packb({k: v for k, v in body.items() if v is not ...})
+
+
+def test_a_request_round_trips() -> None:
+    """encode_request and decode_request agree."""
+    decoded = proto.decode_request(proto.encode_request(3, "inspect", {"task": "t1"}))
+    assert (3, "inspect", {"task": "t1"}) == (decoded.id, decoded.op, decoded.args)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "request_id"),
+    [
+        (b"\xc1", ErrorCode.BAD_REQUEST, None),
+        (b"", ErrorCode.BAD_REQUEST, None),
+        (msgpack.packb([1, 2]), ErrorCode.BAD_REQUEST, None),
+        (request(id="x"), ErrorCode.BAD_REQUEST, None),
+        (request(id=True), ErrorCode.BAD_REQUEST, None),
+        (request(v=2), ErrorCode.UNSUPPORTED_VERSION, 7),
+        (request(v=...), ErrorCode.UNSUPPORTED_VERSION, 7),
+        (request(op=5), ErrorCode.BAD_REQUEST, 7),
+        (request(args=[1]), ErrorCode.BAD_REQUEST, 7),
+        (request(extra=1), ErrorCode.BAD_REQUEST, 7),
+        (msgpack.packb({1: 2}), ErrorCode.BAD_REQUEST, None),
+        (request() + b"\x00", ErrorCode.BAD_REQUEST, None),
+    ],
+)
+def test_malformed_requests_are_refused_with_a_code(
+    body: bytes, code: ErrorCode, request_id: int | None
+) -> None:
+    """Every malformed envelope raises ProtocolError with the right code and id."""
+    with pytest.raises(ProtocolError) as caught:
+        proto.decode_request(body)
+    assert (code, request_id) == (caught.value.code, caught.value.request_id)
+
+
+def test_oversize_frames_are_refused_before_decoding() -> None:
+    """A frame over the limit is too_large."""
+    limits = proto.Limits(max_frame_bytes=100)
+    with pytest.raises(ProtocolError) as caught:
+        proto.decode_request(proto.encode_request(1, "count_tokens", {"text": "x" * 200}), limits)
+    assert ErrorCode.TOO_LARGE == caught.value.code
+
+
+def test_deep_nesting_is_a_bad_request_not_a_crash() -> None:
+    """Nesting far beyond any real message is refused by the decoder."""
+    body = b"\x91" * 100_000 + b"\xc0"
+    with pytest.raises(ProtocolError) as caught:
+        proto.unpack(body)
+    assert ErrorCode.BAD_REQUEST == caught.value.code
+
+
+def test_replies_round_trip() -> None:
+    """Result and error replies decode to what was encoded."""
+    ok = proto.decode_reply(proto.encode_result(4, {"pong": True}))
+    err = proto.decode_reply(proto.encode_error(None, ErrorCode.BUSY, "full"))
+    assert (4, True, {"pong": True}) == (ok.id, ok.ok, ok.result)
+    assert (None, False, "busy", "full") == (err.id, err.ok, err.code, err.message)
+
+
+MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}]
+MODEL = {"id": "m", "context_window": 200_000}
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "code", "fragment"),
+    [
+        ("nope", {}, ErrorCode.UNKNOWN_OP, "nope"),
+        ("inspect", {}, ErrorCode.BAD_REQUEST, "missing argument 'task'"),
+        ("inspect", {"task": "../x"}, ErrorCode.INVALID_TASK_ID, "task id"),
+        ("inspect", {"task": ""}, ErrorCode.INVALID_TASK_ID, "task id"),
+        ("inspect", {"task": "a" * 129}, ErrorCode.INVALID_TASK_ID, "task id"),
+        ("inspect", {"task": 5}, ErrorCode.INVALID_TASK_ID, "task id"),
+        ("inspect", {"task": "t", "bogus": 1}, ErrorCode.BAD_REQUEST, "bogus"),
+        ("truncated_messages", {"task": "t", "messages": "x"}, ErrorCode.BAD_REQUEST, "list"),
+        (
+            "truncated_messages",
+            {"task": "t", "messages": [{"role": "system", "content": "x"}]},
+            ErrorCode.BAD_REQUEST,
+            "role",
+        ),
+        (
+            "truncated_messages",
+            {"task": "t", "messages": [{"role": "user", "content": [1]}]},
+            ErrorCode.BAD_REQUEST,
+            "content[0]",
+        ),
+        (
+            "truncated_messages",
+            {"task": "t", "messages": MESSAGES, "deleted_range": [3, 5]},
+            ErrorCode.BAD_REQUEST,
+            "start at 2",
+        ),
+        (
+            "truncated_messages",
+            {"task": "t", "messages": MESSAGES, "deleted_range": [2]},
+            ErrorCode.BAD_REQUEST,
+            "pair",
+        ),
+        (
+            "should_compact",
+            {"usage": {"tokens_in": -1}, "model": MODEL},
+            ErrorCode.BAD_REQUEST,
+            "tokens_in",
+        ),
+        (
+            "should_compact",
+            {"usage": {"tokens_in": 1.5}, "model": MODEL},
+            ErrorCode.BAD_REQUEST,
+            "tokens_in",
+        ),
+        ("context_window_info", {"model": {"id": 3}}, ErrorCode.BAD_REQUEST, "id"),
+        (
+            "context_window_info",
+            {"model": {"id": "m", "context_window": "big"}},
+            ErrorCode.BAD_REQUEST,
+            "context_window",
+        ),
+        (
+            "compact",
+            {"task": "t", "messages": MESSAGES, "keep": "half", "ts": 1},
+            ErrorCode.BAD_REQUEST,
+            "quarter, none",
+        ),
+        ("rollback", {"task": "t", "ts": -1}, ErrorCode.BAD_REQUEST, "ts"),
+        ("count_tokens", {}, ErrorCode.BAD_REQUEST, "exactly one"),
+        ("count_tokens", {"text": "a", "messages": []}, ErrorCode.BAD_REQUEST, "exactly one"),
+    ],
+)
+def test_arguments_are_checked(
+    op: str, args: dict[str, Any], code: ErrorCode, fragment: str
+) -> None:
+    """validate_args refuses bad arguments with the right code and a message that says why."""
+    with pytest.raises(ProtocolError) as caught:
+        proto.validate_args(op, args)
+    assert code == caught.value.code
+    assert fragment in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("op", "args"),
+    [
+        ("ping", {}),
+        ("should_compact", {"usage": {"ts": 1}, "model": MODEL, "threshold": None}),
+        (
+            "prepare_request",
+            {
+                "task": "conf-s1001_00000",
+                "messages": MESSAGES,
+                "model": MODEL,
+                "previous_request": None,
+                "deleted_range": None,
+                "use_auto_condense": False,
+            },
+        ),
+        ("flush", {}),
+        ("count_tokens", {"text": "hello"}),
+        ("inspect", {"task": "A.b_c-9"}),
+    ],
+)
+def test_valid_arguments_pass(op: str, args: dict[str, Any]) -> None:
+    """Well-formed arguments are accepted and the op's spec comes back."""
+    assert op == proto.validate_args(op, args).name
+
+
+def test_every_op_of_the_design_table_is_known() -> None:
+    """The op table matches DESIGN.md's list of version 1 ops."""
+    assert {
+        "ping",
+        "stats",
+        "context_window_info",
+        "should_compact",
+        "next_truncation_range",
+        "prepare_request",
+        "truncated_messages",
+        "optimize_file_reads",
+        "optimize_file_reads_in_memory",
+        "compact_subagent",
+        "apply_truncation_notice",
+        "compact",
+        "condensed",
+        "rollback",
+        "inspect",
+        "flush",
+        "close",
+        "count_tokens",
+    } == set(proto.OPS)
+
+
+def test_endpoint_resolution_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Explicit beats $CTXWIN_ENDPOINT beats the default under $XDG_RUNTIME_DIR."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("CTXWIN_ENDPOINT", raising=False)
+    assert f"ipc://{tmp_path}/ctxwin/ctxwind.sock" == proto.resolve_endpoint()
+    monkeypatch.setenv("CTXWIN_ENDPOINT", "tcp://127.0.0.1:1")
+    assert "tcp://127.0.0.1:1" == proto.resolve_endpoint()
+    assert "ipc:///x" == proto.resolve_endpoint("ipc:///x")
+
+
+def test_the_default_runtime_dir_without_xdg_is_per_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without $XDG_RUNTIME_DIR the socket lives in a per-user temp directory."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert proto.default_runtime_dir().name.endswith(str(__import__("os").getuid()))
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        ({"status": 400, "message": "This model's maximum context length is 128000 tokens"}, True),
+        ({"status": 400, "message": "prompt is too long: 210000 tokens > 200000 maximum"}, True),
+        ({"status": 400, "message": "Input is too long for requested model."}, True),
+        ({"status": 400, "error": {"message": "too many tokens in the request"}}, True),
+        ({"error": {"code": "context_length_exceeded", "message": "x"}}, True),
+        ({"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}, True),
+        ({"name": "ValidationException", "message": "Input is too long for model"}, True),
+        ({"name": "ValidationException", "message": "Malformed input request"}, False),
+        ({"status": 500, "message": "context window exceeded"}, False),
+        ({"status": 400, "message": "invalid api key"}, False),
+        ({"status": 429, "message": "rate limited"}, False),
+        (None, False),
+        ("context_length_exceeded", True),
+    ],
+)
+def test_context_window_errors_are_classified(error: Any, expected: bool) -> None:
+    """SPEC.md §10: provider errors that mean the request did not fit."""
+    assert expected == proto.is_context_window_error(error)
+
+
+def test_exceptions_are_classified_by_their_attributes() -> None:
+    """An SDK exception with status and message attributes is read like a map."""
+
+    class APIError(Exception):
+        def __init__(self) -> None:
+            super().__init__("maximum context length exceeded")
+            self.status = 400
+
+    assert proto.is_context_window_error(APIError())
+    assert not proto.is_context_window_error(RuntimeError("boom"))
