@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._blocks import text_of, utf16_len
+from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay
@@ -11,6 +12,7 @@ from ._state import (
     CompactResult,
     InMemoryResult,
     OptimizeResult,
+    PlanResult,
     PrepareResult,
     SubagentResult,
     TaskState,
@@ -26,9 +28,12 @@ from ._window import (
 
 __all__ = [
     "DEFAULT_NOTICES",
+    "Budgeting",
+    "Calibration",
     "CompactDecision",
     "CompactResult",
     "CorruptStateError",
+    "Counter",
     "InMemoryResult",
     "Keep",
     "MessageUpdates",
@@ -36,11 +41,14 @@ __all__ = [
     "Optimisation",
     "OptimizeResult",
     "Overlay",
+    "PlanResult",
     "PrepareResult",
+    "Strategy",
     "SubagentResult",
     "TaskState",
     "WindowInfo",
     "context_window_info",
+    "fit_range",
     "next_truncation_range",
     "optimize_file_reads",
     "should_compact",

@@ -93,6 +93,15 @@ class Overlay:
         """Add ``update`` as the newest edit of one block."""
         self.entry(index, edit_type).blocks.setdefault(block, []).append(update)
 
+    def copy(self) -> Overlay:
+        """A copy whose block lists are its own (updates are never changed in place)."""
+        twin = Overlay()
+        for index, entry in self.messages.items():
+            twin.messages[index] = MessageUpdates(
+                entry.edit_type, {block: list(updates) for block, updates in entry.blocks.items()}
+            )
+        return twin
+
     def rollback(self, ts: float) -> int:
         """Drop every block's trailing updates newer than ``ts`` (SPEC.md §9).
 

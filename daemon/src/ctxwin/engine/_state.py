@@ -7,9 +7,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._blocks import Message, text_of
+from ._budget import Budgeting, fit_range, largest_messages, view_origins
 from ._notices import DEFAULT_NOTICES, Notices
-from ._optimize import Optimisation, optimize_file_reads
-from ._overlay import EDIT_UNDEFINED, CorruptStateError, Overlay
+from ._optimize import TOOL_HEADER, Optimisation, optimize_file_reads
+from ._overlay import (
+    EDIT_FILE_CHANGE,
+    EDIT_FILE_MENTION,
+    EDIT_READ_FILE,
+    EDIT_UNDEFINED,
+    CorruptStateError,
+    Overlay,
+)
 from ._range import Keep, next_truncation_range
 from ._view import keep_from, truncated_messages
 from ._window import context_window_info, total_tokens
@@ -17,17 +25,61 @@ from ._window import context_window_info, total_tokens
 
 @dataclass(frozen=True, slots=True)
 class PrepareResult:
-    """What ``prepare_request`` decided and the view to send."""
+    """What ``prepare_request`` decided and the view to send.
+
+    ``stalled`` is true when a compaction was due but could not make the view
+    any smaller. The estimate fields are set only when the caller supplied a
+    token counter (:class:`Budgeting`).
+    """
 
     deleted_range: list[int] | None
     range_updated: bool
     messages: list[Message]
+    stalled: bool = False
+    estimated_tokens: int | None = None
+    fits: bool | None = None
+    largest: list[list[int]] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "deleted_range": self.deleted_range,
+            "range_updated": self.range_updated,
+            "messages": self.messages,
+            "stalled": self.stalled,
+        }
+        if self.estimated_tokens is not None:
+            result["estimated_tokens"] = self.estimated_tokens
+            result["fits"] = self.fits
+            if self.largest is not None:
+                result["largest"] = self.largest
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """What ``prepare_request`` would do now, computed without changing the task."""
+
+    deleted_range: list[int] | None
+    range_updated: bool
+    file_reads: list[dict[str, Any]]
+    tokens_before: int
+    tokens_after: int
+    budget: int | float
+    fits: bool
+    stalled: bool
+    largest: list[list[int]] | None
 
     def wire(self) -> dict[str, Any]:
         return {
             "deleted_range": self.deleted_range,
             "range_updated": self.range_updated,
-            "messages": self.messages,
+            "file_reads": self.file_reads,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "budget": self.budget,
+            "fits": self.fits,
+            "stalled": self.stalled,
+            "largest": self.largest,
         }
 
 
@@ -222,24 +274,125 @@ class TaskState:
         previous_request: Mapping[str, Any] | None,
         model: Mapping[str, Any],
         use_auto_condense: bool = False,
+        budgeting: Budgeting | None = None,
+        ts: int | None = None,
     ) -> PrepareResult:
-        """Decide whether to cut before the next request and build its view (SPEC.md §7)."""
-        range_updated = False
-        if not use_auto_condense and previous_request is not None:
-            total = total_tokens(previous_request)
-            limit = context_window_info(model).max_allowed_size
-            if total >= limit:
-                keep: Keep = "quarter" if total / 2 > limit else "half"
-                ts = previous_request.get("ts") or 0
-                result = self._optimize(messages, ts, whole=False)
-                changed = result.changed
-                if result.need_to_truncate:
-                    changed = self.add_truncation_notice(ts) or changed
-                    self.deleted_range = next_truncation_range(messages, self._deleted_range, keep)
-                    range_updated = True
-                if changed:
-                    self._changed()
-        return PrepareResult(self.deleted_range, range_updated, self.truncated_messages(messages))
+        """Decide whether to cut before the next request and build its view (SPEC.md §7).
+
+        Args:
+            messages: the task's full history.
+            previous_request: the last request's usage ``{ts, tokens_*}``, or None.
+            model: the model of the next request.
+            use_auto_condense: the agent condenses by summary; never cut here.
+            budgeting: opt-in estimation, ``fit`` cuts and proactive compaction;
+                None keeps SPEC.md's behaviour exactly.
+            ts: the time of a proactive compaction (there is no previous request).
+        """
+        limit = context_window_info(model).max_allowed_size
+        trigger: float | None = None
+        trigger_ts = 0
+        if not use_auto_condense:
+            if previous_request is not None:
+                total = total_tokens(previous_request)
+                if total >= limit:
+                    trigger, trigger_ts = total, previous_request.get("ts") or 0
+            elif budgeting is not None and budgeting.proactive:
+                estimate = budgeting.view_tokens(self.truncated_messages(messages))
+                if estimate > limit:
+                    trigger, trigger_ts = estimate, ts or 0
+        range_updated = stalled = False
+        if trigger is not None:
+            keep: Keep = "quarter" if trigger / 2 > limit else "half"
+            result = self._optimize(messages, trigger_ts, whole=False)
+            changed = result.changed
+            if result.need_to_truncate:
+                changed = self.add_truncation_notice(trigger_ts) or changed
+                before = self._deleted_range
+                if budgeting is not None and budgeting.strategy == "fit":
+                    budget = limit * budgeting.target
+                    proposed, _ = fit_range(messages, before, self.overlay, budget, budgeting)
+                else:
+                    proposed = next_truncation_range(messages, before, keep)
+                self.deleted_range = proposed
+                range_updated = True
+                stalled = not result.changed and keep_from(proposed) == keep_from(before)
+            if changed:
+                self._changed()
+        view = self.truncated_messages(messages)
+        if budgeting is None:
+            return PrepareResult(self.deleted_range, range_updated, view, stalled)
+        estimated = budgeting.view_tokens(view)
+        fits = estimated <= limit
+        largest = None
+        if not fits:
+            origins = view_origins(len(messages), self._deleted_range)
+            largest = largest_messages(view, origins, budgeting)
+        return PrepareResult(
+            self.deleted_range, range_updated, view, stalled, estimated, fits, largest
+        )
+
+    def plan(
+        self,
+        messages: Sequence[Message],
+        previous_request: Mapping[str, Any] | None,
+        model: Mapping[str, Any],
+        budgeting: Budgeting,
+        use_auto_condense: bool = False,
+        ts: int | None = None,
+    ) -> PlanResult:
+        """What :meth:`prepare_request` would do now; this state is left unchanged."""
+        before = budgeting.view_tokens(self.truncated_messages(messages))
+        probe = self.clone()
+        outcome = probe.prepare_request(
+            messages, previous_request, model, use_auto_condense, budgeting, ts
+        )
+        assert outcome.estimated_tokens is not None  # set whenever budgeting is given
+        assert outcome.fits is not None
+        return PlanResult(
+            outcome.deleted_range,
+            outcome.range_updated,
+            self._new_file_reads(probe, messages),
+            before,
+            outcome.estimated_tokens,
+            context_window_info(model).max_allowed_size,
+            outcome.fits,
+            outcome.stalled,
+            outcome.largest,
+        )
+
+    def clone(self) -> TaskState:
+        """An independent copy: changes to either never show in the other."""
+        copy = TaskState(self.notices)
+        copy.overlay = self.overlay.copy()
+        copy._deleted_range = self.deleted_range
+        copy.revision = self.revision
+        return copy
+
+    def _new_file_reads(
+        self, probe: TaskState, messages: Sequence[Message]
+    ) -> list[dict[str, Any]]:
+        """The file reads ``probe`` replaced that this state has not."""
+        found: list[dict[str, Any]] = []
+        for index, entry in probe.overlay.items():
+            if entry.edit_type not in (EDIT_READ_FILE, EDIT_FILE_CHANGE, EDIT_FILE_MENTION):
+                continue
+            mine = self.overlay.get(index)
+            for block, updates in entry.blocks.items():
+                known = mine.blocks.get(block, []) if mine is not None else []
+                if len(updates) <= len(known):
+                    continue
+                if entry.edit_type == EDIT_FILE_MENTION:
+                    previous = set(known[-1][3][0]) if known else set()
+                    paths = [path for path in updates[-1][3][0] if path not in previous]
+                else:
+                    content = messages[index].get("content")
+                    header = TOOL_HEADER.match(text_of(content[0]) or "") if content else None
+                    paths = [header.group(2)] if header else []
+                found.append(
+                    {"index": index, "block": block, "edit_type": entry.edit_type, "paths": paths}
+                )
+        found.sort(key=lambda item: (item["index"], item["block"]))
+        return found
 
     # §8 -----------------------------------------------------------------
 
