@@ -16,6 +16,13 @@ from ._codec import (
     pack,
     unpack,
 )
+from ._delta import (
+    DIGEST_SIZE,
+    EMPTY_DIGEST,
+    DigestChain,
+    chain_digest,
+    message_digest,
+)
 from ._endpoint import ENDPOINT_ENV, default_endpoint, default_runtime_dir, resolve_endpoint
 from ._errors import ErrorCode, ProtocolError
 from ._results import (
@@ -59,6 +66,8 @@ from ._version import PROTOCOL_VERSION, __version__
 __all__ = [
     "COMPACT_KEEP_VALUES",
     "DEFAULT_MAX_BYTES",
+    "DIGEST_SIZE",
+    "EMPTY_DIGEST",
     "ENDPOINT_ENV",
     "KEEP_VALUES",
     "OPS",
@@ -74,6 +83,7 @@ __all__ = [
     "ContextWindowInfoResult",
     "CountTokensResult",
     "DeletedRange",
+    "DigestChain",
     "ErrorCode",
     "FlushResult",
     "InspectResult",
@@ -96,6 +106,7 @@ __all__ = [
     "TruncatedMessagesResult",
     "Usage",
     "__version__",
+    "chain_digest",
     "decode_reply",
     "decode_request",
     "default_endpoint",
@@ -105,6 +116,7 @@ __all__ = [
     "encode_result",
     "is_context_window_error",
     "is_valid_task_id",
+    "message_digest",
     "pack",
     "resolve_endpoint",
     "unpack",
