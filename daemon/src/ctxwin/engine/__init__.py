@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
+from ._history import History, ResyncRequired, view_patch
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay
@@ -34,6 +35,7 @@ __all__ = [
     "CompactResult",
     "CorruptStateError",
     "Counter",
+    "History",
     "InMemoryResult",
     "Keep",
     "MessageUpdates",
@@ -43,6 +45,7 @@ __all__ = [
     "Overlay",
     "PlanResult",
     "PrepareResult",
+    "ResyncRequired",
     "Strategy",
     "SubagentResult",
     "TaskState",
@@ -56,4 +59,5 @@ __all__ = [
     "total_tokens",
     "truncated_messages",
     "utf16_len",
+    "view_patch",
 ]

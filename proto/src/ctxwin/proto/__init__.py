@@ -20,6 +20,7 @@ from ._delta import (
     DIGEST_SIZE,
     EMPTY_DIGEST,
     DigestChain,
+    apply_view_patch,
     chain_digest,
     message_digest,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "TruncatedMessagesResult",
     "Usage",
     "__version__",
+    "apply_view_patch",
     "chain_digest",
     "decode_reply",
     "decode_request",

@@ -12,7 +12,7 @@ first ``base`` messages are the ones the daemon already holds.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._codec import pack
@@ -71,3 +71,33 @@ class DigestChain:
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` messages."""
         del self._prefix[length + 1 :]
+
+
+def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[Any]:
+    """Rebuild a view from the caller's own history and a patch result.
+
+    A patch is ``{"length": n, "keep_from": k, "overrides": [[index, message], ...]}``:
+    the view is messages 0 and 1 and ``k`` to ``n - 1`` of the history (all of
+    it when ``n < 2``), with each listed index replaced by its message.
+
+    Raises:
+        ValueError: when the patch does not fit ``history``.
+    """
+    length = patch.get("length")
+    keep_from = patch.get("keep_from")
+    overrides = patch.get("overrides")
+    if (
+        not isinstance(length, int)
+        or not isinstance(keep_from, int)
+        or not isinstance(overrides, list)
+        or length != len(history)
+    ):
+        raise ValueError("view patch does not match the history it is applied to")
+    origins = list(range(length)) if length < 2 else [0, 1, *range(max(keep_from, 2), length)]
+    view = [history[origin] for origin in origins]
+    position = {origin: place for place, origin in enumerate(origins)}
+    for item in overrides:
+        if not isinstance(item, list) or len(item) != 2 or item[0] not in position:
+            raise ValueError("view patch overrides an index that is not in the view")
+        view[position[item[0]]] = item[1]
+    return view

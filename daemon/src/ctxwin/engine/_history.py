@@ -1,0 +1,111 @@
+"""A task's conversation as its caller last sent it, for delta sync (per-turn cost).
+
+The caller keeps its history and sends only what a turn adds (``base``,
+``base_digest``, ``append``); this class keeps the daemon's copy, its prefix
+digests and per-message caches in step with it. Views built from
+:attr:`History.messages` share the history's message objects wherever they
+are unchanged, which is what :func:`view_patch` relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ctxwin.proto import DigestChain
+
+from ._blocks import Message
+from ._view import keep_from
+
+
+class ResyncRequired(Exception):
+    """The caller's prefix is not the one held here: it must send the whole list once."""
+
+
+class History:
+    """The messages of one task with their prefix digests and cached token counts."""
+
+    __slots__ = ("_chain", "_tokens", "messages")
+
+    def __init__(self, messages: Sequence[Message] = ()) -> None:
+        self.messages: list[Message] = list(messages)
+        self._chain = DigestChain(self.messages)
+        self._tokens: list[int | None] = [None] * len(self.messages)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    @property
+    def digest(self) -> bytes:
+        """The digest of the whole history."""
+        return self._chain.digest(len(self.messages))
+
+    def replace(self, messages: Sequence[Message]) -> None:
+        """Take a whole list; caches of the prefix it shares with the old one are kept."""
+        old = self._chain
+        fresh = DigestChain(messages)
+        common = 0
+        limit = min(len(old), len(fresh))
+        while common < limit and old.digest(common + 1) == fresh.digest(common + 1):
+            common += 1
+        self.messages = list(messages)
+        self._chain = fresh
+        self._tokens = self._tokens[:common] + [None] * (len(messages) - common)
+
+    def apply(self, base: int, base_digest: object, append: Sequence[Message]) -> None:
+        """Cut back to ``base`` messages and append ``append``.
+
+        Raises:
+            ResyncRequired: the prefix of ``base`` messages here has another
+                digest, or is shorter than ``base``.
+        """
+        if not self._chain.matches(base, base_digest):
+            held = len(self.messages)
+            raise ResyncRequired(
+                f"the daemon holds {held} messages of this task and its prefix of {base} "
+                "does not have the given digest; send the whole list"
+            )
+        del self.messages[base:]
+        del self._tokens[base:]
+        self._chain.truncate(base)
+        self.messages.extend(append)
+        self._chain.extend(append)
+        self._tokens.extend([None] * len(append))
+
+    def tokens(self, index: int, count: Callable[[Message], int]) -> int:
+        """Tokens of message ``index``, counted once while the message is unchanged."""
+        cached = self._tokens[index]
+        if cached is None:
+            cached = self._tokens[index] = count(self.messages[index])
+        return cached
+
+    def counter(self, count: Callable[[Message], int]) -> Callable[[Message], int]:
+        """A message counter that reuses this history's cache for its own messages."""
+        positions = {id(message): index for index, message in enumerate(self.messages)}
+
+        def cached(message: Message) -> int:
+            index = positions.get(id(message))
+            if index is None:
+                return count(message)
+            return self.tokens(index, count)
+
+        return cached
+
+
+def view_patch(
+    view: Sequence[Message], history: Sequence[Message], deleted_range: Sequence[int] | None
+) -> dict[str, Any]:
+    """A view as a patch on ``history``: what ``apply_view_patch`` rebuilds it from.
+
+    Only view messages that are not the history's own objects at their index
+    are sent (``overrides``), so an untouched view costs a few bytes.
+    """
+    start = keep_from(deleted_range)
+    length = len(history)
+    origins = range(length) if length < 2 else [0, 1, *range(start, length)]
+    overrides = [
+        [origin, message]
+        for origin, message in zip(origins, view, strict=True)
+        if message is not history[origin]
+    ]
+    return {"length": length, "keep_from": start, "overrides": overrides}

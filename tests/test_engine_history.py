@@ -1,0 +1,107 @@
+"""The daemon-side history for delta sync, and views sent as patches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ctxwin.engine import History, Notices, ResyncRequired, TaskState, view_patch
+from ctxwin.proto import DigestChain, apply_view_patch
+from tests._scenarios import PLACEHOLDER_NOTICES, expand_args, load_scenarios
+
+
+def messages(count: int, tag: str = "") -> list[dict[str, Any]]:
+    return [
+        {"role": "user" if index % 2 == 0 else "assistant", "content": f"{tag}{index}"}
+        for index in range(count)
+    ]
+
+
+def test_a_delta_on_the_right_prefix_extends_the_history() -> None:
+    """base + base_digest + append gives the same history and digest as the whole list."""
+    full = messages(6)
+    history = History(full[:4])
+    history.apply(4, DigestChain(full[:4]).digest(4), full[4:])
+    assert full == history.messages
+    assert DigestChain(full).digest(6) == history.digest
+
+
+def test_a_delta_may_drop_trailing_messages() -> None:
+    """A caller that cut its last messages (a resumed task) sends a shorter base."""
+    history = History(messages(6))
+    replacement = messages(1, "new")
+    history.apply(3, DigestChain(messages(3)).digest(3), replacement)
+    assert [*messages(3), *replacement] == history.messages
+
+
+@pytest.mark.parametrize(("base", "digest_of"), [(4, 3), (7, 6), (2, 2)])
+def test_a_delta_on_another_prefix_requires_a_resync(base: int, digest_of: int) -> None:
+    """A wrong digest, a base past the end, or a changed message all answer resync_required."""
+    history = History(messages(6))
+    digest = DigestChain(messages(6, "x" if base == 2 else "")).digest(digest_of)
+    with pytest.raises(ResyncRequired):
+        history.apply(base, digest, [])
+    assert messages(6) == history.messages
+
+
+def test_token_counts_are_cached_until_the_message_changes() -> None:
+    """A turn counts only its new messages; a rewritten message is counted again."""
+    counted: list[str] = []
+
+    def count(message: dict[str, Any]) -> int:
+        counted.append(message["content"])
+        return len(message["content"])
+
+    history = History(messages(4))
+    assert [1, 1, 1, 1] == [history.tokens(index, count) for index in range(4)]
+    history.apply(4, history.digest, messages(6)[4:])
+    total = sum(history.tokens(index, count) for index in range(6))
+    assert (6, ["0", "1", "2", "3", "4", "5"]) == (total, counted)
+    history.replace([*messages(3), {"role": "assistant", "content": "rewritten"}])
+    assert 9 == history.tokens(3, count)
+    assert "rewritten" == counted[-1]
+    assert 7 == len(counted)
+
+
+def test_an_untouched_view_is_a_patch_without_overrides() -> None:
+    """With no overlay and no repair the view costs no message bytes."""
+    history = History(messages(10))
+    state = TaskState()
+    state.deleted_range = [2, 5]
+    view = state.truncated_messages(history.messages)
+    patch = view_patch(view, history.messages, state.deleted_range)
+    assert {"length": 10, "keep_from": 6, "overrides": []} == patch
+    assert view == apply_view_patch(history.messages, patch)
+
+
+def test_patches_rebuild_every_conformance_view_exactly() -> None:
+    """For every view in the scenarios, rebuilding from the patch gives the same messages."""
+    checked = 0
+    for scenario in load_scenarios():
+        state = TaskState.load(scenario.initial_updates, None, Notices(**PLACEHOLDER_NOTICES))
+        for step in scenario.steps:
+            if step["op"] not in ("truncated_messages", "prepare_request"):
+                continue
+            args = expand_args(step["args"], scenario.conversation)
+            state.deleted_range = args["deleted_range"]
+            history = args["messages"]
+            if step["op"] == "prepare_request":
+                view = state.prepare_request(
+                    history, args["previous_request"], args["model"], args["use_auto_condense"]
+                ).messages
+            else:
+                view = state.truncated_messages(history)
+            patch = view_patch(view, history, state.deleted_range)
+            assert view == apply_view_patch(history, patch)
+            assert len(patch["overrides"]) <= len(view)
+            checked += 1
+    assert checked > 1000
+
+
+def test_a_patch_for_another_history_is_refused() -> None:
+    """apply_view_patch checks the length and the indices it overrides."""
+    with pytest.raises(ValueError, match="does not match"):
+        apply_view_patch(messages(3), {"length": 4, "keep_from": 2, "overrides": []})
+    with pytest.raises(ValueError, match="not in the view"):
+        apply_view_patch(messages(6), {"length": 6, "keep_from": 4, "overrides": [[3, {}]]})
