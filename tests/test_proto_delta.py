@@ -8,7 +8,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from ctxwin.proto import EMPTY_DIGEST, DigestChain, chain_digest, message_digest
+from ctxwin.proto import EMPTY_DIGEST, DeltaSender, DigestChain, chain_digest, message_digest
 
 MESSAGES: list[dict[str, Any]] = [
     {"role": "user", "content": "task"},
@@ -57,3 +57,41 @@ def test_any_change_in_an_earlier_message_changes_every_later_digest() -> None:
     edited = [{"role": "user", "content": "task!"}, *MESSAGES[1:]]
     original, changed = DigestChain(MESSAGES), DigestChain(edited)
     assert all(original.digest(n) != changed.digest(n) for n in range(1, 4))
+
+
+def test_the_first_call_sends_the_whole_list_then_only_what_was_added() -> None:
+    """DeltaSender sends messages once, then base, base_digest and the new messages."""
+    sender = DeltaSender()
+    history = list(MESSAGES[:2])
+    first = sender.args_for(history)
+    assert {"messages": history} == first
+    sender.sent(history, first)
+    history.append(MESSAGES[2])
+    second = sender.args_for(history)
+    assert {"base": 2, "base_digest": DigestChain(MESSAGES).digest(2), "append": [MESSAGES[2]]} == (
+        second
+    )
+    sender.sent(history, second)
+    assert {"base": 3, "base_digest": DigestChain(MESSAGES).digest(3), "append": []} == (
+        sender.args_for(history)
+    )
+
+
+def test_an_edited_newest_message_is_sent_again() -> None:
+    """The tail of the last sync is hashed again, so an in-place edit there is noticed."""
+    sender = DeltaSender()
+    history = [dict(message) for message in MESSAGES]
+    sender.sent(history, sender.args_for(history))
+    history[2]["content"] = "edited in place"
+    args = sender.args_for(history)
+    assert (2, [history[2]]) == (args["base"], args["append"])
+
+
+def test_a_shorter_history_sends_a_shorter_base() -> None:
+    """Dropped trailing messages (a resumed task) cut the base back."""
+    sender = DeltaSender()
+    sender.sent(MESSAGES, sender.args_for(MESSAGES))
+    args = sender.args_for(MESSAGES[:1])
+    assert (1, []) == (args["base"], args["append"])
+    sender.reset()
+    assert {"messages": MESSAGES[:1]} == sender.args_for(MESSAGES[:1])

@@ -19,6 +19,7 @@ from ._codec import (
 from ._delta import (
     DIGEST_SIZE,
     EMPTY_DIGEST,
+    DeltaSender,
     DigestChain,
     apply_view_patch,
     chain_digest,
@@ -84,6 +85,7 @@ __all__ = [
     "ContextWindowInfoResult",
     "CountTokensResult",
     "DeletedRange",
+    "DeltaSender",
     "DigestChain",
     "ErrorCode",
     "FlushResult",

@@ -101,3 +101,63 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
             raise ValueError("view patch overrides an index that is not in the view")
         view[position[item[0]]] = item[1]
     return view
+
+
+RECHECKED_TAIL = 2
+"""Messages at the end of the last sync that are hashed again even when identical objects."""
+
+
+class DeltaSender:
+    """A client's record of what it last sent the daemon for one task.
+
+    It turns each call's full history into the smallest request the daemon can
+    check: ``{"base", "base_digest", "append"}`` when a prefix was sent
+    before, else ``{"messages"}``. Messages already sent are taken as
+    unchanged when they are the very same objects, except the last
+    :data:`RECHECKED_TAIL` of the previous sync, which are hashed again
+    (agents edit the newest message in place); a caller that edits older
+    messages in place calls :meth:`reset`.
+    """
+
+    __slots__ = ("_chain", "_sent")
+
+    def __init__(self) -> None:
+        self._chain = DigestChain()
+        self._sent: list[Any] = []
+
+    def reset(self) -> None:
+        """Forget what was sent: the next call sends the whole list."""
+        self._chain = DigestChain()
+        self._sent = []
+
+    def _common_prefix(self, messages: Sequence[Any]) -> int:
+        limit = min(len(self._sent), len(messages))
+        common = 0
+        trusted = len(self._sent) - RECHECKED_TAIL
+        while common < limit and common < trusted and messages[common] is self._sent[common]:
+            common += 1
+        while common < limit:
+            if chain_digest(self._chain.digest(common), message_digest(messages[common])) != (
+                self._chain.digest(common + 1)
+            ):
+                break
+            common += 1
+        return common
+
+    def args_for(self, messages: Sequence[Any]) -> dict[str, Any]:
+        """The history part of a request's args for ``messages``."""
+        if not self._sent:
+            return {"messages": list(messages)}
+        common = self._common_prefix(messages)
+        return {
+            "base": common,
+            "base_digest": self._chain.digest(common),
+            "append": list(messages[common:]),
+        }
+
+    def sent(self, messages: Sequence[Any], args: Mapping[str, Any]) -> None:
+        """Record that the daemon accepted ``args`` built for ``messages``."""
+        base = args.get("base", 0)
+        self._chain.truncate(base)
+        self._chain.extend(messages[base:])
+        self._sent = list(messages)
