@@ -5,10 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ctxwin.engine import History, Notices, ResyncRequired, TaskState, view_patch
+from ctxwin.engine._view import find_repairs
 from ctxwin.proto import DigestChain, apply_view_patch
 from tests._scenarios import PLACEHOLDER_NOTICES, expand_args, load_scenarios
+from tests._strategies import conversations, operations, run_all
 
 
 def messages(count: int, tag: str = "") -> list[dict[str, Any]]:
@@ -105,3 +109,49 @@ def test_a_patch_for_another_history_is_refused() -> None:
         apply_view_patch(messages(3), {"length": 4, "keep_from": 2, "overrides": []})
     with pytest.raises(ValueError, match="not in the view"):
         apply_view_patch(messages(6), {"length": 6, "keep_from": 4, "overrides": [[3, {}]]})
+
+
+def test_known_pairs_give_the_same_views_on_every_conformance_step() -> None:
+    """The incremental view (pairs known in advance) equals the full scan on every scenario."""
+    for scenario in load_scenarios():
+        state = TaskState.load(scenario.initial_updates, None, Notices(**PLACEHOLDER_NOTICES))
+        history = History()
+        for step in scenario.steps:
+            args = expand_args(step["args"], scenario.conversation)
+            if "deleted_range" in args and step["op"] != "next_truncation_range":
+                state.deleted_range = args["deleted_range"]
+            if step["op"] == "rollback":
+                state.rollback(args["ts"])
+            if "messages" not in args or step["op"] == "next_truncation_range":
+                continue
+            history.replace(args["messages"])
+            assert find_repairs(args["messages"]) == history.messages.repairs
+            assert state.truncated_messages(args["messages"]) == state.truncated_messages(
+                history.messages
+            )
+            if step["op"] == "optimize_file_reads_in_memory":
+                state.optimize_file_reads_in_memory(history.messages, args["ts"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), operations, st.lists(st.integers(0, 24), max_size=6))
+def test_incremental_history_matches_the_full_engine(
+    messages: list[dict[str, Any]], ops: list[tuple[str, Any]], cuts: list[int]
+) -> None:
+    """A history grown by deltas (with trailing drops) gives the same views as a fresh list."""
+    history = History()
+    for cut in [*cuts, len(messages)]:
+        prefix = messages[: min(cut, len(messages))]
+        common = 0
+        while (
+            common < min(len(prefix), len(history)) and history.messages[common] is prefix[common]
+        ):
+            common += 1
+        history.apply(common, DigestChain(prefix).digest(common), prefix[common:])
+        assert find_repairs(prefix) == history.messages.repairs
+    assert messages == list(history.messages)
+    state = run_all(messages, ops)
+    assert state.truncated_messages(messages) == state.truncated_messages(history.messages)
+    view = state.truncated_messages(history.messages)
+    patch = view_patch(view, history.messages, state.deleted_range)
+    assert view == apply_view_patch(messages, patch)

@@ -15,7 +15,7 @@ from typing import Any
 from ctxwin.proto import DigestChain
 
 from ._blocks import Message
-from ._view import keep_from
+from ._view import KnownPairs, find_repairs, keep_from
 
 
 class ResyncRequired(Exception):
@@ -28,7 +28,7 @@ class History:
     __slots__ = ("_chain", "_tokens", "messages")
 
     def __init__(self, messages: Sequence[Message] = ()) -> None:
-        self.messages: list[Message] = list(messages)
+        self.messages = KnownPairs(messages)
         self._chain = DigestChain(self.messages)
         self._tokens: list[int | None] = [None] * len(self.messages)
 
@@ -48,9 +48,11 @@ class History:
         limit = min(len(old), len(fresh))
         while common < limit and old.digest(common + 1) == fresh.digest(common + 1):
             common += 1
-        self.messages = list(messages)
+        del self.messages[common:]
+        self.messages.extend(messages[common:])
         self._chain = fresh
         self._tokens = self._tokens[:common] + [None] * (len(messages) - common)
+        self._recheck_pairs(common)
 
     def apply(self, base: int, base_digest: object, append: Sequence[Message]) -> None:
         """Cut back to ``base`` messages and append ``append``.
@@ -71,6 +73,15 @@ class History:
         self.messages.extend(append)
         self._chain.extend(append)
         self._tokens.extend([None] * len(append))
+        self._recheck_pairs(base)
+
+    def _recheck_pairs(self, first_new: int) -> None:
+        """Update the pairs needing repair once messages from ``first_new`` on changed."""
+        first_pair = max(first_new - 1, 0)
+        repairs = self.messages.repairs
+        while repairs and repairs[-1] >= first_pair:
+            repairs.pop()
+        repairs.extend(find_repairs(self.messages, first_pair))
 
     def tokens(self, index: int, count: Callable[[Message], int]) -> int:
         """Tokens of message ``index``, counted once while the message is unchanged."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._blocks import Block, Message, with_text
@@ -98,6 +98,38 @@ def repair_tool_results(ids: list[str], message: Message, notices: Notices) -> M
     return {**message, "content": ordered + others}
 
 
+def pair_needs_repair(assistant: Message, user: Message) -> bool:
+    """Whether the user message after ``assistant`` must be repaired (SPEC.md §4 step 5)."""
+    ids = _tool_use_ids(assistant)
+    if not ids or user.get("role") != "user":
+        return False
+    return repair_tool_results(ids, user, DEFAULT_NOTICES) is not user
+
+
+def find_repairs(messages: Sequence[Message], first: int = 0) -> list[int]:
+    """Indices ``i >= first`` whose pair ``(messages[i], messages[i + 1])`` needs repair."""
+    return [
+        index
+        for index in range(max(first, 0), len(messages) - 1)
+        if pair_needs_repair(messages[index], messages[index + 1])
+    ]
+
+
+class KnownPairs(list[Message]):
+    """A history list that knows which of its adjacent pairs need repair.
+
+    :class:`~ctxwin.engine.History` keeps one up to date as messages are
+    appended, so building a view checks only those pairs and the ones the
+    range or the overlay changed, instead of every pair.
+    """
+
+    __slots__ = ("repairs",)
+
+    def __init__(self, messages: Sequence[Message] = ()) -> None:
+        super().__init__(messages)
+        self.repairs: list[int] = find_repairs(self)
+
+
 def truncated_messages(
     messages: Sequence[Message],
     deleted_range: Sequence[int] | None,
@@ -119,6 +151,7 @@ def truncated_messages(
         return list(messages)
     start = keep_from(deleted_range)
     view = [messages[0], messages[1], *messages[start:]]
+    changed = {0, 1}  # positions whose pairs are always checked afresh
     if start > FIRST_REMOVABLE and len(view) > 2:
         third = view[2]
         content = third.get("content")
@@ -131,6 +164,7 @@ def truncated_messages(
                 **third,
                 "content": [block for block in content if block.get("type") != "tool_result"],
             }
+            changed.add(2)
     if overlay:
         for position, original in enumerate((0, 1)):
             entry = overlay.get(original)
@@ -140,7 +174,15 @@ def truncated_messages(
             if original >= start and original < len(messages):
                 position = original - start + 2
                 view[position] = apply_overlay(view[position], entry)
-    for position in range(len(view) - 1):
+                changed.update((position - 1, position))
+    if isinstance(messages, KnownPairs):
+        # Pairs of two untouched history messages repair as the history's own pairs do.
+        offset = 2 - start
+        changed.update(index + offset for index in messages.repairs if index >= start)
+        positions: Iterable[int] = sorted(p for p in changed if p < len(view) - 1)
+    else:
+        positions = range(len(view) - 1)
+    for position in positions:
         ids = _tool_use_ids(view[position])
         if ids and view[position + 1].get("role") == "user":
             view[position + 1] = repair_tool_results(ids, view[position + 1], notices)
