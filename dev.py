@@ -17,7 +17,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import tomllib
 import venv
 from pathlib import Path
 
@@ -55,9 +54,6 @@ def _run(*argv: str | os.PathLike[str]) -> None:
 
 def setup() -> None:
     """Create .venv/ and install everything into it, unless already current."""
-    if sys.version_info < (3, 11):
-        _say("Python 3.11 or newer is required")
-        sys.exit(2)
     fingerprint = _fingerprint()
     if STAMP.exists() and STAMP.read_text() == fingerprint and (BIN / "ctxwind").exists():
         return
@@ -65,6 +61,8 @@ def setup() -> None:
         _say(f"creating {VENV}")
         venv.EnvBuilder(with_pip=True, upgrade_deps=False).create(VENV)
     python = BIN / "python"
+    import tomllib  # here, so that an old Python gets the message in main() instead
+
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
     _say("installing proto, client and daemon (editable) and the development tools")
     _run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
@@ -90,6 +88,9 @@ def test(args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if sys.version_info < (3, 11):  # noqa: UP036 - explain instead of failing on an import
+        _say("Python 3.11 or newer is required")
+        return 2
     if not argv or argv[0] in {"-h", "--help", "help"}:
         sys.stdout.write(__doc__ or "")
         return 0 if argv else 2

@@ -1,0 +1,210 @@
+"""Per-turn cost of prepare_request, full lists against delta sync, end to end.
+
+Replays a 2000-message, ~1 MB conversation turn by turn as an agent does:
+each turn adds the assistant's reply and the next user message, then asks the
+daemon for the next request's view with the previous request's usage (an
+estimate that rises with the view until truncations happen). Two tasks on
+one real daemon, in the same run:
+
+- full mode: every turn sends the whole history and gets the whole view back;
+- delta mode: the client sends ``base``/``base_digest``/``append`` and asks
+  for the view as a patch, which it applies to its own history.
+
+Each sample is one turn, from the start of the client call to the rebuilt
+view in hand. Usage: ``.venv/bin/python -m bench.turns [--messages N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from bench._conversation import build_conversation, size_of
+from ctxwin import proto
+
+Message = dict[str, Any]
+MODEL = {"id": "claude-sonnet-4-5", "context_window": 200_000}
+CHARS_PER_TOKEN = 4
+
+
+class Daemon:
+    """A ctxwind subprocess on a private endpoint, for the length of the benchmark."""
+
+    def __init__(self, root: Path) -> None:
+        self.endpoint = f"ipc://{root / 'run' / 'ctxwind.sock'}"
+        argv = [
+            sys.executable,
+            "-m",
+            "ctxwin.daemon",
+            "--endpoint",
+            self.endpoint,
+            "--state-dir",
+            str(root / "state"),
+            "--log-format",
+            "json",
+            "--log-level",
+            "warning",
+        ]
+        self.log = (root / "ctxwind.log").open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+        self.log.close()
+
+
+class Connection:
+    """One DEALER socket; one request at a time."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(endpoint)
+        self.ids = itertools.count(1)
+
+    def call(self, op: str, args: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        request_id = next(self.ids)
+        self.socket.send(proto.encode_request(request_id, op, args))
+        if not self.socket.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no reply to {op}")
+        reply = proto.decode_reply(self.socket.recv())
+        if not reply.ok or reply.result is None:
+            raise RuntimeError(f"{op} failed: {reply.code}: {reply.message}")
+        return reply.result
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.call("ping", {}, timeout=0.5)
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+
+
+def usage_after(view: Sequence[Message], ts: int) -> dict[str, Any]:
+    """The usage an agent would report for a request with this view (a size estimate)."""
+    prompt = len(json.dumps(view, ensure_ascii=False)) // CHARS_PER_TOKEN
+    return {"ts": ts, "tokens_in": prompt, "tokens_out": 400, "cache_writes": 0, "cache_reads": 0}
+
+
+def replay(
+    connection: Connection, task: str, messages: list[Message], delta: bool
+) -> tuple[list[float], list[int], int]:
+    """Run every turn; returns per-turn seconds, history bytes per turn, and truncations."""
+    sender = proto.DeltaSender()
+    samples: list[float] = []
+    sizes: list[int] = []
+    truncations = 0
+    previous: dict[str, Any] | None = None
+    history: list[Message] = messages[:1]
+    size = size_of(history)
+    ts = 1_767_225_600_000
+    for end in range(1, len(messages) + 1, 2):
+        history = messages[:end]
+        size += sum(len(json.dumps(m, ensure_ascii=False)) for m in messages[end - 2 : end])
+        args: dict[str, Any] = {"task": task, "model": MODEL, "previous_request": previous}
+        started = time.perf_counter()
+        if delta:
+            history_args = sender.args_for(history)
+            args.update(history_args)
+            args["view"] = "patch"
+            try:
+                result = connection.call("prepare_request", args)
+            except RuntimeError as exc:
+                if "resync_required" not in str(exc):
+                    raise
+                sender.reset()
+                history_args = sender.args_for(history)
+                args = {**args, **history_args}
+                for stale in ("base", "base_digest", "append"):
+                    if stale not in history_args:
+                        args.pop(stale, None)
+                result = connection.call("prepare_request", args)
+            sender.sent(history, history_args)
+            view = proto.apply_view_patch(history, result["patch"])
+        else:
+            args["messages"] = history
+            result = connection.call("prepare_request", args)
+            view = result["messages"]
+        samples.append(time.perf_counter() - started)
+        sizes.append(size)
+        truncations += bool(result["range_updated"])
+        ts += 17_000
+        previous = usage_after(view, ts)
+    return samples, sizes, truncations
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--target-bytes", type=int, default=1_000_000)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    options = parser.parse_args(argv)
+    messages = build_conversation(options.messages, options.target_bytes)
+    with tempfile.TemporaryDirectory(prefix="ctxwin-turns-") as temp:
+        daemon = Daemon(Path(temp))
+        try:
+            connection = Connection(daemon.endpoint)
+            connection.wait_ready()
+            report: dict[str, Any] = {
+                "messages": len(messages),
+                "bytes": size_of(messages),
+                "cpus": os.cpu_count(),
+            }
+            for mode, delta in (("full", False), ("delta", True)):
+                samples, sizes, truncations = replay(connection, f"turns-{mode}", messages, delta)
+                tail = [s for s, b in zip(samples, sizes, strict=True) if b >= 0.9 * sizes[-1]]
+                report[mode] = {
+                    "turns": len(samples),
+                    "truncations": truncations,
+                    "median_ms": statistics.median(samples) * 1e3,
+                    "p99_ms": percentile(samples, 0.99) * 1e3,
+                    "max_ms": max(samples) * 1e3,
+                    "median_ms_at_1mb": statistics.median(tail) * 1e3,
+                }
+        finally:
+            daemon.stop()
+    report["speedup_at_1mb"] = (
+        report["full"]["median_ms_at_1mb"] / report["delta"]["median_ms_at_1mb"]
+    )
+    if options.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['messages']} messages, {report['bytes'] / 1e6:.2f} MB, one turn = 2 messages")
+    print(
+        f"{'mode':<6} {'turns':>6} {'cuts':>5} {'median ms':>10} {'p99 ms':>8} {'max ms':>8} "
+        f"{'median ms @1MB':>15}"
+    )
+    for mode in ("full", "delta"):
+        row = report[mode]
+        print(
+            f"{mode:<6} {row['turns']:>6} {row['truncations']:>5} {row['median_ms']:>10.3f} "
+            f"{row['p99_ms']:>8.3f} {row['max_ms']:>8.2f} {row['median_ms_at_1mb']:>15.3f}"
+        )
+    print(f"delta is {report['speedup_at_1mb']:.1f}x faster than full at ~1 MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
