@@ -65,8 +65,21 @@ def setup() -> None:
 
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
     _say("installing proto, client and daemon (editable) and the development tools")
-    _run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "-e", "./proto", "-e", "./client", "-e", "./daemon", *dev)
+    _run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "-e",
+        "./proto",
+        "-e",
+        "./client",
+        "-e",
+        "./daemon",
+        *dev,
+    )
     STAMP.write_text(fingerprint)
 
 
@@ -79,8 +92,10 @@ def test(args: list[str]) -> int:
         [BIN / "python", "-m", "pytest", *args],
     ]
     for step in steps:
-        _say("running " + " ".join(Path(str(step[0])).name if i == 0 else str(a)
-                                     for i, a in enumerate(step)))
+        _say(
+            "running "
+            + " ".join(Path(str(step[0])).name if i == 0 else str(a) for i, a in enumerate(step))
+        )
         code = subprocess.run([os.fspath(a) for a in step], cwd=ROOT, check=False).returncode
         if code != 0:
             return code
