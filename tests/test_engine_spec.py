@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxwin.engine import (
     CorruptStateError,
@@ -15,6 +17,12 @@ from ctxwin.engine import (
     should_compact,
     truncated_messages,
     utf16_len,
+)
+from ctxwin.engine._optimize import (
+    FILE_CONTENT,
+    FINAL_FILE_CONTENT,
+    final_body,
+    mention_elements,
 )
 
 
@@ -261,3 +269,32 @@ def test_revision_counts_changes_that_need_a_write() -> None:
     assert 1 == state.revision
     state.apply_truncation_notice(5, messages)
     assert 2 == state.revision
+
+
+fragments = st.lists(
+    st.sampled_from(
+        [
+            '<file_content path="a">',
+            '<file_content path="b c">',
+            "</file_content>",
+            '<final_file_content path="x">',
+            "</final_file_content>",
+            "body\n",
+            '"',
+            "<",
+            ">",
+            "😀",
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(fragments)
+def test_element_search_equals_the_spec_patterns(text: str) -> None:
+    """The fast element search finds exactly what SPEC.md §6's non-greedy patterns find."""
+    final = FINAL_FILE_CONTENT.search(text)
+    expected = (final.start(2), final.end(2)) if final else None
+    assert expected == final_body(text)
+    assert [(m.group(1), m.group(0)) for m in FILE_CONTENT.finditer(text)] == mention_elements(text)
