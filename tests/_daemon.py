@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ from ctxwin import proto
 _ids = itertools.count(1)
 
 
-def call(endpoint: str, op: str, args: dict[str, Any] | None = None,
-         timeout: float = 10.0) -> proto.Reply:
+def call(
+    endpoint: str, op: str, args: dict[str, Any] | None = None, timeout: float = 10.0
+) -> proto.Reply:
     """One request over a fresh DEALER socket; returns the decoded reply."""
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
@@ -38,7 +40,13 @@ def call(endpoint: str, op: str, args: dict[str, Any] | None = None,
 class DaemonProcess:
     """A ctxwind subprocess with its own ipc endpoint and state dir under ``root``."""
 
-    def __init__(self, root: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.root = root
         self.runtime_dir = root / "run"
         self.state_dir = root / "state"
@@ -50,14 +58,20 @@ class DaemonProcess:
         self.env.pop("WATCHDOG_USEC", None)
         self.env.update(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
+        self.preexec_fn = preexec_fn
 
     @property
     def argv(self) -> list[str]:
         return [
-            sys.executable, "-m", "ctxwin.daemon",
-            "--endpoint", self.endpoint,
-            "--state-dir", str(self.state_dir),
-            "--log-format", "json",
+            sys.executable,
+            "-m",
+            "ctxwin.daemon",
+            "--endpoint",
+            self.endpoint,
+            "--state-dir",
+            str(self.state_dir),
+            "--log-format",
+            "json",
             *self.extra_args,
         ]
 
@@ -67,7 +81,13 @@ class DaemonProcess:
     def start(self, timeout: float = 20.0) -> None:
         """Start the daemon and wait until it answers ``ping``."""
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            preexec_fn=self.preexec_fn,
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while True:
@@ -110,6 +130,18 @@ class DaemonProcess:
         self.stop()
         self.start()
 
-    def call(self, op: str, args: dict[str, Any] | None = None,
-             timeout: float = 10.0) -> proto.Reply:
+    def call(
+        self, op: str, args: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> proto.Reply:
         return call(self.endpoint, op, args, timeout)
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.01
+) -> None:
+    """Poll ``predicate`` until it holds; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting until {what}")
+        time.sleep(interval)

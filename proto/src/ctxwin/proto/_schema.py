@@ -179,7 +179,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "task": _check_task,
     "messages": _check_messages,
     "model": _check_model,
-    "usage": _check_usage,
+    "usage": _check_optional_usage,
     "previous_request": _check_optional_usage,
     "deleted_range": _check_range,
     "keep": _one_of(KEEP_VALUES),

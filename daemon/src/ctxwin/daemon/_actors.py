@@ -1,0 +1,560 @@
+"""One actor per task: a bounded mailbox, the task's state, debounced durable writes.
+
+Vocabulary after pykka: :meth:`TaskActor.tell` queues a message whose reply
+goes to the ``reply`` object carried in the envelope (for wire requests, the
+socket); :meth:`TaskActor.ask` returns a future instead. Hooks ``on_start``
+(load the state in a worker thread), ``on_stop`` (final flush) and
+``on_failure`` (log). On stop the mailbox is drained and every pending
+request is answered with :class:`ActorStoppedError`, never left silent.
+
+Requests of one task run in order; different tasks run concurrently. The
+mailbox is a deque plus an event rather than an anyio memory stream: one hop
+costs about 10 us against about 50 us measured for the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+import structlog
+
+from ctxwin import engine
+
+from ._ops import run_task_op
+from ._persist import TaskFiles, encode_history, encode_meta
+
+__all__ = [
+    "ActorStoppedError",
+    "ActorSystem",
+    "BusyError",
+    "Counters",
+    "FlushError",
+    "ReplyTo",
+    "TaskActor",
+]
+
+_log = structlog.get_logger("ctxwin.daemon.actors")
+
+_RETRY_FIRST_S = 0.25
+_RETRY_MAX_S = 30.0
+
+
+class BusyError(Exception):
+    """The task's mailbox is full; the client should retry later."""
+
+
+class ActorStoppedError(Exception):
+    """The task's actor stopped before it could handle this request; send it again."""
+
+
+class FlushError(Exception):
+    """The task's state could not be made durable; the message says why."""
+
+
+class ReplyTo(Protocol):
+    """Where a request's outcome goes: an asyncio future or the wire."""
+
+    def set_result(self, result: dict[str, Any], /) -> None:
+        """Deliver the result map."""
+
+    def set_exception(self, exc: BaseException, /) -> None:
+        """Deliver a failure."""
+
+
+@dataclass
+class Counters:
+    """Mutable counters behind the ``stats`` op."""
+
+    requests: int = 0
+    flushes: int = 0
+    write_failures: int = 0
+
+
+class _Stop:
+    """The message that stops an actor once everything before it was handled."""
+
+
+_STOP = _Stop()
+
+
+class Envelope:
+    """A message in a mailbox and where its reply goes."""
+
+    # __slots__: one envelope per request.
+    __slots__ = ("args", "op", "reply")
+
+    def __init__(self, op: str | _Stop, args: dict[str, Any], reply: ReplyTo | None) -> None:
+        self.op = op
+        self.args = args
+        self.reply = reply
+
+
+class TaskActor:
+    """The actor of one task id.
+
+    Args:
+        system: the actor system that owns it.
+        task: the task id (already validated).
+        ephemeral: keep the state in memory only; never read or write files.
+    """
+
+    def __init__(self, system: ActorSystem, task: str, ephemeral: bool) -> None:
+        self.system = system
+        self.task = task
+        self.ephemeral = ephemeral
+        self.files = TaskFiles(system.state_dir, task)
+        self.state: engine.TaskState | None = None
+        self.mailbox: deque[Envelope] = deque()
+        self._wakeup = asyncio.Event()
+        self.done = asyncio.Event()
+        self.stopping = False
+        self.handling = False
+        self.idle_since = system.loop.time()
+        self._durable_revision = 0
+        self._seen_revision = 0
+        self._first_unwritten: float | None = None
+        self._last_change = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._write_lock = asyncio.Lock()
+        self._writing = False
+        self._failures_in_row = 0
+        self._last_error: str | None = None
+
+    # -- pykka-style API ------------------------------------------------------
+
+    def tell(
+        self, op: str, args: dict[str, Any], reply: ReplyTo | None, force: bool = False
+    ) -> None:
+        """Queue a message; its outcome goes to ``reply``.
+
+        Raises:
+            BusyError: the mailbox holds ``mailbox_size`` messages already.
+            ActorStoppedError: the actor no longer takes messages.
+        """
+        if self.stopping:
+            raise ActorStoppedError(f"task {self.task} is stopping")
+        if not force and len(self.mailbox) >= self.system.mailbox_size:
+            raise BusyError(
+                f"task {self.task} has {len(self.mailbox)} requests queued; retry later"
+            )
+        self.mailbox.append(Envelope(op, args, reply))
+        self._wakeup.set()
+
+    def ask(self, op: str, args: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Queue a message (past the mailbox bound) and return a future of its result."""
+        future: asyncio.Future[dict[str, Any]] = self.system.loop.create_future()
+        self.tell(op, args, future, force=True)
+        return future
+
+    def stop(self) -> None:
+        """Stop once every message queued before this one was handled."""
+        if not self.stopping:
+            self.mailbox.append(Envelope(_STOP, {}, None))
+            self.stopping = True
+            self._wakeup.set()
+
+    # -- hooks ---------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        """Load the task's state (files read in a worker thread)."""
+        notices = self.system.notices
+        if self.ephemeral:
+            self.state = engine.TaskState(notices)
+        else:
+
+            def build(updates: Any, deleted_range: list[int] | None) -> engine.TaskState:
+                if updates is None and deleted_range is None:
+                    return engine.TaskState(notices)
+                return engine.TaskState.load(updates, deleted_range, notices)
+
+            self.state = await anyio.to_thread.run_sync(
+                self.files.load, build, lambda: engine.TaskState(notices)
+            )
+            self.files.mark_current(*self._snapshot())
+        self._durable_revision = self._seen_revision = self.state.revision
+        _log.info("actor_started", task=self.task, ephemeral=self.ephemeral)
+
+    async def on_stop(self) -> None:
+        """Make the state durable before the actor goes away."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.ephemeral and self.state is not None:
+            try:
+                await self.flush()
+            except FlushError as exc:
+                self.system.final_flush_failures += 1
+                _log.error("final_flush_failed", task=self.task, error=str(exc))
+
+    def on_failure(self, exc: BaseException) -> None:
+        """Log an unexpected failure of the actor itself."""
+        _log.error("actor_failed", task=self.task, error_type=type(exc).__name__, exc_info=exc)
+
+    # -- the loop --------------------------------------------------------------
+
+    async def run(self, previous: asyncio.Event | None) -> None:
+        """The actor's life: wait for its predecessor, start, handle messages, stop."""
+        failure: BaseException | None = None
+        started = False
+        try:
+            if previous is not None:
+                await previous.wait()
+            await self.on_start()
+            started = True
+            while True:
+                while not self.mailbox:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                envelope = self.mailbox.popleft()
+                if isinstance(envelope.op, _Stop):
+                    break
+                self.handling = True
+                try:
+                    closed = await self._handle(envelope)
+                finally:
+                    self.handling = False
+                    self.idle_since = self.system.loop.time()
+                if closed:
+                    break
+        except Exception as exc:
+            failure = exc
+            self.on_failure(exc)
+        finally:
+            self.stopping = True
+            self.system.detach(self)
+            if started:
+                await self.on_stop()
+            self._drain(failure)
+            self.done.set()
+            self.system.forget(self)
+            _log.info("actor_stopped", task=self.task)
+
+    def _drain(self, failure: BaseException | None) -> None:
+        while self.mailbox:
+            envelope = self.mailbox.popleft()
+            if envelope.reply is None:
+                continue
+            if failure is not None:
+                envelope.reply.set_exception(
+                    FlushError(f"task {self.task} failed to start: {failure}")
+                    if self.state is None
+                    else failure
+                )
+            else:
+                envelope.reply.set_exception(
+                    ActorStoppedError(f"task {self.task} was stopped; send the request again")
+                )
+
+    async def _handle(self, envelope: Envelope) -> bool:
+        """Run one request; returns True when the actor should stop after it (close)."""
+        state = self.state
+        assert state is not None
+        assert isinstance(envelope.op, str)
+        op, args, reply = envelope.op, envelope.args, envelope.reply
+        closing = False
+        try:
+            if op == "inspect":
+                result: dict[str, Any] = {
+                    "updates": state.dump_updates(),
+                    "deleted_range": state.deleted_range,
+                    "dirty": self.dirty,
+                }
+            elif op == "flush":
+                result = {"flushed": int(await self.flush())}
+            elif op == "close":
+                if not self.ephemeral:
+                    await self.flush()
+                # Detach now: later requests for this task start a fresh actor.
+                self.stopping = True
+                self.system.detach(self)
+                closing = True
+                result = {"closed": True}
+            else:
+                result = run_task_op(state, op, args)
+        except Exception as exc:
+            self._changed()  # a failing op may still have changed the state
+            if reply is not None:
+                reply.set_exception(exc)
+            return closing
+        self._changed()
+        if reply is not None:
+            reply.set_result(result)
+        return closing
+
+    # -- persistence -------------------------------------------------------------
+
+    def _snapshot(self) -> tuple[bytes, bytes]:
+        state = self.state
+        assert state is not None
+        return encode_history(state.dump_updates()), encode_meta(state.deleted_range)
+
+    @property
+    def dirty(self) -> bool:
+        """Whether the state has changes that are not durable yet."""
+        if self.ephemeral or self.state is None:
+            return False
+        if self.state.revision != self._durable_revision:
+            return True
+        return not self.files.is_current(*self._snapshot())
+
+    def _changed(self) -> None:
+        """Note a change of the state and arm the debounce timer (DESIGN.md "Persistence")."""
+        state = self.state
+        if self.ephemeral or state is None or state.revision == self._seen_revision:
+            return
+        self._seen_revision = state.revision
+        now = self.system.loop.time()
+        if self._first_unwritten is None:
+            self._first_unwritten = now
+        self._last_change = now
+        self._arm(self._deadline())
+
+    def _deadline(self) -> float:
+        first = self._first_unwritten if self._first_unwritten is not None else self._last_change
+        return min(self._last_change + self.system.debounce_s, first + self.system.debounce_max_s)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            if self._timer.when() <= when:
+                return
+            self._timer.cancel()
+        self._timer = self.system.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._first_unwritten is None and self._failures_in_row == 0:
+            return
+        when = self._deadline()
+        if self._failures_in_row == 0 and self.system.loop.time() < when:
+            self._timer = self.system.loop.call_at(when, self._on_timer)
+            return
+        self.system.spawn(self._write_in_background)
+
+    async def _write_in_background(self) -> None:
+        try:
+            await self.flush()
+        except FlushError:
+            pass  # logged, and retried by the timer that flush() armed
+
+    async def flush(self) -> bool:
+        """Write the current state unless it is durable already.
+
+        Returns:
+            Whether a file was written.
+
+        Raises:
+            FlushError: the write failed (logged; a retry is scheduled).
+        """
+        if self.ephemeral or self.state is None:
+            return False
+        async with self._write_lock:
+            state = self.state
+            revision = state.revision
+            history, meta = self._snapshot()
+            if self.files.is_current(history, meta):
+                self._written(revision)
+                return False
+            try:
+                await anyio.to_thread.run_sync(self.files.write, history, meta)
+            except OSError as exc:
+                self.system.counters.write_failures += 1
+                self._failures_in_row += 1
+                reason = f"{exc.strerror or exc} ({_errno_name(exc)})"
+                self._last_error = reason
+                delay = min(_RETRY_MAX_S, _RETRY_FIRST_S * 2 ** (self._failures_in_row - 1))
+                _log.error(
+                    "write_failed",
+                    task=self.task,
+                    error=reason,
+                    failures_in_row=self._failures_in_row,
+                    retry_in_s=delay,
+                )
+                if not self.stopping and self._timer is None:
+                    self._timer = self.system.loop.call_later(delay, self._on_timer)
+                raise FlushError(
+                    f"task {self.task}: state not durable, write failed: {reason}"
+                ) from None
+            if self._failures_in_row:
+                _log.info("write_recovered", task=self.task, failures=self._failures_in_row)
+            self._failures_in_row = 0
+            self._last_error = None
+            self.system.counters.flushes += 1
+            self._written(revision)
+            return True
+
+    def _written(self, revision: int) -> None:
+        self._durable_revision = revision
+        if self.state is not None and self.state.revision == revision:
+            self._first_unwritten = None
+            if self._timer is not None and self._failures_in_row == 0:
+                self._timer.cancel()
+                self._timer = None
+
+    def is_idle(self, now: float, timeout: float) -> bool:
+        """Whether the actor has had nothing to do for ``timeout`` seconds."""
+        return (
+            not self.handling
+            and not self.mailbox
+            and not self.stopping
+            and self.state is not None
+            and now - self.idle_since >= timeout
+        )
+
+
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+class ActorSystem:
+    """The registry of task actors.
+
+    Args:
+        state_dir: where task directories live.
+        notices: notice texts for new task states.
+        mailbox_size: bound of every mailbox.
+        debounce_ms: write delay after the last change.
+        debounce_max_ms: latest write after the first unwritten change.
+        idle_timeout: seconds after which an idle actor stops.
+        spawn: starts a coroutine function in the daemon's task group.
+        counters: the daemon's counters.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        notices: engine.Notices,
+        mailbox_size: int,
+        debounce_ms: int,
+        debounce_max_ms: int,
+        idle_timeout: float,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
+        counters: Counters,
+    ) -> None:
+        self.state_dir = state_dir
+        self.notices = notices
+        self.mailbox_size = mailbox_size
+        self.debounce_s = debounce_ms / 1000
+        self.debounce_max_s = debounce_max_ms / 1000
+        self.idle_timeout = idle_timeout
+        self.spawn = spawn
+        self.counters = counters
+        self.loop = asyncio.get_running_loop()
+        self.actors: dict[str, TaskActor] = {}
+        self._stopping: dict[str, TaskActor] = {}
+        self.known_tasks: set[str] = set()
+        self.final_flush_failures = 0
+        self.accepting = True
+
+    def get(self, task: str) -> TaskActor | None:
+        """The running actor of ``task``, if any."""
+        return self.actors.get(task)
+
+    def actor_for(self, task: str, ephemeral: bool = False) -> TaskActor:
+        """The actor of ``task``, started on first use.
+
+        Raises:
+            ActorStoppedError: the daemon is shutting down.
+        """
+        actor = self.actors.get(task)
+        if actor is not None:
+            return actor
+        if not self.accepting:
+            raise ActorStoppedError("the daemon is shutting down")
+        actor = TaskActor(self, task, ephemeral)
+        previous = self._stopping.get(task)
+        self.actors[task] = actor
+        self.known_tasks.add(task)
+
+        async def run() -> None:
+            await actor.run(previous.done if previous is not None else None)
+
+        self.spawn(run)
+        return actor
+
+    def detach(self, actor: TaskActor) -> None:
+        """Take a stopping actor out of the registry; it stays known until done."""
+        if self.actors.get(actor.task) is actor:
+            del self.actors[actor.task]
+            self._stopping[actor.task] = actor
+
+    def forget(self, actor: TaskActor) -> None:
+        """Drop a stopped actor."""
+        if self.actors.get(actor.task) is actor:
+            del self.actors[actor.task]
+        if self._stopping.get(actor.task) is actor:
+            del self._stopping[actor.task]
+
+    def stopping_actor(self, task: str) -> TaskActor | None:
+        """An actor of ``task`` that is stopping, if any."""
+        return self._stopping.get(task)
+
+    async def flush_all(self) -> int:
+        """Make every task durable, each after the requests queued before.
+
+        Returns:
+            How many tasks were written.
+
+        Raises:
+            FlushError: some task could not be written (all are tried).
+        """
+        futures = [
+            (actor.task, actor.ask("flush", {}))
+            for actor in list(self.actors.values())
+            if not actor.ephemeral and not actor.stopping
+        ]
+        waits = [actor.done.wait() for actor in list(self._stopping.values())]
+        written = 0
+        failures: list[str] = []
+        for task, future in futures:
+            try:
+                written += int((await future)["flushed"])
+            except FlushError as exc:
+                failures.append(str(exc))
+            except ActorStoppedError:
+                pass  # it flushed when it stopped
+            except Exception as exc:
+                failures.append(f"task {task}: {type(exc).__name__}")
+        for wait in waits:
+            await wait
+        if failures:
+            raise FlushError("; ".join(failures))
+        return written
+
+    async def reap_idle(self) -> None:
+        """Stop actors idle for longer than the idle timeout, forever (runs as a task)."""
+        interval = max(0.02, min(self.idle_timeout / 4, 5.0))
+        while True:
+            await anyio.sleep(interval)
+            now = self.loop.time()
+            for actor in list(self.actors.values()):
+                if not actor.is_idle(now, self.idle_timeout):
+                    continue
+                if actor.dirty:
+                    # Never stop with unwritten changes: write first, stop next round.
+                    if not actor._write_lock.locked():
+                        self.spawn(actor._write_in_background)
+                    continue
+                self.detach(actor)
+                actor.stop()
+
+    async def stop_all(self, grace: float) -> None:
+        """Stop every actor after the messages already queued; wait up to ``grace`` seconds."""
+        self.accepting = False
+        actors = list(self.actors.values()) + list(self._stopping.values())
+        for actor in actors:
+            actor.stop()
+        with anyio.move_on_after(grace):
+            for actor in actors:
+                await actor.done.wait()
+
+    def statistics(self) -> dict[str, int]:
+        """Counts for ``stats``."""
+        return {"tasks": len(self.known_tasks), "actors": len(self.actors)}

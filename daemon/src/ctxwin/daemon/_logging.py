@@ -1,0 +1,93 @@
+"""structlog set-up: one event per line, JSON under systemd or when asked, console on a tty.
+
+Events carry ids, op names, counts and error reasons; never conversation text.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import structlog
+from structlog.tracebacks import ExceptionDictTransformer
+
+__all__ = ["choose_format", "configure_logging"]
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+
+def choose_format(
+    requested: str | None, stream: TextIO | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """Pick the log format.
+
+    Args:
+        requested: ``json`` or ``console`` when configured, else None.
+        stream: where logs go (stderr when omitted).
+        environ: the environment (``os.environ`` when omitted).
+
+    Returns:
+        ``requested`` when given; ``json`` under systemd (``JOURNAL_STREAM`` or
+        ``INVOCATION_ID`` set); ``console`` on a terminal; ``json`` otherwise.
+    """
+    if requested:
+        return requested
+    env = os.environ if environ is None else environ
+    if env.get("JOURNAL_STREAM") or env.get("INVOCATION_ID"):
+        return "json"
+    out = stream if stream is not None else sys.stderr
+    try:
+        return "console" if out.isatty() else "json"
+    except (AttributeError, ValueError):
+        return "json"
+
+
+def configure_logging(fmt: str | None, level: str, stream: TextIO | None = None) -> str:
+    """Configure structlog for the daemon process.
+
+    Args:
+        fmt: ``json``, ``console`` or None (automatic, see :func:`choose_format`).
+        level: lowest level logged (``debug`` ... ``critical``).
+        stream: where to write (stderr when omitted).
+
+    Returns:
+        The format chosen.
+    """
+    out = stream if stream is not None else sys.stderr
+    chosen = choose_format(fmt, out)
+    renderer: Any
+    if chosen == "json":
+        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if chosen == "json":
+        # Without locals: a frame's locals may hold conversation text.
+        processors.append(
+            structlog.processors.ExceptionRenderer(
+                ExceptionDictTransformer(show_locals=False, use_rich=False)
+            )
+        )
+    processors.append(renderer)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=True,
+    )
+    return chosen

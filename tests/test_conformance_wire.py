@@ -1,0 +1,113 @@
+"""Every conformance scenario over the wire, against the real ctxwind and its files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from ctxwin import proto
+from tests._daemon import DaemonProcess
+from tests._scenarios import (
+    PLACEHOLDER_NOTICES,
+    Scenario,
+    expand_args,
+    expected_value,
+    load_scenarios,
+    normalise_updates,
+)
+
+SCENARIOS = load_scenarios()
+NOTICE_ENV = {
+    "CTXWIN_TRUNCATION_NOTICE": PLACEHOLDER_NOTICES["truncation"],
+    "CTXWIN_DUPLICATE_FILE_READ_NOTICE": PLACEHOLDER_NOTICES["duplicate_file_read"],
+    "CTXWIN_FIRST_USER_NOTICE": PLACEHOLDER_NOTICES["first_user"],
+    "CTXWIN_MISSING_RESULT": PLACEHOLDER_NOTICES["missing_result"],
+}
+
+
+class Connection:
+    """One DEALER to the daemon, reused for every request of the module."""
+
+    def __init__(self, endpoint: str) -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.sock = context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.next_id = 1
+
+    def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and return its result; fails on an error reply."""
+        request_id = self.next_id
+        self.next_id += 1
+        self.sock.send(proto.encode_request(request_id, op, args))
+        assert self.sock.poll(30_000), f"no reply to {op}"
+        reply = proto.decode_reply(self.sock.recv())
+        assert reply.id == request_id
+        assert reply.ok, f"{op}: {reply.code}: {reply.message}"
+        assert reply.result is not None
+        return reply.result
+
+
+@pytest.fixture(scope="module")
+def conformance_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """A daemon configured with the scenarios' placeholder notice texts."""
+    process = DaemonProcess(tmp_path_factory.mktemp("conformance"), env=NOTICE_ENV)
+    process.start()
+    try:
+        yield process
+    finally:
+        assert process.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def connection(conformance_daemon: DaemonProcess) -> Iterator[Connection]:
+    """The module's connection to the conformance daemon."""
+    conn = Connection(conformance_daemon.endpoint)
+    try:
+        yield conn
+    finally:
+        conn.sock.close(linger=0)
+
+
+def _write_initial(daemon: DaemonProcess, scenario: Scenario) -> None:
+    task_dir = daemon.task_dir(scenario.task)
+    assert not task_dir.exists(), "scenario tasks must start empty"
+    if scenario.initial_updates is not None:
+        task_dir.mkdir(parents=True)
+        (task_dir / "context_history.json").write_text(json.dumps(scenario.initial_updates))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario_over_the_wire(
+    scenario: Scenario, conformance_daemon: DaemonProcess, connection: Connection
+) -> None:
+    """The scenario's replies and overlays match, and after flush the file equals the overlay."""
+    _write_initial(conformance_daemon, scenario)
+    overlay = normalise_updates(scenario.initial_updates or [])
+    for number, step in enumerate(scenario.steps):
+        args = expand_args(step["args"], scenario.conversation)
+        result = connection.call(step["op"], args)
+        for key, expected in step["expect"].items():
+            left, right = expected_value(expected, result.get(key))
+            assert left == right, f"step {number} ({step['op']}): {key}"
+        if "expect_updates" in step:
+            overlay = normalise_updates(step["expect_updates"])
+        if "expect_updates" in step or number == len(scenario.steps) - 1:
+            inspected = connection.call("inspect", {"task": scenario.task})
+            assert normalise_updates(inspected["updates"]) == overlay, f"step {number} overlay"
+    connection.call("flush", {"task": scenario.task})
+    history = conformance_daemon.task_dir(scenario.task) / "context_history.json"
+    on_disk: Any = json.loads(history.read_text()) if history.exists() else []
+    assert normalise_updates(on_disk) == overlay
+    connection.call("close", {"task": scenario.task})
+
+
+def test_scenario_folder_is_the_shared_one() -> None:
+    """The scenarios come from ../shared/conformance/scenarios next to the repository."""
+    folder = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "scenarios"
+    assert len(SCENARIOS) == len(list(folder.glob("*.json")))

@@ -1,0 +1,573 @@
+"""Every op of the wire table against the real ctxwind, over REQ and DEALER sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from ctxwin import proto
+from ctxwin.engine import DEFAULT_NOTICES
+from tests._daemon import DaemonProcess, wait_until
+
+TASK = "wire-task"
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "user", "content": [{"type": "text", "text": "Add a --verbose flag."}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "On it."}]},
+]
+for turn in range(6):
+    CONVERSATION += [
+        {"role": "user", "content": [{"type": "text", "text": f"step {turn}"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": f"done {turn}"}]},
+    ]
+MODEL = {"id": "claude-sonnet", "context_window": 200000}
+
+
+class Peer:
+    """A DEALER (or REQ) socket connected to the daemon, closed with linger 0."""
+
+    def __init__(self, endpoint: str, kind: int = zmq.DEALER) -> None:
+        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.sock = self.context.socket(kind)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.kind = kind
+        self.daemon: DaemonProcess | None = None
+
+    def send(self, request_id: int, op: str, args: dict[str, Any] | None = None) -> None:
+        self.sock.send(proto.encode_request(request_id, op, args or {}))
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout: float = 10.0) -> proto.Reply:
+        frames = self.recv_frames(timeout)
+        return proto.decode_reply(frames[-1])
+
+    def recv_frames(self, timeout: float = 10.0) -> list[bytes]:
+        if not self.sock.poll(int(timeout * 1000)):
+            raise TimeoutError("no reply")
+        return self.sock.recv_multipart()
+
+    def call(self, op: str, args: dict[str, Any] | None = None) -> proto.Reply:
+        self.send(4242, op, args)
+        reply = self.recv()
+        assert reply.id == 4242
+        return reply
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+@pytest.fixture(scope="module")
+def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One daemon for the tests that only need answers from it."""
+    process = DaemonProcess(tmp_path_factory.mktemp("shared"))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def shared_peer(shared_daemon: DaemonProcess) -> Iterator[Peer]:
+    """A DEALER connected to the shared daemon."""
+    client = Peer(shared_daemon.endpoint)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def quiet_peer(tmp_path: Path) -> Iterator[Peer]:
+    """A DEALER to a daemon whose debouncer never writes first, so flush counts are exact."""
+    process = DaemonProcess(tmp_path, "--debounce-ms", "600000", "--debounce-max-ms", "600000")
+    process.start()
+    client = Peer(process.endpoint)
+    client.daemon = process
+    try:
+        yield client
+    finally:
+        client.close()
+        assert process.stop() == 0
+
+
+@pytest.fixture
+def peer(daemon: DaemonProcess) -> Iterator[Peer]:
+    """A DEALER connected to the test daemon."""
+    client = Peer(daemon.endpoint)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def ok(reply: proto.Reply) -> dict[str, Any]:
+    """The result of a reply that must have succeeded."""
+    assert reply.ok, (reply.code, reply.message)
+    assert reply.result is not None
+    return reply.result
+
+
+def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
+    """ping answers pong, the package version and the protocol version."""
+    peer = shared_peer
+    assert ok(peer.call("ping")) == {
+        "pong": True,
+        "version": proto.__version__,
+        "proto": proto.PROTOCOL_VERSION,
+    }
+
+
+def test_stats_counts_tasks_actors_and_requests(peer: Peer) -> None:
+    """stats reports tasks, actors, requests, flushes, write failures and uptime."""
+    ok(peer.call("truncated_messages", {"task": TASK, "messages": CONVERSATION}))
+    stats = ok(peer.call("stats"))
+    assert set(stats) == {"tasks", "actors", "requests", "flushes", "write_failures", "uptime_s"}
+    assert (stats["tasks"], stats["actors"], stats["write_failures"]) == (1, 1, 0)
+    assert stats["requests"] >= 2
+    assert stats["uptime_s"] >= 0
+
+
+def test_task_free_ops_answer_from_the_engine(shared_peer: Peer) -> None:
+    """context_window_info, should_compact, next_truncation_range and count_tokens answer."""
+    peer = shared_peer
+    assert ok(peer.call("context_window_info", {"model": MODEL})) == {
+        "context_window": 200000,
+        "max_allowed_size": 160000,
+    }
+    usage = {"ts": 1, "tokens_in": 155000}
+    assert ok(peer.call("should_compact", {"usage": usage, "model": MODEL, "threshold": 0.75})) == {
+        "compact": True,
+        "total_tokens": 155000,
+        "threshold_tokens": 150000,
+    }
+    assert ok(
+        peer.call(
+            "next_truncation_range",
+            {"messages": CONVERSATION[:11], "deleted_range": None, "keep": "half"},
+        )
+    ) == {"deleted_range": [2, 5]}
+    assert ok(peer.call("count_tokens", {"text": "hello world"})) == {"tokens": 2}
+    counted = ok(peer.call("count_tokens", {"messages": CONVERSATION}))["tokens"]
+    assert counted > 0
+
+
+def test_count_tokens_counts_blocks_by_the_documented_rules(shared_peer: Peer) -> None:
+    """count_tokens counts text, tool_use input, tool_result content and a fixed cost per image."""
+    peer = shared_peer
+    image = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 1000}}
+    message = {"role": "user", "content": [image]}
+    assert ok(peer.call("count_tokens", {"messages": [message]})) == {"tokens": 1600}
+    tool = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "t1", "name": "read_file", "input": {"p": "x"}}],
+    }
+    assert ok(peer.call("count_tokens", {"messages": [tool]}))["tokens"] > 2
+    special = ok(peer.call("count_tokens", {"text": "<|endoftext|>"}))["tokens"]
+    assert special > 1  # ordinary text, not the special token
+
+
+def test_task_ops_change_and_show_the_overlay(quiet_peer: Peer) -> None:
+    """Each task op answers with its documented fields and inspect shows the result."""
+    peer = quiet_peer
+    daemon = quiet_peer.daemon
+    assert daemon is not None
+    messages = CONVERSATION
+    prepared = ok(
+        peer.call(
+            "prepare_request",
+            {
+                "task": TASK,
+                "messages": messages,
+                "model": MODEL,
+                "previous_request": {"ts": 10, "tokens_in": 170000},
+            },
+        )
+    )
+    assert set(prepared) >= {"deleted_range", "range_updated", "messages"}
+    assert prepared["range_updated"] is True
+    assert prepared["deleted_range"][0] == 2
+    view = ok(peer.call("truncated_messages", {"task": TASK, "messages": messages}))
+    assert view["messages"] == prepared["messages"]
+    assert set(
+        ok(peer.call("optimize_file_reads", {"task": TASK, "messages": messages, "ts": 11}))
+    ) == {
+        "changed",
+        "need_to_truncate",
+        "percent_saved",
+    }
+    in_memory = ok(
+        peer.call("optimize_file_reads_in_memory", {"task": TASK, "messages": messages, "ts": 12})
+    )
+    assert set(in_memory) == {"changed", "need_to_truncate", "messages"}
+    subagent = ok(peer.call("compact_subagent", {"task": "wire-sub", "messages": messages}))
+    assert set(subagent) == {"compacted", "deleted_range", "messages"}
+    assert ok(
+        peer.call("apply_truncation_notice", {"task": TASK, "ts": 13, "messages": messages})
+    ) == {"changed": True}
+    compacted = ok(
+        peer.call("compact", {"task": TASK, "messages": messages, "keep": "none", "ts": 14})
+    )
+    assert compacted["deleted_range"] == [2, len(messages) - 1]
+    assert ok(peer.call("condensed", {"task": TASK, "messages": messages})) == {
+        "deleted_range": [2, len(messages) - 1]
+    }
+    decision = ok(
+        peer.call(
+            "should_compact",
+            {"usage": {"tokens_in": 190000}, "model": MODEL, "task": TASK, "messages": messages},
+        )
+    )
+    assert decision["compact"] is False  # nothing active after the range
+    inspected = ok(peer.call("inspect", {"task": TASK}))
+    assert inspected["deleted_range"] == [2, len(messages) - 1]
+    assert inspected["dirty"] is True
+    assert [entry[0] for entry in inspected["updates"]] == [1, 0]
+    assert ok(peer.call("rollback", {"task": TASK, "ts": 12, "deleted_range": [2, 3]})) == {
+        "removed": 1
+    }
+    inspected = ok(peer.call("inspect", {"task": TASK}))
+    notice = [10, "text", [DEFAULT_NOTICES.truncation], []]
+    assert inspected["updates"] == [[1, [0, [[0, [notice]]]]]]
+    assert inspected["deleted_range"] == [2, 3]
+    assert ok(peer.call("flush", {"task": TASK})) == {"flushed": 1}
+    assert ok(peer.call("inspect", {"task": TASK}))["dirty"] is False
+    on_disk = json.loads((daemon.task_dir(TASK) / "context_history.json").read_text())
+    assert on_disk == inspected["updates"]
+    meta = json.loads((daemon.task_dir(TASK) / "ctxwin.json").read_text())
+    assert meta == {"format": 1, "deleted_range": [2, 3]}
+    assert ok(peer.call("flush")) == {"flushed": 1}  # wire-sub's new range
+    assert ok(peer.call("close", {"task": TASK})) == {"closed": True}
+    assert ok(peer.call("stats"))["actors"] == 1  # wire-sub is still open
+
+
+def test_a_given_deleted_range_replaces_the_stored_one_and_nil_clears_it(peer: Peer) -> None:
+    """A deleted_range argument replaces the stored range; an explicit nil clears it."""
+    ok(
+        peer.call(
+            "truncated_messages", {"task": TASK, "messages": CONVERSATION, "deleted_range": [2, 5]}
+        )
+    )
+    assert ok(peer.call("inspect", {"task": TASK}))["deleted_range"] == [2, 5]
+    view = ok(peer.call("truncated_messages", {"task": TASK, "messages": CONVERSATION}))
+    assert len(view["messages"]) == len(CONVERSATION) - 4
+    ok(
+        peer.call(
+            "truncated_messages", {"task": TASK, "messages": CONVERSATION, "deleted_range": None}
+        )
+    )
+    assert ok(peer.call("inspect", {"task": TASK}))["deleted_range"] is None
+
+
+def test_ephemeral_tasks_never_write(peer: Peer, daemon: DaemonProcess) -> None:
+    """A task opened with ephemeral: true keeps its state in memory and never writes it."""
+    ok(
+        peer.call(
+            "compact",
+            {"task": "eph", "messages": CONVERSATION, "keep": "none", "ts": 1, "ephemeral": True},
+        )
+    )
+    assert ok(peer.call("inspect", {"task": "eph"}))["dirty"] is False
+    assert ok(peer.call("flush", {"task": "eph"})) == {"flushed": 0}
+    assert ok(peer.call("flush")) == {"flushed": 0}
+    assert ok(peer.call("close", {"task": "eph"})) == {"closed": True}
+    assert not daemon.task_dir("eph").exists()
+    assert ok(peer.call("inspect", {"task": "eph"}))["updates"] == []
+
+
+def test_req_clients_get_replies_in_their_envelope(shared_daemon: DaemonProcess) -> None:
+    """A plain REQ socket (empty delimiter frame) gets its reply."""
+    daemon = shared_daemon
+    req = Peer(daemon.endpoint, zmq.REQ)
+    try:
+        for request_id in (1, 2, 3):
+            req.send(request_id, "ping")
+            reply = req.recv()
+            assert (reply.id, reply.ok) == (request_id, True)
+    finally:
+        req.close()
+
+
+def test_pipelined_requests_are_answered_with_their_ids(peer: Peer) -> None:
+    """Pipelined requests from one DEALER get replies with their ids; one task's stay in order."""
+    ids = list(range(100, 300))
+    for request_id in ids:
+        if request_id % 4:
+            peer.send(request_id, "ping")
+        else:
+            peer.send(
+                request_id,
+                "truncated_messages",
+                {"task": TASK, "messages": CONVERSATION, "deleted_range": [2, request_id % 9 + 2]},
+            )
+    replies = [peer.recv() for _ in ids]
+    assert sorted(r.id for r in replies if r.id is not None) == ids
+    assert all(r.ok for r in replies)
+    task_ids = [r.id for r in replies if r.id is not None and r.id % 4 == 0]
+    assert task_ids == sorted(task_ids)
+
+
+def test_full_mailbox_answers_busy(tmp_path: Path) -> None:
+    """With a one-request mailbox a burst to one task gets busy replies; every request a reply."""
+    daemon = DaemonProcess(tmp_path, "--mailbox-size", "1")
+    daemon.start()
+    client = Peer(daemon.endpoint)
+    try:
+        big = [*CONVERSATION, *[{"role": "user", "content": "x" * 20000}] * 40]
+        ids = list(range(1, 41))
+        for request_id in ids:
+            client.send(request_id, "truncated_messages", {"task": TASK, "messages": big})
+        replies = [client.recv() for _ in ids]
+        assert sorted(r.id for r in replies if r.id is not None) == ids
+        codes = {r.code for r in replies if not r.ok}
+        assert codes == {"busy"}
+        assert any(r.ok for r in replies)
+        assert ok(client.call("ping"))["pong"] is True
+    finally:
+        client.close()
+        assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"\xc1", "bad_request"),
+        (msgpack.packb([1, 2]), "bad_request"),
+        (msgpack.packb({"v": 1, "id": "x", "op": "ping"}), "bad_request"),
+        (msgpack.packb({"v": 9, "id": 5, "op": "ping", "args": {}}), "unsupported_version"),
+        (msgpack.packb({"v": 1, "id": 5, "op": "nope", "args": {}}), "unknown_op"),
+        (
+            msgpack.packb({"v": 1, "id": 5, "op": "inspect", "args": {"task": "../x"}}),
+            "invalid_task_id",
+        ),
+        (msgpack.packb({"v": 1, "id": 5, "op": "inspect", "args": {"task": 3}}), "invalid_task_id"),
+        (
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "id": 5,
+                    "op": "compact",
+                    "args": {"task": "t", "messages": [], "keep": "half", "ts": 1},
+                }
+            ),
+            "bad_request",
+        ),
+    ],
+)
+def test_bad_requests_get_the_right_error_code(shared_peer: Peer, body: bytes, code: str) -> None:
+    """Malformed or invalid requests get an error reply with the matching code."""
+    peer = shared_peer
+    peer.send_frames([body])
+    reply = peer.recv()
+    assert (reply.ok, reply.code) == (False, code)
+    if code == "bad_request" and b"compact" not in body:
+        assert reply.id is None
+    assert ok(peer.call("ping"))["pong"] is True
+
+
+def test_wrong_frame_counts_are_refused(tmp_path: Path) -> None:
+    """Extra frames get bad_request; more than the frame cap or bytes cap gets too_large."""
+    daemon = DaemonProcess(tmp_path, "--max-bytes", "65536", "--max-frames", "4")
+    daemon.start()
+    client = Peer(daemon.endpoint)
+    try:
+        client.send_frames([b"a", b"b"])
+        assert client.recv().code == "bad_request"
+        client.send_frames([b"x"] * 10)
+        assert client.recv().code == "too_large"
+        client.send_frames([b"", b"x" * 40000, b"y" * 40000])
+        assert client.recv().code == "too_large"
+        assert ok(client.call("ping"))["pong"] is True
+        client.send_frames([b"z" * 70000])  # past MAXMSGSIZE: the peer is disconnected
+        with pytest.raises(TimeoutError):
+            client.recv(timeout=0.5)
+        client.close()
+        client = Peer(daemon.endpoint)
+        assert ok(client.call("ping"))["pong"] is True
+    finally:
+        client.close()
+        assert daemon.stop() == 0
+
+
+def test_deeply_nested_input_is_counted_and_echoed(shared_peer: Peer) -> None:
+    """Nesting as deep as msgpack allows is counted and echoed back without a crash."""
+    peer = shared_peer
+    deep: Any = "x"
+    for _ in range(1010):
+        deep = [deep]
+    block = {"type": "tool_use", "id": "1", "name": "n", "input": deep}
+    message = {"role": "assistant", "content": [block]}
+    assert ok(peer.call("count_tokens", {"messages": [message]}))["tokens"] > 1000
+    view = ok(peer.call("truncated_messages", {"task": TASK, "messages": [message]}))
+    assert msgpack.packb(view["messages"]) == msgpack.packb([message])
+    assert ok(peer.call("ping"))["pong"] is True
+
+
+def test_idle_actors_stop_and_load_again(tmp_path: Path) -> None:
+    """An idle actor flushes and stops after --idle-timeout; the next request loads its state."""
+    daemon = DaemonProcess(
+        tmp_path, "--idle-timeout", "0.3", "--debounce-ms", "5000", "--debounce-max-ms", "10000"
+    )
+    daemon.start()
+    client = Peer(daemon.endpoint)
+    try:
+        ok(
+            client.call(
+                "compact", {"task": TASK, "messages": CONVERSATION, "keep": "none", "ts": 7}
+            )
+        )
+        wait_until(lambda: ok(client.call("stats"))["actors"] == 0, 10, "the idle actor stops")
+        history = json.loads((daemon.task_dir(TASK) / "context_history.json").read_text())
+        inspected = ok(client.call("inspect", {"task": TASK}))
+        assert inspected["updates"] == history
+        assert inspected["deleted_range"] == [2, len(CONVERSATION) - 1]
+        assert '"actor_stopped"' in daemon.log()
+    finally:
+        client.close()
+        assert daemon.stop() == 0
+
+
+def test_socket_and_directories_are_private(daemon: DaemonProcess) -> None:
+    """The ipc directory is 0700 and the socket 0600."""
+    sock = Path(daemon.endpoint[len("ipc://") :])
+    assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+
+
+def _second(daemon: DaemonProcess, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxwin.daemon", "--log-format", "json", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=daemon.env,
+        check=False,
+    )
+
+
+def test_a_second_daemon_on_the_same_endpoint_or_state_dir_exits(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A second ctxwind on the same endpoint or state dir exits non-zero and says why."""
+    same_endpoint = _second(
+        daemon, "--endpoint", daemon.endpoint, "--state-dir", str(tmp_path / "other")
+    )
+    assert same_endpoint.returncode == 1
+    assert "another ctxwind is listening on" in same_endpoint.stderr
+    same_state = _second(
+        daemon,
+        "--endpoint",
+        f"ipc://{tmp_path / 'other-run' / 's.sock'}",
+        "--state-dir",
+        str(daemon.state_dir),
+    )
+    assert same_state.returncode == 1
+    assert "another ctxwind is using the state dir" in same_state.stderr
+    assert daemon.call("ping").ok
+
+
+def test_a_stale_socket_file_is_replaced(tmp_path: Path) -> None:
+    """A socket file left by a killed daemon does not stop the next one from starting."""
+    daemon = DaemonProcess(tmp_path)
+    daemon.start()
+    daemon.kill()
+    assert Path(daemon.endpoint[len("ipc://") :]).exists()
+    daemon.start()
+    assert daemon.call("ping").ok
+    assert daemon.stop() == 0
+
+
+def test_non_loopback_tcp_needs_allow_remote(tmp_path: Path) -> None:
+    """A TCP endpoint on a non-loopback address is refused unless allowed."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxwin.daemon",
+            "--endpoint",
+            "tcp://0.0.0.0:0",
+            "--state-dir",
+            str(tmp_path / "s"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    assert "allow_remote" in result.stderr
+
+
+def test_requests_queued_behind_close_get_an_error_not_silence(peer: Peer) -> None:
+    """Requests pipelined behind close get busy replies; later ones start a fresh actor."""
+    args = {"task": TASK, "messages": CONVERSATION}
+    ok(peer.call("truncated_messages", args))
+    peer.send(1, "close", {"task": TASK})
+    for request_id in range(2, 6):
+        peer.send(request_id, "truncated_messages", args)
+    replies = {reply.id: reply for reply in (peer.recv() for _ in range(5))}
+    assert sorted(r for r in replies if r is not None) == [1, 2, 3, 4, 5]
+    assert ok(replies[1]) == {"closed": True}
+    for request_id in range(2, 6):
+        reply = replies[request_id]
+        assert reply.ok or reply.code == "busy"
+    assert ok(peer.call("truncated_messages", args))["messages"] == CONVERSATION
+
+
+def test_open_files_limit_is_raised_to_the_hard_limit(daemon: DaemonProcess) -> None:
+    """At start the daemon raises its soft RLIMIT_NOFILE to the hard limit."""
+    assert daemon.proc is not None
+    limits = Path(f"/proc/{daemon.proc.pid}/limits").read_text().splitlines()
+    line = next(line for line in limits if line.startswith("Max open files"))
+    soft, hard = line.split()[3:5]
+    assert soft == hard
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory of another uid needs root")
+def test_a_default_socket_dir_of_another_uid_is_refused(tmp_path: Path) -> None:
+    """A pre-created default socket dir owned by another uid stops the start, saying why."""
+    base = tmp_path / "tmp"
+    base.mkdir()
+    runtime = base / f"ctxwin-{os.getuid()}"
+    runtime.mkdir(mode=0o777)
+    os.chown(runtime, 65534, 65534)
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "CTXWIN_ENDPOINT")}
+    env.update({"TMPDIR": str(base), "XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)})
+    result = subprocess.run(
+        [sys.executable, "-m", "ctxwin.daemon", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "belongs to uid 65534" in result.stderr
+    assert os.listdir(runtime) == []
+
+
+def test_idle_ephemeral_tasks_are_dropped(tmp_path: Path) -> None:
+    """An ephemeral task's state is dropped when its actor goes idle, and nothing is written."""
+    daemon = DaemonProcess(tmp_path, "--idle-timeout", "0.2")
+    daemon.start()
+    try:
+        args = {"task": "sub", "messages": CONVERSATION, "keep": "none", "ts": 7, "ephemeral": True}
+        ok(daemon.call("compact", args))
+        wait_until(lambda: ok(daemon.call("stats"))["actors"] == 0, 10, "the idle actor stops")
+        assert ok(daemon.call("inspect", {"task": "sub"}))["updates"] == []
+        assert not daemon.task_dir("sub").exists()
+    finally:
+        assert daemon.stop() == 0
