@@ -1,0 +1,470 @@
+"""``ctxwin``: operate a running ``ctxwind`` from the command line.
+
+Exit codes: 0 ok, 1 the daemon answered with an error, 2 usage error,
+3 the daemon is not reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ctxwin import proto
+
+from . import _autostart
+from ._core import DEFAULT_TIMEOUT
+from ._errors import CtxwinError, DaemonUnavailableError
+from ._replay import (
+    ReplayReport,
+    chars_of,
+    default_model,
+    load_history,
+    parse_updates,
+    replay,
+    text_of,
+)
+from ._sync import Client
+
+EXIT_OK = 0
+EXIT_DAEMON_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+_EDIT_TYPES = {0: "notice", 1: "no file read", 2: "read_file", 3: "file change", 4: "file mention"}
+_PROBE_TIMEOUT = 5.0
+
+
+class UsageError(Exception):
+    """A problem with what was asked, found before or after talking to the daemon."""
+
+
+def _task_id(value: str) -> str:
+    if not proto.is_valid_task_id(value):
+        raise argparse.ArgumentTypeError(
+            f"invalid task id {value!r} (expected ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)"
+        )
+    return value
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value!r}")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``ctxwin``."""
+    parser = argparse.ArgumentParser(
+        prog="ctxwin",
+        description="Operate a running ctxwind (the ctxwin context-window daemon).",
+        epilog="Exit codes: 0 ok, 1 daemon error, 2 usage error, 3 daemon not reachable.",
+    )
+    parser.add_argument(
+        "--endpoint",
+        help=f"daemon endpoint (default: ${proto.ENDPOINT_ENV}, else {proto.default_endpoint()})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds to wait for each reply (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    commands.add_parser("ping", parents=[json_flag], help="check that the daemon answers")
+    commands.add_parser("stats", parents=[json_flag], help="the daemon's counters")
+
+    inspect = commands.add_parser(
+        "inspect", parents=[json_flag], help="a task's overlay, deleted range and savings"
+    )
+    inspect.add_argument("task", type=_task_id, metavar="TASK")
+    inspect.add_argument(
+        "--messages",
+        type=Path,
+        metavar="FILE",
+        help="the task's api_conversation_history.json, to compute what the overlay saves",
+    )
+
+    flush = commands.add_parser(
+        "flush", parents=[json_flag], help="write a task (or all tasks) to disk now"
+    )
+    flush.add_argument("task", type=_task_id, nargs="?", metavar="TASK")
+
+    rollback = commands.add_parser(
+        "rollback", parents=[json_flag], help="drop a task's overlay updates newer than TS"
+    )
+    rollback.add_argument("task", type=_task_id, metavar="TASK")
+    rollback.add_argument("ts", type=_non_negative_int, metavar="TS", help="milliseconds")
+    rollback.add_argument(
+        "--range",
+        type=_non_negative_int,
+        nargs=2,
+        metavar=("START", "END"),
+        help="also set the deleted range the checkpoint had",
+    )
+
+    close = commands.add_parser("close", parents=[json_flag], help="flush a task and unload it")
+    close.add_argument("task", type=_task_id, metavar="TASK")
+
+    play = commands.add_parser(
+        "replay",
+        parents=[json_flag],
+        help="replay an api_conversation_history.json turn by turn",
+        description=(
+            "Replay a saved conversation through the running daemon as an agent would, "
+            "then list every truncation and optimisation with what it saved."
+        ),
+    )
+    play.add_argument("file", type=Path, metavar="FILE")
+    play.add_argument(
+        "--model-window",
+        type=_non_negative_int,
+        metavar="N",
+        help="the model's context window in tokens (default: the daemon's, 128000)",
+    )
+    play.add_argument("--model", metavar="ID", help="model id (default: from the file)")
+    play.add_argument("--provider", help="provider id (default: from the file)")
+    play.add_argument(
+        "--task", type=_task_id, metavar="ID", help="task id to replay into (default: fresh)"
+    )
+    play.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the task: persistent and not closed at the end (default: ephemeral)",
+    )
+    play.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    return parser
+
+
+def _print_json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _table(rows: Sequence[Sequence[object]], header: Sequence[str], out: TextIO) -> None:
+    cells = [[str(cell) for cell in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        line = "  ".join(
+            cell.ljust(width) if i == 0 or not _numeric(cell) else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        out.write(line.rstrip() + "\n")
+
+
+def _numeric(cell: str) -> bool:
+    return cell.replace(",", "").replace("-", "").replace(".", "").replace("%", "").isdigit()
+
+
+def _range(deleted_range: Any) -> str:
+    return "none" if not deleted_range else f"[{deleted_range[0]}, {deleted_range[1]}]"
+
+
+# Commands. Each returns an exit code; results go to ``out``, progress to ``err``.
+
+
+def _ping(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    started = time.perf_counter()
+    result = client.ping()
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    if args.json:
+        _print_json({**result, "endpoint": client.endpoint, "ms": round(elapsed_ms, 3)}, out)
+    else:
+        out.write(
+            f"pong from {client.endpoint}: ctxwind {result['version']}, "
+            f"protocol {result['proto']}, {elapsed_ms:.1f} ms\n"
+        )
+    return EXIT_OK
+
+
+def _stats(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    result = client.stats()
+    if args.json:
+        _print_json(result, out)
+    else:
+        _table(sorted(result.items()), ("counter", "value"), out)
+    return EXIT_OK
+
+
+def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    history = _load(args.messages) if args.messages else None
+    result = client.inspect(args.task)
+    overlay = parse_updates(result["updates"])
+    rows: list[dict[str, Any]] = []
+    for (index, block), (edit_type, texts) in sorted(overlay.items()):
+        row: dict[str, Any] = {
+            "message": index,
+            "block": block,
+            "edit": _EDIT_TYPES.get(edit_type, str(edit_type)),
+            "updates": len(texts),
+            "chars": len(texts[-1]) if texts else 0,
+            "saved": None,
+        }
+        if history is not None and texts and index < len(history):
+            content = history[index].get("content")
+            blocks = content if isinstance(content, list) else []
+            original = text_of(blocks[block]) if block < len(blocks) else None
+            if original is not None:
+                row["saved"] = len(original) - len(texts[-1])
+        rows.append(row)
+    deleted_range = result["deleted_range"]
+    hidden = deleted_range[1] - deleted_range[0] + 1 if deleted_range else 0
+    hidden_chars = (
+        sum(chars_of(history[i].get("content")) for i in range(2, 2 + hidden) if i < len(history))
+        if history is not None
+        else None
+    )
+    saved_values = [row["saved"] for row in rows if row["saved"] is not None]
+    summary = {
+        "task": args.task,
+        "deleted_range": deleted_range,
+        "hidden_messages": hidden,
+        "hidden_chars": hidden_chars,
+        "overlay_chars_saved": sum(saved_values) if history is not None else None,
+        "dirty": result["dirty"],
+    }
+    if args.json:
+        _print_json({**result, "summary": summary, "blocks": rows}, out)
+        return EXIT_OK
+    out.write(
+        f"task {args.task}: range {_range(deleted_range)} ({hidden} messages hidden"
+        + (f", {hidden_chars:,} chars" if hidden_chars is not None else "")
+        + f"), {'unsaved changes' if result['dirty'] else 'saved'}\n"
+    )
+    if not rows:
+        out.write("overlay: empty\n")
+        return EXIT_OK
+    out.write(f"overlay: {len({row['message'] for row in rows})} messages, {len(rows)} blocks\n")
+    _table(
+        [
+            (
+                row["message"],
+                row["block"],
+                row["edit"],
+                row["updates"],
+                f"{row['chars']:,}",
+                "-" if row["saved"] is None else f"{row['saved']:,}",
+            )
+            for row in rows
+        ],
+        ("message", "block", "edit", "updates", "chars now", "chars saved"),
+        out,
+    )
+    if history is not None:
+        out.write(f"overlay saves {summary['overlay_chars_saved']:,} chars\n")
+    else:
+        out.write("(give --messages FILE to compute what the overlay saves)\n")
+    return EXIT_OK
+
+
+def _flush(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    result = client.flush(args.task)
+    if args.json:
+        _print_json(result, out)
+    else:
+        what = f"task {args.task}" if args.task else "all tasks"
+        out.write(f"flushed {what}: {result['flushed']}\n")
+    return EXIT_OK
+
+
+def _rollback(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.range is None:
+        result = client.rollback(args.task, args.ts)
+    else:
+        result = client.rollback(args.task, args.ts, deleted_range=list(args.range))
+    if args.json:
+        _print_json(result, out)
+    else:
+        out.write(f"task {args.task}: removed {result['removed']} update(s) newer than {args.ts}\n")
+    return EXIT_OK
+
+
+def _close(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    result = client.close_task(args.task)
+    if args.json:
+        _print_json(result, out)
+    else:
+        out.write(f"task {args.task}: closed {result['closed']}\n")
+    return EXIT_OK
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    try:
+        return load_history(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+class _Bar:
+    """A one-line progress bar redrawn on stderr."""
+
+    def __init__(self, stream: TextIO, width: int = 30) -> None:
+        self.stream = stream
+        self.width = width
+
+    def __call__(self, done: int, total: int, deleted_range: Any) -> None:
+        filled = self.width * done // max(total, 1)
+        self.stream.write(
+            f"\rreplay [{'#' * filled}{'.' * (self.width - filled)}] "
+            f"{done}/{total} turns, range {_range(deleted_range)}   "
+        )
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    history = _load(args.file)
+    model = default_model(history, args.model_window)
+    if args.model:
+        model["id"] = args.model
+    if args.provider:
+        model["provider"] = args.provider
+    task_id = args.task or f"replay-{os.getpid()}-{time.time_ns() // 1_000_000}"
+    show = args.progress if args.progress is not None else err.isatty()
+    report = replay(
+        client,
+        history,
+        model,
+        task_id=task_id,
+        ephemeral=not args.keep,
+        file=str(args.file),
+        progress=_Bar(err) if show else None,
+    )
+    if not args.keep:
+        client.close_task(task_id)
+    if args.json:
+        _print_json({**report.as_dict(), "task": task_id}, out)
+    else:
+        _write_report(report, task_id, out)
+    return EXIT_OK
+
+
+def _write_report(report: ReplayReport, task_id: str, out: TextIO) -> None:
+    totals = report.totals()
+    out.write(
+        f"replayed {report.turns} turns of {report.file} ({report.messages} messages) "
+        f"as task {task_id}\n"
+        f"model {report.model.get('id')}: window {report.context_window:,}, "
+        f"max allowed {report.max_allowed_size:,}; usage from {report.usage_source}; "
+        f"peak {report.peak_tokens:,} tokens\n"
+    )
+    if report.events:
+        _table(
+            [
+                (
+                    event.turn,
+                    event.message,
+                    event.kind,
+                    _range(event.deleted_range) if event.kind == "truncation" else "-",
+                    event.removed_messages if event.kind == "truncation" else "-",
+                    f"{event.chars_saved:,}",
+                    f"{event.tokens_saved:,}",
+                )
+                for event in report.events
+            ],
+            ("turn", "sent", "event", "range", "removed", "chars saved", "tokens saved"),
+            out,
+        )
+    else:
+        out.write("no truncation or optimisation happened\n")
+    out.write(
+        f"{totals['truncations']} truncation(s) removing {totals['messages_removed']} messages, "
+        f"{totals['optimisations']} optimisation(s); saved {totals['chars_saved']:,} chars, "
+        f"{totals['tokens_saved']:,} tokens\n"
+        f"final range {_range(report.final_range)}; the last request sent "
+        f"{report.last_request_messages} of {report.messages} messages\n"
+    )
+
+
+COMMANDS: dict[str, Callable[[Client, argparse.Namespace, TextIO, TextIO], int]] = {
+    "ping": _ping,
+    "stats": _stats,
+    "inspect": _inspect,
+    "flush": _flush,
+    "rollback": _rollback,
+    "close": _close,
+    "replay": _replay,
+}
+
+
+def _unreachable(endpoint: str, detail: str, err: TextIO) -> int:
+    err.write(
+        f"ctxwin: no daemon answered at {endpoint} ({detail})\n"
+        "  start one with `ctxwind` (or `python3 dev.py daemon` from a checkout),\n"
+        f"  or point at it with --endpoint / ${proto.ENDPOINT_ENV}\n"
+    )
+    return EXIT_UNREACHABLE
+
+
+def main(
+    argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run ``ctxwin`` and return its exit code.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+        out: where results go (default: stdout).
+        err: where errors go (default: stderr).
+
+    Returns:
+        0 ok, 1 daemon error, 2 usage error, 3 daemon not reachable.
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    endpoint = proto.resolve_endpoint(args.endpoint)
+    path = _autostart.ipc_path(endpoint)
+    if path is not None and not path.exists():
+        return _unreachable(endpoint, f"no socket at {path}", err)
+    try:
+        with Client(endpoint, timeout=args.timeout) as client:
+            client.ping(timeout=min(args.timeout, _PROBE_TIMEOUT))
+            return COMMANDS[args.command](client, args, out, err)
+    except DaemonUnavailableError as exc:
+        return _unreachable(endpoint, exc.message, err)
+    except UsageError as exc:
+        err.write(f"ctxwin: {exc}\n")
+        return EXIT_USAGE
+    except CtxwinError as exc:
+        if exc.local:
+            err.write(f"ctxwin: {exc.code}: {exc.message}\n")
+            return EXIT_USAGE
+        err.write(f"ctxwin: daemon error {exc.code}: {exc.message}\n")
+        return EXIT_DAEMON_ERROR
+    except KeyboardInterrupt:
+        err.write("ctxwin: interrupted\n")
+        return 130

@@ -1,0 +1,444 @@
+"""The client's pure logic, shared by the blocking and the asyncio twins.
+
+Everything here is free of sockets, sleeps and event loops: building and
+checking each op's request, encoding it, matching and reading replies, mapping
+error codes to exceptions, and the ``busy`` back-off policy. ``_sync.py`` and
+``_async.py`` only move bytes and wait.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from ctxwin import proto
+from ctxwin.proto import (
+    ApplyTruncationNoticeResult,
+    CloseResult,
+    CompactResult,
+    CompactSubagentResult,
+    CondensedResult,
+    ContextWindowInfoResult,
+    CountTokensResult,
+    DeletedRange,
+    ErrorCode,
+    FlushResult,
+    InspectResult,
+    Keep,
+    Limits,
+    Model,
+    NextTruncationRangeResult,
+    OptimizeFileReadsInMemoryResult,
+    OptimizeFileReadsResult,
+    PingResult,
+    PrepareRequestResult,
+    ProtocolError,
+    Reply,
+    RollbackResult,
+    ShouldCompactResult,
+    StatsResult,
+    TruncatedMessagesResult,
+    Usage,
+)
+
+from ._errors import BadReplyError, BusyError, CtxwinError, TooLargeError, error_for
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds a call waits for its reply unless told otherwise (busy retries included)."""
+
+Messages = Sequence[Mapping[str, Any]]
+"""A conversation as the caller holds it: a sequence of message maps (SPEC.md §1)."""
+
+CompactKeep = Literal["quarter", "none"]
+
+
+class Unset(enum.Enum):
+    """Marks an argument that was not given (distinct from an explicit None)."""
+
+    UNSET = "UNSET"
+
+
+UNSET = Unset.UNSET
+"""Default of ``deleted_range``: use the task's stored range. ``None`` clears it."""
+
+RangeArg = DeletedRange | Literal[Unset.UNSET]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How ``busy`` replies are retried: bounded attempts, exponential back-off.
+
+    Attributes:
+        busy_retries: how many times a request refused with ``busy`` is sent again.
+        initial_delay: seconds before the first retry.
+        max_delay: cap on any single delay.
+        multiplier: growth of the delay from one retry to the next.
+    """
+
+    busy_retries: int = 5
+    initial_delay: float = 0.05
+    max_delay: float = 1.0
+    multiplier: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (0 for the first retry)."""
+        return min(self.max_delay, self.initial_delay * self.multiplier**attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Outcome of a reply that asks for the request to be sent again after ``delay`` s."""
+
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T_co]):
+    """One op ready to send: its name, checked arguments and the fields its result carries."""
+
+    op: str
+    args: dict[str, Any]
+
+    def parse(self, result: dict[str, Any]) -> T_co:
+        """The typed result, after checking that every field of the op is present.
+
+        Raises:
+            BadReplyError: a field of the wire table is missing.
+        """
+        missing = [name for name in proto.RESULT_FIELDS[self.op] if name not in result]
+        if missing:
+            raise BadReplyError(f"{self.op}: reply lacks field(s) {', '.join(missing)}")
+        return cast(T_co, result)
+
+
+def now_ms() -> int:
+    """Milliseconds since the epoch, the unit of every ``ts`` on the wire."""
+    return time.time_ns() // 1_000_000
+
+
+def _error_from_protocol(exc: ProtocolError) -> CtxwinError:
+    error = error_for(exc.code.value, exc.message)
+    error.local = True
+    return error
+
+
+def _build(op: str, args: dict[str, Any], **optional: Any) -> Call[Any]:
+    """Check the args against proto's schema and wrap them in a Call.
+
+    Optional args that are None are left out, except ``deleted_range``, where
+    None is meaningful (it clears the stored range) and :data:`UNSET` means left out.
+    """
+    for name, value in optional.items():
+        if name == "deleted_range":
+            if value is not UNSET:
+                args[name] = None if value is None else list(value)
+        elif value is not None:
+            args[name] = value
+    try:
+        proto.validate_args(op, args)
+    except ProtocolError as exc:
+        raise _error_from_protocol(exc) from None
+    return Call(op, args)
+
+
+def _messages(messages: Messages) -> list[Any]:
+    return [dict(message) for message in messages]
+
+
+def _ts(ts: int | None) -> int:
+    return now_ms() if ts is None else ts
+
+
+# One builder per wire op; the twins' methods call these and send the Call.
+
+
+def ping() -> Call[PingResult]:
+    """Build ``ping``."""
+    return _build("ping", {})
+
+
+def stats() -> Call[StatsResult]:
+    """Build ``stats``."""
+    return _build("stats", {})
+
+
+def context_window_info(model: Model) -> Call[ContextWindowInfoResult]:
+    """Build ``context_window_info``."""
+    return _build("context_window_info", {"model": dict(model)})
+
+
+def should_compact(
+    usage: Usage | None,
+    model: Model,
+    *,
+    threshold: float | None = None,
+    task: str | None = None,
+    messages: Messages | None = None,
+) -> Call[ShouldCompactResult]:
+    """Build ``should_compact``."""
+    return _build(
+        "should_compact",
+        {"usage": None if usage is None else dict(usage), "model": dict(model)},
+        threshold=threshold,
+        task=task,
+        messages=None if messages is None else _messages(messages),
+    )
+
+
+def next_truncation_range(
+    messages: Messages, deleted_range: DeletedRange, keep: Keep
+) -> Call[NextTruncationRangeResult]:
+    """Build ``next_truncation_range``."""
+    return _build(
+        "next_truncation_range",
+        {
+            "messages": _messages(messages),
+            "deleted_range": None if deleted_range is None else list(deleted_range),
+            "keep": keep,
+        },
+    )
+
+
+def prepare_request(
+    task: str,
+    messages: Messages,
+    model: Model,
+    *,
+    previous_request: Usage | None = None,
+    use_auto_condense: bool | None = None,
+    deleted_range: RangeArg = UNSET,
+    ephemeral: bool | None = None,
+) -> Call[PrepareRequestResult]:
+    """Build ``prepare_request``."""
+    return _build(
+        "prepare_request",
+        {"task": task, "messages": _messages(messages), "model": dict(model)},
+        previous_request=None if previous_request is None else dict(previous_request),
+        use_auto_condense=use_auto_condense,
+        deleted_range=deleted_range,
+        ephemeral=ephemeral,
+    )
+
+
+def truncated_messages(
+    task: str,
+    messages: Messages,
+    *,
+    deleted_range: RangeArg = UNSET,
+    ephemeral: bool | None = None,
+) -> Call[TruncatedMessagesResult]:
+    """Build ``truncated_messages``."""
+    return _build(
+        "truncated_messages",
+        {"task": task, "messages": _messages(messages)},
+        deleted_range=deleted_range,
+        ephemeral=ephemeral,
+    )
+
+
+def optimize_file_reads(
+    task: str,
+    messages: Messages,
+    *,
+    ts: int | None = None,
+    deleted_range: RangeArg = UNSET,
+    ephemeral: bool | None = None,
+) -> Call[OptimizeFileReadsResult]:
+    """Build ``optimize_file_reads`` (``ts`` defaults to now)."""
+    return _build(
+        "optimize_file_reads",
+        {"task": task, "messages": _messages(messages), "ts": _ts(ts)},
+        deleted_range=deleted_range,
+        ephemeral=ephemeral,
+    )
+
+
+def optimize_file_reads_in_memory(
+    task: str,
+    messages: Messages,
+    *,
+    ts: int | None = None,
+    deleted_range: RangeArg = UNSET,
+    ephemeral: bool | None = None,
+) -> Call[OptimizeFileReadsInMemoryResult]:
+    """Build ``optimize_file_reads_in_memory`` (``ts`` defaults to now)."""
+    return _build(
+        "optimize_file_reads_in_memory",
+        {"task": task, "messages": _messages(messages), "ts": _ts(ts)},
+        deleted_range=deleted_range,
+        ephemeral=ephemeral,
+    )
+
+
+def compact_subagent(
+    task: str,
+    messages: Messages,
+    *,
+    deleted_range: RangeArg = UNSET,
+    ephemeral: bool | None = None,
+) -> Call[CompactSubagentResult]:
+    """Build ``compact_subagent``."""
+    return _build(
+        "compact_subagent",
+        {"task": task, "messages": _messages(messages)},
+        deleted_range=deleted_range,
+        ephemeral=ephemeral,
+    )
+
+
+def apply_truncation_notice(
+    task: str,
+    messages: Messages,
+    *,
+    ts: int | None = None,
+    ephemeral: bool | None = None,
+) -> Call[ApplyTruncationNoticeResult]:
+    """Build ``apply_truncation_notice`` (``ts`` defaults to now)."""
+    return _build(
+        "apply_truncation_notice",
+        {"task": task, "messages": _messages(messages), "ts": _ts(ts)},
+        ephemeral=ephemeral,
+    )
+
+
+def compact(
+    task: str,
+    messages: Messages,
+    keep: CompactKeep = "quarter",
+    *,
+    ts: int | None = None,
+    ephemeral: bool | None = None,
+) -> Call[CompactResult]:
+    """Build ``compact`` (``ts`` defaults to now)."""
+    return _build(
+        "compact",
+        {"task": task, "messages": _messages(messages), "keep": keep, "ts": _ts(ts)},
+        ephemeral=ephemeral,
+    )
+
+
+def condensed(
+    task: str, messages: Messages, *, ephemeral: bool | None = None
+) -> Call[CondensedResult]:
+    """Build ``condensed``."""
+    return _build("condensed", {"task": task, "messages": _messages(messages)}, ephemeral=ephemeral)
+
+
+def rollback(
+    task: str,
+    ts: int,
+    *,
+    deleted_range: RangeArg = UNSET,
+    ephemeral: bool | None = None,
+) -> Call[RollbackResult]:
+    """Build ``rollback``."""
+    return _build(
+        "rollback", {"task": task, "ts": ts}, deleted_range=deleted_range, ephemeral=ephemeral
+    )
+
+
+def inspect(task: str, *, ephemeral: bool | None = None) -> Call[InspectResult]:
+    """Build ``inspect``."""
+    return _build("inspect", {"task": task}, ephemeral=ephemeral)
+
+
+def flush(task: str | None = None) -> Call[FlushResult]:
+    """Build ``flush`` (every task when ``task`` is None)."""
+    return _build("flush", {}, task=task)
+
+
+def close(task: str) -> Call[CloseResult]:
+    """Build ``close``."""
+    return _build("close", {"task": task})
+
+
+def count_tokens(
+    messages: Messages | None = None, *, text: str | None = None
+) -> Call[CountTokensResult]:
+    """Build ``count_tokens`` over either messages or a text."""
+    return _build(
+        "count_tokens",
+        {},
+        messages=None if messages is None else _messages(messages),
+        text=text,
+    )
+
+
+# Framing, matching and outcome.
+
+
+def encode(call: Call[Any], request_id: int, limits: Limits | None = None) -> bytes:
+    """The request body for ``call``.
+
+    Raises:
+        TooLargeError: the body exceeds the protocol's frame limit; it is never sent.
+    """
+    body = proto.encode_request(request_id, call.op, call.args)
+    limit = (limits or Limits()).max_frame_bytes
+    if len(body) > limit:
+        error = TooLargeError(f"{call.op}: request of {len(body)} bytes exceeds {limit}")
+        error.local = True
+        raise error
+    return body
+
+
+def decode(frames: Sequence[bytes]) -> Reply | None:
+    """The reply carried by a received multipart message, or None when it is not one.
+
+    The body is the last frame (an empty delimiter frame may precede it).
+    """
+    if not frames:
+        return None
+    try:
+        return proto.decode_reply(frames[-1])
+    except ProtocolError:
+        return None
+
+
+def reply_target(reply: Reply, pending: Collection[int]) -> int | None:
+    """Which pending request a reply answers, or None to drop it.
+
+    A reply with a known id answers that request. An error without an id (the
+    daemon could not read the id) can only be attributed when exactly one
+    request is in flight; otherwise it is dropped and the callers time out.
+    """
+    if reply.id is not None:
+        return reply.id if reply.id in pending else None
+    if not reply.ok and len(pending) == 1:
+        return next(iter(pending))
+    return None
+
+
+def outcome(
+    call: Call[T], reply: Reply, attempt: int, policy: RetryPolicy, remaining: float
+) -> T | Retry:
+    """What to do with the reply to attempt number ``attempt`` of ``call``.
+
+    Args:
+        call: the request that was sent.
+        reply: its reply.
+        attempt: 0 for the first send, then 1, 2, ... for busy retries.
+        policy: the busy back-off policy.
+        remaining: seconds left of the call's timeout.
+
+    Returns:
+        The typed result, or a :class:`Retry` telling how long to wait first.
+
+    Raises:
+        CtxwinError: the subclass for the reply's error code (``BusyError``
+            once the retries or the time are spent).
+    """
+    if reply.ok:
+        return call.parse(reply.result or {})
+    if reply.code == ErrorCode.BUSY.value:
+        delay = policy.delay(attempt)
+        if attempt < policy.busy_retries and delay < remaining:
+            return Retry(delay)
+        raise BusyError(f"{call.op}: daemon still busy after {attempt + 1} attempt(s)")
+    raise error_for(reply.code, reply.message)

@@ -1,0 +1,225 @@
+"""The ``ctxwin`` command line against the real daemon: commands, output, exit codes, replay."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwin import proto
+from ctxwin.client import Client
+from ctxwin.client._cli import main
+from tests._client_data import conversation, read_file_result
+from tests._client_fake import FakeRouter, error, ok
+from tests._daemon import DaemonProcess
+
+CORPUS = (
+    Path(__file__).resolve().parents[2] / "shared" / "corpus" / "mra-api_conversation_history.json"
+)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One daemon for the command-line tests."""
+    process = DaemonProcess(tmp_path_factory.mktemp("cli"))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    """Run ``ctxwin`` in-process; return (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_ping_prints_version_and_exits_0(shared: DaemonProcess) -> None:
+    """``ping`` reports the daemon's version and protocol."""
+    code, out, _ = run("--endpoint", shared.endpoint, "ping")
+    assert 0 == code
+    assert out.startswith(f"pong from {shared.endpoint}: ctxwind 0.1.0, protocol 1")
+    code, out, _ = run("--endpoint", shared.endpoint, "ping", "--json")
+    assert (0, True, 1) == (code, json.loads(out)["pong"], json.loads(out)["proto"])
+
+
+def test_stats_as_table_and_json(shared: DaemonProcess) -> None:
+    """``stats`` prints every counter, as a table or JSON."""
+    code, out, _ = run("--endpoint", shared.endpoint, "stats")
+    assert 0 == code
+    assert {"actors", "flushes", "requests", "tasks", "uptime_s", "write_failures"} <= {
+        line.split()[0] for line in out.splitlines()[1:]
+    }
+    code, out, _ = run("--endpoint", shared.endpoint, "--json", "stats")
+    assert 0 == code
+    assert json.loads(out)["requests"] >= 1
+
+
+def _history_file(tmp_path: Path, messages: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "api_conversation_history.json"
+    path.write_text(json.dumps(messages))
+    return path
+
+
+def test_inspect_shows_overlay_range_and_savings(shared: DaemonProcess, tmp_path: Path) -> None:
+    """``inspect`` lists overlay blocks, the range and, given the messages, what they save."""
+    messages = conversation(1)
+    for copy in range(3):
+        messages.append(read_file_result("a.py", f"copy {copy}\n" + "line\n" * 500))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "ok"}]})
+    with Client(shared.endpoint) as client:
+        client.optimize_file_reads("cli-inspect", messages, ts=7)
+        client.compact("cli-inspect", messages, "quarter", ts=8)
+    code, out, _ = run("--endpoint", shared.endpoint, "inspect", "cli-inspect")
+    assert 0 == code
+    assert "task cli-inspect: range [2, 7] (6 messages hidden)" in out
+    assert "read_file" in out
+    assert "notice" in out
+    history = _history_file(tmp_path, messages)
+    code, out, _ = run(
+        "--endpoint", shared.endpoint, "inspect", "cli-inspect", "--messages", str(history)
+    )
+    assert 0 == code
+    assert "overlay saves" in out
+    code, out, _ = run(
+        "--endpoint",
+        shared.endpoint,
+        "inspect",
+        "cli-inspect",
+        "--json",
+        "--messages",
+        str(history),
+    )
+    data = json.loads(out)
+    assert [2, 7] == data["deleted_range"]
+    assert data["summary"]["overlay_chars_saved"] > 2000
+    assert {"notice", "read_file"} == {block["edit"] for block in data["blocks"]}
+
+
+def test_flush_rollback_close(shared: DaemonProcess) -> None:
+    """``flush``, ``flush TASK``, ``rollback TASK TS [--range]`` and ``close TASK`` work."""
+    with Client(shared.endpoint) as client:
+        client.compact("cli-ops", conversation(10), "quarter", ts=500)
+    base = ("--endpoint", shared.endpoint)
+    assert 0 == run(*base, "flush")[0]
+    code, out, _ = run(*base, "flush", "cli-ops")
+    assert (0, True) == (code, out.startswith("flushed task cli-ops"))
+    code, out, _ = run(*base, "rollback", "cli-ops", "100", "--range", "2", "5")
+    assert (0, "task cli-ops: removed 2 update(s) newer than 100\n") == (code, out)
+    code, out, _ = run(*base, "--json", "inspect", "cli-ops")
+    assert ([2, 5], []) == (json.loads(out)["deleted_range"], json.loads(out)["updates"])
+    code, out, _ = run(*base, "close", "cli-ops", "--json")
+    assert (0, {"closed": True}) == (code, json.loads(out))
+
+
+def test_unreachable_daemon_exits_3_with_endpoint_and_hint(tmp_path: Path) -> None:
+    """No socket, or a socket nobody answers on, exits 3 naming the endpoint and how to start."""
+    missing = f"ipc://{tmp_path / 'none.sock'}"
+    code, _, err = run("--endpoint", missing, "ping")
+    assert 3 == code
+    assert missing in err
+    assert "ctxwind" in err
+    assert "python3 dev.py daemon" in err
+    stale = tmp_path / "stale.sock"
+    stale.touch()
+    code, _, err = run("--endpoint", f"ipc://{stale}", "--timeout", "0.3", "stats")
+    assert 3 == code
+    assert str(stale) in err
+
+
+def test_daemon_errors_exit_1(tmp_path: Path) -> None:
+    """An error reply from the daemon exits 1 and prints its code."""
+
+    def handler(request: proto.Request) -> list[bytes]:
+        return ok(request) if request.op == "ping" else error(request, "internal", "disk on fire")
+
+    with FakeRouter(tmp_path, handler) as fake:
+        code, _, err = run("--endpoint", fake.endpoint, "stats")
+    assert 1 == code
+    assert "internal: disk on fire" in err
+
+
+def test_usage_errors_exit_2(shared: DaemonProcess, tmp_path: Path) -> None:
+    """Bad task ids, bad numbers, missing arguments and unreadable files exit 2."""
+    base = ("--endpoint", shared.endpoint)
+    assert 2 == run(*base, "inspect", "../etc")[0]
+    assert 2 == run(*base, "rollback", "t1", "soon")[0]
+    assert 2 == run(*base, "rollback", "t1", "5", "--range", "3", "5")[0]
+    assert 2 == run(*base)[0]
+    assert 2 == run(*base, "replay", str(tmp_path / "missing.json"))[0]
+    (tmp_path / "bad.json").write_text('{"not": "a list"}')
+    assert 2 == run(*base, "replay", str(tmp_path / "bad.json"))[0]
+
+
+def test_installed_script_reports_exit_codes(tmp_path: Path) -> None:
+    """The ``ctxwin`` console script exits 3 when nothing listens and 2 on bad usage."""
+    script = Path(sys.executable).with_name("ctxwin")
+    missing = f"ipc://{tmp_path / 'none.sock'}"
+    unreachable = subprocess.run(
+        [script, "--endpoint", missing, "ping"], capture_output=True, text=True, check=False
+    )
+    assert 3 == unreachable.returncode
+    assert 2 == subprocess.run([script, "frobnicate"], capture_output=True, check=False).returncode
+
+
+def _replay_material() -> list[dict[str, Any]]:
+    """Forty-three turns with big duplicate reads and no token metrics."""
+    messages = conversation(1)
+    for turn in range(40):
+        messages.append(read_file_result("big.py", f"v{turn % 3}\n" + "code line\n" * 300))
+        thoughts = f"thinking about step {turn} " * 60
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": thoughts}]})
+    messages.append({"role": "user", "content": [{"type": "text", "text": "finish"}]})
+    return messages
+
+
+def test_replay_reports_events_with_estimated_usage(shared: DaemonProcess, tmp_path: Path) -> None:
+    """Without metrics, usage is counted; a small window yields truncations and optimisations."""
+    history = _history_file(tmp_path, _replay_material())
+    base = ("--endpoint", shared.endpoint)
+    code, out, err = run(
+        *base, "replay", str(history), "--model-window", "8000", "--json", "--progress"
+    )
+    assert 0 == code, err
+    report = json.loads(out)
+    assert ("count_tokens", 43, 85) == (report["usage_source"], report["turns"], report["messages"])
+    kinds = {event["kind"] for event in report["events"]}
+    assert {"truncation", "optimisation"} == kinds
+    for event in report["events"]:
+        assert event["chars_saved"] > 0
+        assert event["tokens_saved"] > 0
+    truncations = [event for event in report["events"] if event["kind"] == "truncation"]
+    assert report["final_range"] == truncations[-1]["deleted_range"]
+    assert report["totals"]["messages_removed"] == sum(e["removed_messages"] for e in truncations)
+    assert "43/43 turns" in err
+    code, out, _ = run(*base, "replay", str(history), "--model-window", "8000")
+    assert 0 == code
+    assert "truncation" in out
+    assert "optimisation" in out
+    assert "final range [2, " in out
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="the shared corpus is not next to the checkout")
+def test_replay_of_the_real_corpus(shared: DaemonProcess) -> None:
+    """The real 443-message task replays with its own token metrics and gets cut to fit."""
+    code, out, err = run(
+        "--endpoint", shared.endpoint, "replay", str(CORPUS), "--model-window", "128000", "--json"
+    )
+    assert 0 == code, err
+    report = json.loads(out)
+    assert (443, 222, "metrics.tokens") == (
+        report["messages"],
+        report["turns"],
+        report["usage_source"],
+    )
+    assert report["totals"]["truncations"] >= 1
+    assert report["totals"]["tokens_saved"] > 100_000
+    assert report["final_range"][0] == 2

@@ -1,0 +1,256 @@
+"""The client's pure core, errors, usage helpers and public surface (no daemon needed)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ctxwin.client
+from ctxwin import proto
+from ctxwin.client import _core
+from ctxwin.client._errors import ERROR_CLASSES, error_for
+
+CLIENT_SRC = Path(ctxwin.client.__file__).parent
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "user", "content": "task"},
+    {"role": "assistant", "content": "ok"},
+]
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    """``__all__`` names every public attribute of ctxwin.client and nothing else."""
+    public = {
+        name
+        for name, value in vars(ctxwin.client).items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+    }
+    assert sorted(public) == sorted(ctxwin.client.__all__)
+
+
+def test_every_wire_error_code_has_its_class() -> None:
+    """Each error code of the protocol maps to a CtxwinError subclass carrying code and message."""
+    for code in proto.ErrorCode:
+        error = error_for(code.value, "why")
+        assert type(error) is ERROR_CLASSES[code.value]
+        assert isinstance(error, ctxwin.client.CtxwinError)
+        assert (code.value, "why") == (error.code, error.message)
+
+
+def test_an_unknown_error_code_keeps_its_code() -> None:
+    """A code this client does not know becomes a plain CtxwinError with that code."""
+    error = error_for("brand_new", "later version")
+    assert type(error) is ctxwin.client.CtxwinError
+    assert "brand_new" == error.code
+
+
+def test_timeout_error_is_also_a_builtin_timeout() -> None:
+    """RequestTimeoutError is a DaemonUnavailableError and a builtin TimeoutError."""
+    error = ctxwin.client.RequestTimeoutError("late", endpoint="ipc://x")
+    assert isinstance(error, TimeoutError)
+    assert isinstance(error, ctxwin.client.DaemonUnavailableError)
+    assert ("timeout", "ipc://x") == (error.code, error.endpoint)
+
+
+def test_builders_validate_before_anything_is_sent() -> None:
+    """A bad task id or argument fails at the call site with the daemon's own error class."""
+    with pytest.raises(ctxwin.client.InvalidTaskIdError):
+        _core.inspect("../etc")
+    with pytest.raises(ctxwin.client.BadRequestError, match="keep"):
+        _core.compact("t1", MESSAGES, "half", ts=1)  # type: ignore[arg-type]
+    with pytest.raises(ctxwin.client.BadRequestError, match="exactly one"):
+        _core.count_tokens(MESSAGES, text="both")
+
+
+def test_deleted_range_distinguishes_unset_from_none() -> None:
+    """Leaving ``deleted_range`` out omits it; None sends an explicit nil that clears it."""
+    assert "deleted_range" not in _core.truncated_messages("t1", MESSAGES).args
+    assert (
+        _core.truncated_messages("t1", MESSAGES, deleted_range=None).args["deleted_range"] is None
+    )
+    assert [2, 3] == _core.truncated_messages("t1", MESSAGES, deleted_range=[2, 3]).args[
+        "deleted_range"
+    ]
+
+
+def test_optional_arguments_left_none_are_not_sent() -> None:
+    """Optional arguments that are None stay off the wire; ts defaults to now."""
+    call = _core.prepare_request("t1", MESSAGES, {"id": "m", "context_window": 1000})
+    assert {"task", "messages", "model"} == set(call.args)
+    assert _core.optimize_file_reads("t1", MESSAGES).args["ts"] > 1_600_000_000_000
+    assert {"task", "ephemeral"} == set(_core.inspect("t1", ephemeral=True).args)
+
+
+def test_every_op_has_a_builder_and_a_method_on_both_clients() -> None:
+    """Each op of the wire table has a core builder and a method on Client and AsyncClient."""
+    for op in proto.OPS:
+        method = "close_task" if op == "close" else op
+        assert callable(getattr(_core, op))
+        assert callable(getattr(ctxwin.client.Client, method))
+        assert inspect.iscoroutinefunction(getattr(ctxwin.client.AsyncClient, method))
+
+
+def _section(path: Path, start: str, end: str | None = None) -> str:
+    text = path.read_text()
+    body = text[text.index(start) :]
+    return body[: body.index(end)] if end else body
+
+
+def _squash(text: str) -> str:
+    """The text without layout: no whitespace, no trailing commas (formatter choices)."""
+    return re.sub(r"\s+", "", text).replace(",)", ")")
+
+
+def _to_async(text: str) -> str:
+    text = re.sub(r"^(    )def ", r"\1async def ", text, flags=re.M)
+    return text.replace("return self.call(", "return await self.call(").replace(
+        "return self.client.call(", "return await self.client.call("
+    )
+
+
+def test_async_op_methods_are_the_sync_ones_awaited() -> None:
+    """The AsyncClient op layer is the Client op layer with ``async``/``await`` only."""
+    marker = "    # One method per wire op"
+    sync = _section(CLIENT_SRC / "_sync.py", marker)
+    asynchronous = _section(CLIENT_SRC / "_async.py", marker)
+    assert _squash(_to_async(sync)) == _squash(asynchronous)
+
+
+def test_async_task_methods_are_the_sync_ones_awaited() -> None:
+    """AsyncTask's methods are Task's with ``async``/``await`` only."""
+    path = CLIENT_SRC / "_task.py"
+    sync = _section(path, "    def prepare_request(", "\n\nclass AsyncTask")
+    asynchronous = _section(path, "    async def prepare_request(")
+    assert _squash(_to_async(sync)) == _squash(asynchronous)
+
+
+def test_reply_target_matches_by_id_and_drops_strangers() -> None:
+    """A reply goes to its id; unknown ids are dropped; an id-less error only to a lone caller."""
+    answer = proto.Reply(7, True, result={})
+    assert 7 == _core.reply_target(answer, {7, 8})
+    assert _core.reply_target(proto.Reply(9, True, result={}), {7, 8}) is None
+    lost = proto.Reply(None, False, code="bad_request", message="?")
+    assert 7 == _core.reply_target(lost, {7})
+    assert _core.reply_target(lost, {7, 8}) is None
+
+
+def test_decode_drops_frames_that_are_not_replies() -> None:
+    """Garbage frames decode to None instead of raising."""
+    assert _core.decode([b"\xc1"]) is None
+    assert _core.decode([]) is None
+    assert 3 == (_core.decode([b"", proto.encode_result(3, {})]) or proto.Reply(0, False)).id
+
+
+def test_busy_is_retried_with_growing_bounded_delays() -> None:
+    """busy asks for a retry after 0.05, 0.1, ... capped, then raises BusyError."""
+    policy = _core.RetryPolicy(busy_retries=3, initial_delay=0.05, max_delay=0.15)
+    busy = proto.Reply(1, False, code="busy", message="full")
+    call = _core.ping()
+    delays = [_core.outcome(call, busy, n, policy, 10.0) for n in range(3)]
+    assert [_core.Retry(0.05), _core.Retry(0.1), _core.Retry(0.15)] == delays
+    with pytest.raises(ctxwin.client.BusyError):
+        _core.outcome(call, busy, 3, policy, 10.0)
+    with pytest.raises(ctxwin.client.BusyError):
+        _core.outcome(call, busy, 0, policy, 0.01)
+
+
+def test_results_missing_fields_raise_bad_reply() -> None:
+    """A result lacking a field of the wire table raises BadReplyError."""
+    with pytest.raises(ctxwin.client.BadReplyError, match="version"):
+        _core.outcome(
+            _core.ping(), proto.Reply(1, True, result={"pong": True}), 0, _core.RetryPolicy(), 1
+        )
+
+
+def test_oversize_requests_are_refused_locally() -> None:
+    """A request larger than the frame limit raises TooLargeError before sending."""
+    call = _core.count_tokens(text="x" * 2000)
+    with pytest.raises(ctxwin.client.TooLargeError):
+        _core.encode(call, 1, proto.Limits(max_frame_bytes=1000))
+
+
+def test_usage_from_anthropic_maps_the_cache_fields() -> None:
+    """Anthropic input/output/cache creation/cache read tokens map one to one."""
+    usage = ctxwin.client.usage_from_anthropic(
+        {
+            "input_tokens": 10,
+            "output_tokens": 5,
+            "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 1000,
+        },
+        ts=42,
+    )
+    assert {
+        "ts": 42,
+        "tokens_in": 10,
+        "tokens_out": 5,
+        "cache_writes": 100,
+        "cache_reads": 1000,
+    } == usage
+    assert 1115 == ctxwin.client.total_tokens(usage)
+
+
+def test_usage_from_openai_moves_cached_tokens_out_of_the_prompt() -> None:
+    """OpenAI's prompt tokens include the cached ones; the total stays prompt + completion."""
+
+    class Details:
+        cached_tokens = 300
+
+    class Report:
+        prompt_tokens = 1000
+        completion_tokens = 50
+        prompt_tokens_details = Details()
+
+    usage = ctxwin.client.usage_from_openai(Report())
+    assert {"tokens_in": 700, "tokens_out": 50, "cache_writes": 0, "cache_reads": 300} == usage
+    assert usage == ctxwin.client.usage_from_provider(
+        {
+            "prompt_tokens": 1000,
+            "completion_tokens": 50,
+            "prompt_tokens_details": {"cached_tokens": 300},
+        }
+    )
+
+
+def test_usage_from_metrics_reads_cline_history_counts() -> None:
+    """Cline's ``metrics.tokens`` {prompt, completion, cached} becomes a wire usage."""
+    usage = ctxwin.client.usage_from_provider({"prompt": 10049, "completion": 640, "cached": 0})
+    assert {"tokens_in": 10049, "tokens_out": 640, "cache_writes": 0, "cache_reads": 0} == usage
+
+
+def test_missing_or_bad_usage_numbers_count_zero() -> None:
+    """Absent, None, negative or non-numeric counts become 0."""
+    usage = ctxwin.client.usage_from_anthropic({"input_tokens": None, "output_tokens": -3})
+    assert 0 == ctxwin.client.total_tokens(usage)
+
+
+def test_client_imports_only_proto_pyzmq_msgpack_and_the_stdlib() -> None:
+    """No module of ctxwin.client imports anything beyond proto, zmq, msgpack and the stdlib."""
+    import ast
+    import sys
+
+    allowed = {"zmq", "msgpack", "ctxwin"} | set(sys.stdlib_module_names)
+    for path in CLIENT_SRC.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+                if name.startswith("ctxwin."):
+                    assert name.startswith(("ctxwin.proto", "ctxwin.client")), name
+
+
+def test_task_handles_refuse_bad_ids_at_once(tmp_path: Path) -> None:
+    """A Task or AsyncTask with an invalid id fails where it is made, before any I/O."""
+    with ctxwin.client.Client(f"ipc://{tmp_path / 'x.sock'}") as client:
+        with pytest.raises(ctxwin.client.InvalidTaskIdError) as caught:
+            client.task("../x")
+        assert caught.value.local is True
+    with pytest.raises(ctxwin.client.InvalidTaskIdError):
+        ctxwin.client.AsyncClient(f"ipc://{tmp_path / 'x.sock'}").task("")

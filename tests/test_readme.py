@@ -1,0 +1,50 @@
+"""The README's client code runs: every ```python block under "## Client quick start"."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctxwin import proto
+from tests._daemon import DaemonProcess
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SECTION = "## Client quick start"
+
+
+def python_blocks(text: str, heading: str = SECTION) -> list[str]:
+    """The ```python blocks between ``heading`` and the next level-2 heading."""
+    start = text.index(heading + "\n")
+    following = re.search(r"^## ", text[start + len(heading) :], flags=re.M)
+    end = start + len(heading) + following.start() if following else len(text)
+    return re.findall(r"^```python\n(.*?)^```$", text[start:end], flags=re.M | re.S)
+
+
+def test_the_quick_start_has_sync_and_async_code() -> None:
+    """The section holds a blocking and an asyncio example."""
+    blocks = python_blocks(README.read_text())
+    assert 2 == len(blocks)
+    assert "Client(" in blocks[0]
+    assert "AsyncClient(" in blocks[1]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index: int) -> None:
+    """Each block runs to completion with the endpoint taken from $CTXWIN_ENDPOINT."""
+    code = python_blocks(README.read_text())[index]
+    env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert 0 == run.returncode, run.stderr
+    assert run.stdout
