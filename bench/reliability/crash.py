@@ -1,0 +1,441 @@
+"""kill -9 the daemon again and again while clients write: nothing partial, nothing flushed lost.
+
+Usage (from the repository root)::
+
+    .venv/bin/python -m bench.reliability.crash [--quick] [--cycles 1000] [--writers 4] [--json]
+
+``--writers`` client processes each own one task and loop over steps
+``i = 1, 2, ...``: ``rollback`` to ts 0 with ``deleted_range [2, 2 + i]``
+(rewrites ``ctxwin.json``), then ``apply_truncation_notice`` at ts ``i``
+(rewrites ``context_history.json``); the even-numbered writers also ``flush``
+every ``--flush-every`` steps, the odd ones never do, so that their changes
+reach the disk through the debouncer alone. Each acknowledged reply is
+recorded with its time. The daemon runs with its default debounce (250 ms, at
+most 2 s) and is killed with SIGKILL at a uniformly random moment 0.2-3 s after
+it answers, then started again.
+
+After every kill, for every task:
+
+- both files parse completely (no partial write ever visible);
+- the step on disk ``m`` (from the deleted range) is at least the last step
+  acknowledged by ``flush`` before the kill, and when equal, the history holds
+  that step's notice;
+- an acknowledged change is *lost* when the disk shows neither it nor a later
+  step; the age of the oldest lost change (kill time minus its acknowledgement)
+  must stay within the debounce cap plus 100 ms (``--cap-ms``, 2100);
+- after the restart, ``inspect`` (which loads the task) never shows a step
+  behind the disk, and once the task is loaded no temp file and no set-aside
+  (corrupt) file remains.
+
+At the end the daemon gets SIGTERM and everything acknowledged must be on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.reliability._harness import (
+    HISTORY,
+    META,
+    REPO,
+    Client,
+    Daemon,
+    conversation,
+    emit,
+    latency_summary,
+    machine,
+    scratch,
+    temp_files,
+    tmpfs,
+)
+
+MESSAGES = conversation(turns=3)
+
+
+def writer(endpoint: str, task: str, records: Path, seconds: float, flush_every: int) -> None:
+    """Change ``task`` step by step until ``seconds`` pass, recording every acknowledgement."""
+    client = Client(endpoint)
+    end = time.monotonic() + seconds
+    step = 0
+    with records.open("a", buffering=1) as out:
+        while time.monotonic() < end:
+            step += 1
+            try:
+                reply = client.call(
+                    "rollback", {"task": task, "ts": 0, "deleted_range": [2, 2 + step]}, timeout=1
+                )
+                if reply.ok:
+                    out.write(f"range {step} {time.monotonic()!r}\n")
+                reply = client.call(
+                    "apply_truncation_notice",
+                    {"task": task, "ts": step, "messages": MESSAGES},
+                    timeout=1,
+                )
+                if reply.ok:
+                    out.write(f"notice {step} {time.monotonic()!r}\n")
+                if flush_every and step % flush_every == 0:
+                    reply = client.call("flush", {"task": task}, timeout=2)
+                    if reply.ok:
+                        out.write(f"flush {step} {time.monotonic()!r}\n")
+            except TimeoutError:
+                # The daemon is gone: drop what is queued and wait for the next one.
+                client.reset()
+                while time.monotonic() < end:
+                    try:
+                        if client.call("ping", timeout=0.3).ok:
+                            break
+                    except TimeoutError:
+                        client.reset()
+    client.close()
+
+
+@dataclass
+class Ack:
+    """One acknowledged reply of a writer."""
+
+    kind: str
+    step: int
+    at: float
+
+
+class AckLog:
+    """A writer's records, read incrementally: only acknowledgements not yet judged are kept.
+
+    The disk only moves forward, so an acknowledgement judged once (held or
+    lost) never needs looking at again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.pending: list[Ack] = []
+        self.last_flush = 0
+        self.steps = 0
+        self.flushes = 0
+
+    def read(self) -> None:
+        """Take in the complete lines written since the last call."""
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].decode().splitlines():
+            kind, step, at = line.split()
+            self.pending.append(Ack(kind, int(step), float(at)))
+            self.steps += kind == "notice"
+            self.flushes += kind == "flush"
+
+    def take_before(self, moment: float) -> list[Ack]:
+        """Remove and return the pending acknowledgements received before ``moment``."""
+        taken = [ack for ack in self.pending if ack.at < moment]
+        self.pending = [ack for ack in self.pending if ack.at >= moment]
+        for ack in taken:
+            if ack.kind == "flush":
+                self.last_flush = max(self.last_flush, ack.step)
+        return taken
+
+
+def notice_step(history: Any) -> int | None:
+    """The ts of the notice in a history file (None without one)."""
+    found: list[int] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, list):
+            if len(value) == 4 and isinstance(value[0], int) and value[1] == "text":
+                found.append(value[0])
+            for item in value:
+                walk(item)
+
+    walk(history)
+    return max(found) if found else None
+
+
+@dataclass
+class DiskState:
+    """What one task's files said right after a kill."""
+
+    step: int  # from the deleted range; 0 when absent
+    notice: int | None
+    history: Any
+    meta: Any
+
+
+@dataclass
+class Totals:
+    """Counts over the whole run."""
+
+    cycles: int = 0
+    checks: int = 0
+    unparsable: list[str] = field(default_factory=list)
+    flushed_lost: list[str] = field(default_factory=list)
+    inspect_mismatch: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    lost_changes: int = 0
+    kills_with_loss: int = 0
+    oldest_lost_age_s: float = 0.0
+    lost_ages: list[float] = field(default_factory=list)
+    over_cap: list[str] = field(default_factory=list)
+    acked_steps: int = 0
+    flushes_acked: int = 0
+    final_missing: list[str] = field(default_factory=list)
+
+
+def read_disk(directory: Path) -> DiskState | str:
+    """The task's files, or why they cannot be used."""
+    history: Any = []
+    meta: Any = {"deleted_range": None}
+    try:
+        if (directory / HISTORY).exists():
+            history = json.loads((directory / HISTORY).read_bytes())
+        if (directory / META).exists():
+            meta = json.loads((directory / META).read_bytes())
+    except ValueError as exc:
+        return f"{directory.name}: {exc}"
+    deleted = meta.get("deleted_range") if isinstance(meta, dict) else None
+    step = deleted[1] - 2 if isinstance(deleted, list) else 0
+    return DiskState(step, notice_step(history), history, meta)
+
+
+def holds(disk: DiskState, ack: Ack) -> bool:
+    """Whether the disk shows the acknowledged change or a later step."""
+    if disk.step > ack.step:
+        return True
+    if disk.step < ack.step:
+        return False
+    return ack.kind == "range" or disk.notice == ack.step
+
+
+def check_after_kill(
+    tasks: Sequence[str],
+    disks: dict[str, DiskState],
+    logs: dict[str, AckLog],
+    killed_at: float,
+    dead_at: float,
+    cap_s: float,
+    totals: Totals,
+) -> None:
+    """Compare what was acknowledged before the kill with what the disk kept."""
+    lost_here = 0
+    for task in tasks:
+        disk = disks[task]
+        logs[task].read()
+        # Everything received before the process was seen dead came from that process.
+        before = logs[task].take_before(dead_at)
+        last = logs[task].last_flush
+        if last and (disk.step < last or (disk.step == last and disk.notice != last)):
+            totals.flushed_lost.append(
+                f"cycle {totals.cycles}: {task} flushed step {last}, disk step "
+                f"{disk.step} notice {disk.notice}"
+            )
+        lost = [ack for ack in before if ack.kind != "flush" and not holds(disk, ack)]
+        if lost:
+            lost_here += len(lost)
+            age = dead_at - min(ack.at for ack in lost)
+            totals.oldest_lost_age_s = max(totals.oldest_lost_age_s, age)
+            totals.lost_ages.append(age)
+            if age > cap_s:
+                totals.over_cap.append(
+                    f"cycle {totals.cycles}: {task} lost a change {age:.3f}s old"
+                )
+        totals.checks += 1
+    totals.lost_changes += lost_here
+    totals.kills_with_loss += bool(lost_here)
+
+
+def _spawn_writer(
+    endpoint: str, task: str, records: Path, seconds: float, flush_every: int
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.reliability.crash",
+            "--role",
+            "writer",
+            "--endpoint",
+            endpoint,
+            "--task",
+            task,
+            "--records",
+            str(records),
+            "--seconds",
+            str(seconds),
+            "--flush-every",
+            str(flush_every),
+        ],
+        cwd=REPO,
+    )
+
+
+def run(
+    cycles: int,
+    writers: int,
+    flush_every: int,
+    cap_ms: float,
+    seed: int,
+    up_range: tuple[float, float],
+    on_tmpfs: bool = False,
+) -> dict[str, Any]:
+    """The kill loop; the summary with ``passed``."""
+    rng = random.Random(seed)
+    totals = Totals()
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        root = stack.enter_context(scratch("ctxwin-crash-"))
+        if on_tmpfs:
+            stack.enter_context(tmpfs(root / "state", "512m"))
+        daemon = Daemon(root, "--log-level", "warning")
+        tasks = [f"crash-{index}" for index in range(writers)]
+        records = {task: root / f"{task}.acks" for task in tasks}
+        logs = {task: AckLog(records[task]) for task in tasks}
+        daemon.start()
+        dead_at = 0.0
+        # Writers run until stopped by time; give them enough for every cycle.
+        budget = cycles * (up_range[1] + 3.0) + 30
+        # Half the writers never flush: their changes reach the disk by the debouncer alone.
+        procs = [
+            _spawn_writer(
+                daemon.endpoint, task, records[task], budget, flush_every if index % 2 == 0 else 0
+            )
+            for index, task in enumerate(tasks)
+        ]
+        try:
+            for _ in range(cycles):
+                totals.cycles += 1
+                time.sleep(rng.uniform(*up_range))
+                killed_at = time.monotonic()
+                daemon.kill()
+                dead_at = time.monotonic()
+                disks: dict[str, DiskState] = {}
+                for task in tasks:
+                    disk = read_disk(daemon.task_dir(task))
+                    if isinstance(disk, str):
+                        totals.unparsable.append(f"cycle {totals.cycles}: {disk}")
+                        disk = DiskState(-1, None, None, None)
+                    disks[task] = disk
+                daemon.start()
+                probe = Client(daemon.endpoint)
+                try:
+                    for task in tasks:
+                        # Loads the task; writers may have moved it on since the restart,
+                        # but never behind what the disk held.
+                        shown = probe.ok("inspect", {"task": task})["deleted_range"]
+                        shown_step = shown[1] - 2 if shown else 0
+                        if shown_step < disks[task].step:
+                            totals.inspect_mismatch.append(
+                                f"cycle {totals.cycles}: {task} loaded step {shown_step} "
+                                f"< disk step {disks[task].step}"
+                            )
+                        leftovers = temp_files(daemon.task_dir(task)) + [
+                            name
+                            for name in temp_files(daemon.task_dir(task), suffix="")
+                            if ".corrupt-" in name
+                        ]
+                        if leftovers:
+                            totals.leftovers.append(f"cycle {totals.cycles}: {task}: {leftovers}")
+                finally:
+                    probe.close()
+                check_after_kill(tasks, disks, logs, killed_at, dead_at, cap_ms / 1000, totals)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(30)
+            stop_code = daemon.stop()
+        for task in tasks:
+            logs[task].read()
+            final = read_disk(daemon.task_dir(task))
+            totals.acked_steps += logs[task].steps
+            totals.flushes_acked += logs[task].flushes
+            if isinstance(final, str):
+                totals.unparsable.append(f"final: {final}")
+                continue
+            # Changes acknowledged after the last kill: SIGTERM must have written them all.
+            missing = [
+                ack
+                for ack in logs[task].pending
+                if ack.kind != "flush" and ack.at > dead_at and not holds(final, ack)
+            ]
+            if missing:
+                totals.final_missing.append(f"{task}: {len(missing)} changes after SIGTERM")
+    passed = not (
+        totals.unparsable
+        or totals.inspect_mismatch
+        or totals.flushed_lost
+        or totals.leftovers
+        or totals.over_cap
+        or totals.final_missing
+        or stop_code != 0
+    )
+    return {
+        "machine": machine(),
+        "cycles": totals.cycles,
+        "writers": writers,
+        "seconds": round(time.monotonic() - started, 1),
+        "task_checks": totals.checks,
+        "acknowledged_steps": totals.acked_steps,
+        "acknowledged_flushes": totals.flushes_acked,
+        "unparsable_files": totals.unparsable[:10],
+        "flushed_but_lost": totals.flushed_lost[:10],
+        "temp_or_corrupt_files_after_load": totals.leftovers[:10],
+        "loaded_state_behind_disk": totals.inspect_mismatch[:10],
+        "kills_that_lost_unflushed_changes": totals.kills_with_loss,
+        "lost_unflushed_changes": totals.lost_changes,
+        "oldest_lost_change_age_ms": round(totals.oldest_lost_age_s * 1000, 1),
+        "oldest_lost_age_per_task_and_kill": latency_summary(totals.lost_ages),
+        "state_dir_on_tmpfs": on_tmpfs,
+        "cap_ms": cap_ms,
+        "over_cap": totals.over_cap[:10],
+        "missing_after_sigterm": totals.final_missing,
+        "stop_code": stop_code,
+        "passed": passed,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="20 cycles")
+    parser.add_argument("--cycles", type=int, default=1000, help="kill -9 cycles (1000)")
+    parser.add_argument("--writers", type=int, default=4, help="writer processes (4)")
+    parser.add_argument("--flush-every", type=int, default=5, help="flush every N steps (5)")
+    parser.add_argument("--cap-ms", type=float, default=2100.0, help="allowed lost-change age")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the kill times")
+    parser.add_argument(
+        "--tmpfs", action="store_true", help="state dir on a tmpfs (fsync costs nothing)"
+    )
+    parser.add_argument("--role", choices=("writer",), help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    parser.add_argument("--records", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+    if args.role == "writer":
+        writer(args.endpoint, args.task, args.records, args.seconds, args.flush_every)
+        return 0
+    cycles = 20 if args.quick else max(1, args.cycles)
+    summary = run(
+        cycles, args.writers, args.flush_every, args.cap_ms, args.seed, (0.2, 3.0), args.tmpfs
+    )
+    emit("crash", summary, args.json)
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
