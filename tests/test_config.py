@@ -140,3 +140,11 @@ def test_an_explicit_config_file_must_exist(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(["--config", str(tmp_path / "missing.toml")], env)
+
+
+def test_an_unreachable_default_config_path_is_no_config(tmp_path: Path) -> None:
+    """A default config path that cannot even be looked at (here ENAMETOOLONG) means no file."""
+    unreachable = str(tmp_path / ("x" * 300))
+    config = load_config([], {"HOME": str(tmp_path), "XDG_CONFIG_HOME": unreachable})
+    assert config.config_file is None
+    assert config.debounce_ms == 250

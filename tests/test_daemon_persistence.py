@@ -89,6 +89,28 @@ def test_steady_traffic_is_written_by_the_max_delay(tmp_path: Path) -> None:
         assert daemon.stop() == 0
 
 
+def test_steady_traffic_after_a_capped_write_is_still_batched(tmp_path: Path) -> None:
+    """After a write forced by debounce_max, the next batch waits for its own cap again."""
+    daemon = DaemonProcess(tmp_path, "--debounce-ms", "200", "--debounce-max-ms", "500")
+    daemon.start()
+    try:
+        start = time.monotonic()
+        end = 2
+        while time.monotonic() - start < 2.0:
+            end += 1
+            ok(
+                daemon.call(
+                    "truncated_messages",
+                    {"task": "t", "messages": FIRST, "deleted_range": [2, end]},
+                )
+            )
+        flushes = ok(daemon.call("stats"))["flushes"]
+        # About one write per 0.5 s cap; back-to-back writes would give one per request.
+        assert 2 <= flushes <= 8, f"{flushes} writes for {end - 2} changes in 2 s"
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_state_survives_a_restart(tmp_path: Path) -> None:
     """Everything changed before SIGTERM is there after a restart, without an explicit flush."""
     daemon = DaemonProcess(tmp_path, "--debounce-ms", "60000", "--debounce-max-ms", "60000")

@@ -124,7 +124,7 @@ class TaskActor:
         self._last_change = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._write_lock = asyncio.Lock()
-        self._writing = False
+        self._write_queued = False
         self._failures_in_row = 0
         self._last_error: str | None = None
 
@@ -315,7 +315,8 @@ class TaskActor:
         if self._first_unwritten is None:
             self._first_unwritten = now
         self._last_change = now
-        self._arm(self._deadline())
+        if not self._write_queued:  # a queued write re-arms the timer when it is done
+            self._arm(self._deadline())
 
     def _deadline(self) -> float:
         first = self._first_unwritten if self._first_unwritten is not None else self._last_change
@@ -336,6 +337,7 @@ class TaskActor:
         if self._failures_in_row == 0 and self.system.loop.time() < when:
             self._timer = self.system.loop.call_at(when, self._on_timer)
             return
+        self._write_queued = True
         self.system.spawn(self._write_in_background)
 
     async def _write_in_background(self) -> None:
@@ -343,6 +345,8 @@ class TaskActor:
             await self.flush()
         except FlushError:
             pass  # logged, and retried by the timer that flush() armed
+        finally:
+            self._write_queued = False
 
     async def flush(self) -> bool:
         """Write the current state unless it is durable already.
@@ -358,9 +362,10 @@ class TaskActor:
         async with self._write_lock:
             state = self.state
             revision = state.revision
+            taken_at = self.system.loop.time()
             history, meta = self._snapshot()
             if self.files.is_current(history, meta):
-                self._written(revision)
+                self._written(revision, taken_at)
                 return False
             try:
                 await anyio.to_thread.run_sync(self.files.write, history, meta)
@@ -387,16 +392,31 @@ class TaskActor:
             self._failures_in_row = 0
             self._last_error = None
             self.system.counters.flushes += 1
-            self._written(revision)
+            self._written(revision, taken_at)
             return True
 
-    def _written(self, revision: int) -> None:
+    def _written(self, revision: int, taken_at: float) -> None:
+        """Note that ``revision``, snapshot at ``taken_at``, is durable.
+
+        Changes that arrived while the file was being written are newer than
+        the snapshot: their 2 s cap counts from ``taken_at``, not from the
+        first change of the batch just written (which would make every later
+        write immediate under steady traffic).
+        """
         self._durable_revision = revision
-        if self.state is not None and self.state.revision == revision:
+        if self.state is None or self._failures_in_row:
+            return
+        if self.state.revision == revision:
             self._first_unwritten = None
-            if self._timer is not None and self._failures_in_row == 0:
+            if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            return
+        self._first_unwritten = taken_at
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._arm(self._deadline())
 
     def is_idle(self, now: float, timeout: float) -> bool:
         """Whether the actor has had nothing to do for ``timeout`` seconds."""

@@ -321,6 +321,14 @@ def _check_endpoint(endpoint: str, allow_remote: bool) -> None:
         )
 
 
+def _is_file(path: Path) -> bool:
+    """Whether the default config file exists; a directory we may not search has none."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def load_config(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> Config:
@@ -342,7 +350,7 @@ def load_config(
     path, explicit = _config_path(env, flags.get("config"))
     values: dict[str, Any] = {}
     config_file: Path | None = None
-    if path.is_file() or explicit:
+    if explicit or _is_file(path):
         try:
             with path.open("rb") as handle:
                 file_layer = tomllib.load(handle)
