@@ -106,9 +106,9 @@ def _squash(text: str) -> str:
 
 def _to_async(text: str) -> str:
     text = re.sub(r"^(    )def ", r"\1async def ", text, flags=re.M)
-    return text.replace("return self.call(", "return await self.call(").replace(
-        "return self.client.call(", "return await self.client.call("
-    )
+    for call in ("self.call(", "self.client.call(", "self._history("):
+        text = text.replace(f"return {call}", f"return await {call}")
+    return text
 
 
 def test_async_op_methods_are_the_sync_ones_awaited() -> None:
@@ -122,8 +122,8 @@ def test_async_op_methods_are_the_sync_ones_awaited() -> None:
 def test_async_task_methods_are_the_sync_ones_awaited() -> None:
     """AsyncTask's methods are Task's with ``async``/``await`` only."""
     path = CLIENT_SRC / "_task.py"
-    sync = _section(path, "    def prepare_request(", "\n\nclass AsyncTask")
-    asynchronous = _section(path, "    async def prepare_request(")
+    sync = _section(path, "    def _history(", "\n\nclass AsyncTask")
+    asynchronous = _section(path, "    async def _history(")
     assert _squash(_to_async(sync)) == _squash(asynchronous)
 
 

@@ -121,12 +121,13 @@ def ok(reply: proto.Reply) -> dict[str, Any]:
 
 
 def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
-    """ping answers pong, the package version and the protocol version."""
+    """ping answers pong, the package version, the protocol version and its extensions."""
     peer = shared_peer
     assert ok(peer.call("ping")) == {
         "pong": True,
         "version": proto.__version__,
         "proto": proto.PROTOCOL_VERSION,
+        "features": ["delta", "view_patch", "budgeting", "plan"],
     }
 
 

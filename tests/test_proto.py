@@ -200,7 +200,35 @@ def test_every_op_of_the_design_table_is_known() -> None:
         "flush",
         "close",
         "count_tokens",
-    } == set(proto.OPS)
+    } | {"plan"} == set(proto.OPS)  # plan: an extension, named in ping's features
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ({"base": 0, "base_digest": bytes(16)}, "give exactly one of messages, append"),
+        ({"append": [], "base": 0}, "base, base_digest and append together"),
+        ({"messages": [], "base": 0, "base_digest": bytes(16)}, "either messages"),
+        ({"append": [], "base": -1, "base_digest": bytes(16)}, "base must be a non-negative"),
+        ({"append": [], "base": 0, "base_digest": b"short"}, "base_digest must be 16 bytes"),
+        ({"append": [{"role": "x"}], "base": 0, "base_digest": bytes(16)}, "append [0].role"),
+        ({"messages": [], "view": "diff"}, "view must be one of list, patch"),
+    ],
+)
+def test_delta_arguments_are_checked(args: dict[str, Any], fragment: str) -> None:
+    """Delta sync fields come as a set of three, instead of messages, and are typed."""
+    with pytest.raises(proto.ProtocolError) as caught:
+        proto.validate_args("truncated_messages", {"task": "t", **args})
+    assert caught.value.code == proto.ErrorCode.BAD_REQUEST
+    assert fragment in caught.value.message
+
+
+def test_delta_arguments_pass() -> None:
+    """base, base_digest and append replace messages on every history op."""
+    delta = {"base": 2, "base_digest": bytes(16), "append": MESSAGES, "view": "patch"}
+    for op in ("prepare_request", "plan"):
+        assert op == proto.validate_args(op, {"task": "t", "model": MODEL, **delta}).name
+    assert proto.validate_args("condensed", {"task": "t", **delta}).name == "condensed"
 
 
 def test_endpoint_resolution_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast
 
@@ -34,6 +34,7 @@ from ctxwin.proto import (
     OptimizeFileReadsInMemoryResult,
     OptimizeFileReadsResult,
     PingResult,
+    PlanResult,
     PrepareRequestResult,
     ProtocolError,
     Reply,
@@ -56,6 +57,7 @@ Messages = Sequence[Mapping[str, Any]]
 """A conversation as the caller holds it: a sequence of message maps (SPEC.md §1)."""
 
 CompactKeep = Literal["quarter", "none"]
+Strategy = Literal["default", "fit"]
 
 
 class Unset(enum.Enum):
@@ -100,17 +102,28 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T_co]):
-    """One op ready to send: its name, checked arguments and the fields its result carries."""
+    """One op ready to send: its name, checked arguments and the fields its result carries.
+
+    ``finish``, when set, turns the raw result into the op's usual result
+    (delta sync rebuilds a view from a patch there) before it is checked.
+    """
 
     op: str
     args: dict[str, Any]
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def parse(self, result: dict[str, Any]) -> T_co:
         """The typed result, after checking that every field of the op is present.
 
         Raises:
-            BadReplyError: a field of the wire table is missing.
+            BadReplyError: a field of the wire table is missing, or a view
+                patch does not fit the history it was made for.
         """
+        if self.finish is not None:
+            try:
+                result = self.finish(result)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise BadReplyError(f"{self.op}: unusable view patch: {exc}") from None
         missing = [name for name in proto.RESULT_FIELDS[self.op] if name not in result]
         if missing:
             raise BadReplyError(f"{self.op}: reply lacks field(s) {', '.join(missing)}")
@@ -214,8 +227,16 @@ def prepare_request(
     use_auto_condense: bool | None = None,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
+    strategy: Strategy | None = None,
+    proactive: bool | None = None,
+    estimate: bool | None = None,
 ) -> Call[PrepareRequestResult]:
-    """Build ``prepare_request``."""
+    """Build ``prepare_request``.
+
+    ``strategy="fit"``, ``proactive=True`` and ``estimate=True`` opt into token
+    estimates (see :class:`~ctxwin.proto.PrepareRequestResult`); without them
+    the daemon follows SPEC.md exactly.
+    """
     return _build(
         "prepare_request",
         {"task": task, "messages": _messages(messages), "model": dict(model)},
@@ -223,6 +244,32 @@ def prepare_request(
         use_auto_condense=use_auto_condense,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
+        strategy=strategy,
+        proactive=proactive,
+        estimate=estimate,
+    )
+
+
+def plan(
+    task: str,
+    messages: Messages,
+    model: Model,
+    *,
+    previous_request: Usage | None = None,
+    use_auto_condense: bool | None = None,
+    ephemeral: bool | None = None,
+    strategy: Strategy | None = None,
+    proactive: bool | None = None,
+) -> Call[PlanResult]:
+    """Build ``plan``: what ``prepare_request`` with these arguments would do, changing nothing."""
+    return _build(
+        "plan",
+        {"task": task, "messages": _messages(messages), "model": dict(model)},
+        previous_request=None if previous_request is None else dict(previous_request),
+        use_auto_condense=use_auto_condense,
+        ephemeral=ephemeral,
+        strategy=strategy,
+        proactive=proactive,
     )
 
 
@@ -368,6 +415,73 @@ def count_tokens(
         messages=None if messages is None else _messages(messages),
         text=text,
     )
+
+
+# Delta sync: send what a turn adds, get views back as patches.
+
+
+class DeltaSync:
+    """A task handle's delta sync with the daemon (DESIGN.md, delta sync).
+
+    After the first full list, history ops send ``base``/``base_digest``/``append``
+    and ask for views as patches, which are applied to the caller's own list.
+    When the daemon answers ``resync_required`` the whole list goes once
+    more; a daemon without delta sync (it refuses the fields) turns it off.
+    """
+
+    __slots__ = ("enabled", "sender")
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.sender = proto.DeltaSender()
+
+    def reset(self) -> None:
+        """Send the whole list next time (after editing old messages in place)."""
+        self.sender.reset()
+
+    def call(self, call: Call[T], messages: Messages) -> Call[T]:
+        """``call`` (built with no messages) for ``messages``, by delta when enabled."""
+        if not self.enabled:
+            return _with_history(call, {"messages": _messages(messages)})
+        history = self.sender.args_for(messages)
+        sender = self.sender
+
+        def finish(result: dict[str, Any]) -> dict[str, Any]:
+            patch = result.pop("patch", None)
+            if patch is not None:
+                result["messages"] = proto.apply_view_patch(messages, patch)
+            sender.sent(messages, history)
+            return result
+
+        return _with_history(call, {**history, "view": "patch"}, finish)
+
+    def retry(self, call: Call[T], messages: Messages, error: CtxwinError) -> Call[T] | None:
+        """The request to send after ``error``, or None when the error stands."""
+        if not self.enabled:
+            return None
+        if error.code == ErrorCode.RESYNC_REQUIRED.value:
+            self.sender.reset()
+            return self.call(call, messages)
+        refused = error.code == ErrorCode.BAD_REQUEST.value and not error.local
+        if refused and "unknown argument" in error.message:  # a daemon without delta sync
+            self.enabled = False
+            self.sender.reset()
+            return self.call(call, messages)
+        return None
+
+
+def _with_history(
+    call: Call[T],
+    history: Mapping[str, Any],
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Call[T]:
+    args = {name: value for name, value in call.args.items() if name != "messages"}
+    args.update(history)
+    try:
+        proto.validate_args(call.op, args)
+    except ProtocolError as exc:
+        raise _error_from_protocol(exc) from None
+    return Call(call.op, args, finish)
 
 
 # Framing, matching and outcome.

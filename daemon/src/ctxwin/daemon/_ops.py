@@ -15,7 +15,15 @@ from ctxwin import engine, proto
 
 from ._tokens import TokenCounter
 
-__all__ = ["TASK_OPS", "run_free_op", "run_task_op", "wants_actor"]
+__all__ = [
+    "HISTORY_OPS",
+    "TASK_OPS",
+    "TaskContext",
+    "run_free_op",
+    "run_task_op",
+    "wants_actor",
+    "wants_budgeting",
+]
 
 Args = Mapping[str, Any]
 Result = dict[str, Any]
@@ -88,48 +96,109 @@ def run_free_op(op: str, args: Args, tokens: TokenCounter) -> Result:
 # Task ops -------------------------------------------------------------------
 
 
-def _prepare_request(state: engine.TaskState, args: Args) -> Result:
-    return state.prepare_request(
+class TaskContext:
+    """What a task op may need besides the state: token estimates, opted into per request.
+
+    Args:
+        count: tokens of one message, cached per message by the task's history.
+        calibration: the task's ratio of reported to estimated tokens.
+    """
+
+    __slots__ = ("calibration", "count")
+
+    def __init__(self, count: engine.Counter, calibration: engine.Calibration) -> None:
+        self.count = count
+        self.calibration = calibration
+
+    def budgeting(self, args: Args) -> engine.Budgeting:
+        """The estimation settings a request asked for."""
+        return engine.Budgeting(
+            self.count,
+            self.calibration.ratio,
+            args.get("strategy") or "default",
+            bool(args.get("proactive", False)),
+        )
+
+
+def wants_budgeting(op: str, args: Args) -> bool:
+    """Whether a request asks for token estimates (``plan`` always does)."""
+    if op == "plan":
+        return True
+    return op == "prepare_request" and (
+        bool(args.get("estimate")) or bool(args.get("proactive")) or "strategy" in args
+    )
+
+
+def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+    budgeting = context.budgeting(args) if context is not None else None
+    result = state.prepare_request(
         args["messages"],
         args.get("previous_request"),
         args["model"],
         bool(args.get("use_auto_condense", False)),
+        budgeting,
+        now_ms(),
     ).wire()
+    if context is not None:
+        result["calibration"] = context.calibration.ratio
+    return result
 
 
-def _truncated_messages(state: engine.TaskState, args: Args) -> Result:
+def _plan(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+    assert context is not None  # plan always estimates
+    result = state.plan(
+        args["messages"],
+        args.get("previous_request"),
+        args["model"],
+        context.budgeting(args),
+        bool(args.get("use_auto_condense", False)),
+        now_ms(),
+    ).wire()
+    result["calibration"] = context.calibration.ratio
+    return result
+
+
+def _truncated_messages(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     return {"messages": state.truncated_messages(args["messages"])}
 
 
-def _optimize_file_reads(state: engine.TaskState, args: Args) -> Result:
+def _optimize_file_reads(
+    state: engine.TaskState, args: Args, context: TaskContext | None
+) -> Result:
     return state.optimize_file_reads(args["messages"], args["ts"]).wire()
 
 
-def _optimize_file_reads_in_memory(state: engine.TaskState, args: Args) -> Result:
+def _optimize_file_reads_in_memory(
+    state: engine.TaskState, args: Args, context: TaskContext | None
+) -> Result:
     return state.optimize_file_reads_in_memory(args["messages"], args["ts"]).wire()
 
 
-def _compact_subagent(state: engine.TaskState, args: Args) -> Result:
+def _compact_subagent(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     return state.compact_subagent(args["messages"], now_ms()).wire()
 
 
-def _apply_truncation_notice(state: engine.TaskState, args: Args) -> Result:
+def _apply_truncation_notice(
+    state: engine.TaskState, args: Args, context: TaskContext | None
+) -> Result:
     return {"changed": state.apply_truncation_notice(args["ts"], args["messages"])}
 
 
-def _compact(state: engine.TaskState, args: Args) -> Result:
+def _compact(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     return state.compact(args["messages"], args["keep"], args["ts"]).wire()
 
 
-def _condensed(state: engine.TaskState, args: Args) -> Result:
+def _condensed(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     return {"deleted_range": state.condensed(args["messages"])}
 
 
-def _rollback(state: engine.TaskState, args: Args) -> Result:
+def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     return {"removed": state.rollback(args["ts"])}
 
 
-def _should_compact_task(state: engine.TaskState, args: Args) -> Result:
+def _should_compact_task(
+    state: engine.TaskState, args: Args, context: TaskContext | None
+) -> Result:
     return engine.should_compact(
         args["usage"],
         args["model"],
@@ -139,8 +208,11 @@ def _should_compact_task(state: engine.TaskState, args: Args) -> Result:
     ).wire()
 
 
-TASK_OPS: dict[str, Callable[[engine.TaskState, Args], Result]] = {
+TaskOp = Callable[[engine.TaskState, Args, TaskContext | None], Result]
+
+TASK_OPS: dict[str, TaskOp] = {
     "prepare_request": _prepare_request,
+    "plan": _plan,
     "truncated_messages": _truncated_messages,
     "optimize_file_reads": _optimize_file_reads,
     "optimize_file_reads_in_memory": _optimize_file_reads_in_memory,
@@ -151,23 +223,31 @@ TASK_OPS: dict[str, Callable[[engine.TaskState, Args], Result]] = {
     "rollback": _rollback,
     "should_compact": _should_compact_task,
 }
-"""Task ops that are pure engine calls; ``inspect``, ``flush`` and ``close`` are the actor's."""
+"""Task ops that are engine calls; ``inspect``, ``flush`` and ``close`` are the actor's."""
+
+HISTORY_OPS = frozenset(
+    op for op, spec in proto.OPS.items() if ("messages", "append") in spec.one_of
+)
+"""Ops over a task's history: they take ``messages`` or a delta, and may answer with a patch."""
 
 
-def run_task_op(state: engine.TaskState, op: str, args: Args) -> Result:
+def run_task_op(
+    state: engine.TaskState, op: str, args: Args, context: TaskContext | None = None
+) -> Result:
     """Run one engine op on a task's state.
 
     A ``deleted_range`` present in ``args`` (even nil) replaces the stored
     range before the call (DESIGN.md: a range given by the caller wins).
 
     Args:
-        state: the task's state, changed in place.
+        state: the task's state, changed in place (never by ``plan``).
         op: a key of :data:`TASK_OPS`.
-        args: its validated arguments.
+        args: its validated arguments, with ``messages`` resolved from a delta.
+        context: token estimates, for requests that :func:`wants_budgeting`.
 
     Returns:
         The wire result map.
     """
     if "deleted_range" in args:
         state.deleted_range = args["deleted_range"]
-    return TASK_OPS[op](state, args)
+    return TASK_OPS[op](state, args, context)

@@ -180,6 +180,8 @@ class Server:
             config.idle_timeout,
             self.spawn,
             self.counters,
+            tokens,
+            config.history_cache_mb * 1024 * 1024,
         )
         self.context = zmq.Context()
         self.socket: zmq.Socket[bytes] = self.context.socket(zmq.ROUTER)
@@ -386,6 +388,7 @@ class Server:
                 "pong": True,
                 "version": proto.__version__,
                 "proto": proto.PROTOCOL_VERSION,
+                "features": list(proto.FEATURES),
             }
         elif op == "stats":
             result = self.statistics().wire()

@@ -20,10 +20,16 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from ctxwin import proto
+
 __all__ = ["IMAGE_TOKENS", "TokenCounter"]
+
+DEFAULT_CACHE_SIZE = 100_000
+"""Message counts remembered by ``count_messages`` (a few MB of digests and ints)."""
 
 IMAGE_TOKENS = 1600
 """Tokens counted for every image block (see the module docstring)."""
@@ -43,10 +49,12 @@ class TokenCounter:
             the path of a ``.tiktoken`` file.
     """
 
-    def __init__(self, encoding: str) -> None:
+    def __init__(self, encoding: str, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self.encoding_name = encoding
+        self.cache_size = cache_size
         self._encoding: Any = None
         self._lock = threading.Lock()
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
 
     def load(self) -> None:
         """Load the encoding now (safe to call from a worker thread).
@@ -81,12 +89,35 @@ class TokenCounter:
             self.load()
         return len(self._encoding.encode_ordinary(text))
 
+    def count_message(self, message: Any) -> int:
+        """Tokens in one message, by the rules of the module docstring."""
+        if not isinstance(message, dict):
+            return 0
+        return self._count_content(message.get("content"))
+
     def count_messages(self, messages: Iterable[Any]) -> int:
-        """Tokens in a list of messages, by the rules of the module docstring."""
+        """Tokens in a list of messages, each counted once while unchanged.
+
+        Messages are remembered by their digest (their canonical encoding
+        hashed, far cheaper than encoding the text again), so a caller that
+        counts its growing history each turn pays for the new messages only.
+        """
         total = 0
         for message in messages:
-            if isinstance(message, dict):
-                total += self._count_content(message.get("content"))
+            if not isinstance(message, dict):
+                continue
+            key = proto.message_digest(message)
+            with self._lock:
+                cached = self._cache.get(key)
+                if cached is not None:
+                    self._cache.move_to_end(key)
+            if cached is None:
+                cached = self.count_message(message)
+                with self._lock:
+                    self._cache[key] = cached
+                    if len(self._cache) > self.cache_size:
+                        self._cache.popitem(last=False)
+            total += cached
         return total
 
     def _count_content(self, content: object) -> int:

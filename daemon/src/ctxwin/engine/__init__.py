@@ -18,7 +18,7 @@ from ._state import (
     SubagentResult,
     TaskState,
 )
-from ._view import truncated_messages
+from ._view import keep_from, truncated_messages
 from ._window import (
     CompactDecision,
     WindowInfo,
@@ -52,6 +52,7 @@ __all__ = [
     "WindowInfo",
     "context_window_info",
     "fit_range",
+    "keep_from",
     "next_truncation_range",
     "optimize_file_reads",
     "should_compact",

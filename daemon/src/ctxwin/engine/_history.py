@@ -83,6 +83,21 @@ class History:
             repairs.pop()
         repairs.extend(find_repairs(self.messages, first_pair))
 
+    @property
+    def size(self) -> int:
+        """Bytes of the history's canonical encoding."""
+        return self._chain.size()
+
+    def count_missing(self, count: Callable[[Message], int]) -> int:
+        """Count every message not counted yet; returns how many were (safe in a worker thread
+        while nothing else changes this history)."""
+        counted = 0
+        for index, cached in enumerate(self._tokens):
+            if cached is None:
+                self._tokens[index] = count(self.messages[index])
+                counted += 1
+        return counted
+
     def tokens(self, index: int, count: Callable[[Message], int]) -> int:
         """Tokens of message ``index``, counted once while the message is unchanged."""
         cached = self._tokens[index]

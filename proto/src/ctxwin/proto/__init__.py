@@ -42,6 +42,7 @@ from ._results import (
     OptimizeFileReadsInMemoryResult,
     OptimizeFileReadsResult,
     PingResult,
+    PlanResult,
     PrepareRequestResult,
     RollbackResult,
     ShouldCompactResult,
@@ -63,7 +64,7 @@ from ._schema import (
     is_valid_task_id,
     validate_args,
 )
-from ._version import PROTOCOL_VERSION, __version__
+from ._version import FEATURES, PROTOCOL_VERSION, __version__
 
 __all__ = [
     "COMPACT_KEEP_VALUES",
@@ -71,6 +72,7 @@ __all__ = [
     "DIGEST_SIZE",
     "EMPTY_DIGEST",
     "ENDPOINT_ENV",
+    "FEATURES",
     "KEEP_VALUES",
     "OPS",
     "PROTOCOL_VERSION",
@@ -99,6 +101,7 @@ __all__ = [
     "OptimizeFileReadsInMemoryResult",
     "OptimizeFileReadsResult",
     "PingResult",
+    "PlanResult",
     "PrepareRequestResult",
     "ProtocolError",
     "Reply",

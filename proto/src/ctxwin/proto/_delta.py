@@ -34,13 +34,16 @@ def chain_digest(previous: bytes, message_hash: bytes) -> bytes:
 class DigestChain:
     """The prefix digests of a history that grows at the end and may be cut back.
 
-    ``digest(n)`` is ``D[n]`` for ``0 <= n <= len(self)``.
+    ``digest(n)`` is ``D[n]`` for ``0 <= n <= len(self)``; ``size(n)`` is the
+    encoded size of those ``n`` messages, which tells a holder what its copy
+    of the history weighs without walking it again.
     """
 
-    __slots__ = ("_prefix",)
+    __slots__ = ("_prefix", "_sizes")
 
     def __init__(self, messages: Iterable[Mapping[str, Any]] = ()) -> None:
         self._prefix = [EMPTY_DIGEST]
+        self._sizes = [0]
         self.extend(messages)
 
     def __len__(self) -> int:
@@ -57,6 +60,10 @@ class DigestChain:
             raise IndexError(f"no prefix of length {length} (chain covers {len(self)})")
         return self._prefix[length]
 
+    def size(self, length: int | None = None) -> int:
+        """Bytes of the canonical encoding of the first ``length`` messages (all by default)."""
+        return self._sizes[-1 if length is None else length]
+
     def matches(self, length: int, digest: object) -> bool:
         """Whether the prefix of ``length`` messages has ``digest``."""
         return 0 <= length < len(self._prefix) and self._prefix[length] == digest
@@ -64,13 +71,19 @@ class DigestChain:
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> None:
         """Append messages at the end."""
         last = self._prefix[-1]
+        size = self._sizes[-1]
         for message in messages:
-            last = chain_digest(last, message_digest(message))
+            encoded = pack(message)
+            message_hash = hashlib.blake2b(encoded, digest_size=DIGEST_SIZE).digest()
+            last = hashlib.blake2b(last + message_hash, digest_size=DIGEST_SIZE).digest()
+            size += len(encoded)
             self._prefix.append(last)
+            self._sizes.append(size)
 
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` messages."""
         del self._prefix[length + 1 :]
+        del self._sizes[length + 1 :]
 
 
 def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[Any]:

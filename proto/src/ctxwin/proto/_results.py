@@ -6,7 +6,7 @@ minor version); readers must ignore what they do not know.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from ._schema import DeletedRange, Message
 
@@ -25,6 +25,7 @@ __all__ = [
     "OptimizeFileReadsInMemoryResult",
     "OptimizeFileReadsResult",
     "PingResult",
+    "PlanResult",
     "PrepareRequestResult",
     "RollbackResult",
     "ShouldCompactResult",
@@ -39,6 +40,7 @@ class PingResult(TypedDict):
     pong: bool
     version: str
     proto: int
+    features: NotRequired[list[str]]
 
 
 class StatsResult(TypedDict):
@@ -74,11 +76,43 @@ class NextTruncationRangeResult(TypedDict):
 
 
 class PrepareRequestResult(TypedDict):
-    """``prepare_request`` (SPEC.md §7): the messages to send to the model."""
+    """``prepare_request`` (SPEC.md §7): the messages to send to the model.
+
+    ``stalled``: a compaction was due but could not make the view smaller.
+    With estimates asked for (``estimate``, ``proactive`` or ``strategy``):
+    ``estimated_tokens`` of the view (calibrated), whether it ``fits`` the
+    model's budget, the ``largest`` view messages as ``[index, tokens]`` when
+    it does not, and the task's ``calibration`` ratio.
+    """
 
     deleted_range: DeletedRange
     range_updated: bool
     messages: list[Message]
+    stalled: NotRequired[bool]
+    estimated_tokens: NotRequired[int]
+    fits: NotRequired[bool]
+    largest: NotRequired[list[list[int]]]
+    calibration: NotRequired[float]
+
+
+class PlanResult(TypedDict):
+    """``plan``: what ``prepare_request`` would do now; nothing is changed.
+
+    ``file_reads`` lists the duplicate reads it would replace
+    (``{index, block, edit_type, paths}``); ``tokens_before``/``tokens_after`` estimate the
+    view now and after; ``budget`` is the model's ``max_allowed_size``.
+    """
+
+    deleted_range: DeletedRange
+    range_updated: bool
+    file_reads: list[dict[str, Any]]
+    tokens_before: int
+    tokens_after: int
+    budget: float
+    fits: bool
+    stalled: bool
+    largest: list[list[int]] | None
+    calibration: float
 
 
 class TruncatedMessagesResult(TypedDict):
@@ -142,6 +176,8 @@ class InspectResult(TypedDict):
     updates: list[Any]
     deleted_range: DeletedRange
     dirty: bool
+    calibration: NotRequired[dict[str, float]]
+    history: NotRequired[int | None]
 
 
 class FlushResult(TypedDict):
@@ -169,6 +205,7 @@ RESULT_FIELDS: dict[str, tuple[str, ...]] = {
     "should_compact": ("compact", "total_tokens", "threshold_tokens"),
     "next_truncation_range": ("deleted_range",),
     "prepare_request": ("deleted_range", "range_updated", "messages"),
+    "plan": ("deleted_range", "range_updated", "tokens_before", "tokens_after", "fits"),
     "truncated_messages": ("messages",),
     "optimize_file_reads": ("changed", "need_to_truncate", "percent_saved"),
     "optimize_file_reads_in_memory": ("changed", "need_to_truncate", "messages"),

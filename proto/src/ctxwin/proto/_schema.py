@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict
 
+from ._delta import DIGEST_SIZE
 from ._errors import ErrorCode, ProtocolError
 
 TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -21,6 +22,10 @@ TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 KEEP_VALUES = ("none", "lastTwo", "half", "quarter")
 COMPACT_KEEP_VALUES = ("quarter", "none")
 USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
+VIEW_VALUES = ("list", "patch")
+STRATEGY_VALUES = ("default", "fit")
+DELTA_FIELDS = ("base", "base_digest", "append")
+"""Sent instead of ``messages`` by a caller that syncs by delta (DESIGN.md, delta sync)."""
 
 Keep = Literal["none", "lastTwo", "half", "quarter"]
 DeletedRange = list[int] | None
@@ -149,6 +154,16 @@ def _check_optional_usage(value: object) -> None:
         _check_usage(value)
 
 
+def _check_base(value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _Invalid("must be a non-negative integer (a prefix length)")
+
+
+def _check_digest(value: object) -> None:
+    if not isinstance(value, bytes) or len(value) != DIGEST_SIZE:
+        raise _Invalid(f"must be {DIGEST_SIZE} bytes (the prefix digest)")
+
+
 def _check_range(value: object) -> None:
     if value is None:
         return
@@ -188,6 +203,13 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "use_auto_condense": _check_bool,
     "text": _check_str,
     "ephemeral": _check_bool,
+    "append": _check_messages,
+    "base": _check_base,
+    "base_digest": _check_digest,
+    "view": _one_of(VIEW_VALUES),
+    "strategy": _one_of(STRATEGY_VALUES),
+    "proactive": _check_bool,
+    "estimate": _check_bool,
 }
 
 
@@ -222,6 +244,20 @@ class OpSpec:
 
 
 _OPEN = ("ephemeral",)
+_HISTORY = (("messages", "append"),)
+_DELTA = ("base", "base_digest", "view")
+_BUDGETING = ("strategy", "proactive", "estimate")
+
+
+def _history_op(
+    name: str,
+    required: tuple[str, ...],
+    optional: tuple[str, ...] = (),
+    checks: Mapping[str, Callable[[object], None]] | None = None,
+) -> OpSpec:
+    """An op over a task's history: ``messages``, or a delta on the history sent before."""
+    return OpSpec(name, required, (*optional, *_DELTA, *_OPEN), _HISTORY, checks)
+
 
 OPS: dict[str, OpSpec] = {
     spec.name: spec
@@ -231,25 +267,25 @@ OPS: dict[str, OpSpec] = {
         OpSpec("context_window_info", ("model",)),
         OpSpec("should_compact", ("usage", "model"), ("threshold", "task", "messages")),
         OpSpec("next_truncation_range", ("messages", "deleted_range", "keep")),
-        OpSpec(
+        _history_op(
             "prepare_request",
-            ("task", "messages", "model"),
-            ("previous_request", "use_auto_condense", "deleted_range", *_OPEN),
+            ("task", "model"),
+            ("previous_request", "use_auto_condense", "deleted_range", *_BUDGETING),
         ),
-        OpSpec("truncated_messages", ("task", "messages"), ("deleted_range", *_OPEN)),
-        OpSpec("optimize_file_reads", ("task", "messages", "ts"), ("deleted_range", *_OPEN)),
-        OpSpec(
-            "optimize_file_reads_in_memory", ("task", "messages", "ts"), ("deleted_range", *_OPEN)
+        _history_op(
+            "plan",
+            ("task", "model"),
+            ("previous_request", "use_auto_condense", "strategy", "proactive"),
         ),
-        OpSpec("compact_subagent", ("task", "messages"), ("deleted_range", *_OPEN)),
-        OpSpec("apply_truncation_notice", ("task", "ts", "messages"), _OPEN),
-        OpSpec(
-            "compact",
-            ("task", "messages", "keep", "ts"),
-            _OPEN,
-            checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
+        _history_op("truncated_messages", ("task",), ("deleted_range",)),
+        _history_op("optimize_file_reads", ("task", "ts"), ("deleted_range",)),
+        _history_op("optimize_file_reads_in_memory", ("task", "ts"), ("deleted_range",)),
+        _history_op("compact_subagent", ("task",), ("deleted_range",)),
+        _history_op("apply_truncation_notice", ("task", "ts")),
+        _history_op(
+            "compact", ("task", "keep", "ts"), checks={"keep": _one_of(COMPACT_KEEP_VALUES)}
         ),
-        OpSpec("condensed", ("task", "messages"), _OPEN),
+        _history_op("condensed", ("task",)),
         OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN)),
         OpSpec("inspect", ("task",), _OPEN),
         OpSpec("flush", (), ("task",)),
@@ -291,6 +327,13 @@ def validate_args(op: str, args: Mapping[str, Any]) -> OpSpec:
     if unknown:
         raise ProtocolError(
             ErrorCode.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(map(str, unknown))}"
+        )
+    if ("append" in args) != ("base" in args and "base_digest" in args) or (
+        "messages" in args and ("base" in args or "base_digest" in args)
+    ):
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST,
+            f"{op}: give either messages, or base, base_digest and append together",
         )
     # The task id first: a bad one must be refused as such, whatever else is wrong.
     if "task" in args:
