@@ -350,8 +350,7 @@ class TaskActor:
             try:
                 self.history.apply(args["base"], args["base_digest"], args["append"])
             except engine.ResyncRequired as exc:
-                self.history = None
-                self.system.histories.update(self)
+                # Kept: the whole list that follows shares most of it (and its caches).
                 raise proto.ProtocolError(proto.ErrorCode.RESYNC_REQUIRED, str(exc)) from None
         elif self.history is not None:
             self.history.replace(args["messages"])

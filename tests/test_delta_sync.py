@@ -1,0 +1,238 @@
+"""Delta sync end to end: the client library against the real daemon, views equal to full mode."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwin import proto
+from ctxwin.client import Client, Task
+from ctxwin.client._core import Call, DeltaSync
+from tests._client_fake import FakeRouter, error, ok
+from tests._daemon import DaemonProcess
+from tests._scenarios import (
+    PLACEHOLDER_NOTICES,
+    Scenario,
+    expand_args,
+    expected_value,
+    load_scenarios,
+)
+
+SCENARIOS = load_scenarios()
+NOTICE_ENV = {
+    "CTXWIN_TRUNCATION_NOTICE": PLACEHOLDER_NOTICES["truncation"],
+    "CTXWIN_DUPLICATE_FILE_READ_NOTICE": PLACEHOLDER_NOTICES["duplicate_file_read"],
+    "CTXWIN_FIRST_USER_NOTICE": PLACEHOLDER_NOTICES["first_user"],
+    "CTXWIN_MISSING_RESULT": PLACEHOLDER_NOTICES["missing_result"],
+}
+HISTORY_OPS = {op for op, spec in proto.OPS.items() if ("messages", "append") in spec.one_of}
+MODEL = {"id": "claude-sonnet-4-5", "context_window": 200_000}
+
+
+@pytest.fixture(scope="module")
+def delta_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """A daemon with the scenarios' placeholder notices."""
+    process = DaemonProcess(tmp_path_factory.mktemp("delta"), env=NOTICE_ENV)
+    process.start()
+    try:
+        yield process
+    finally:
+        assert process.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def delta_client(delta_daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(delta_daemon.endpoint, timeout=30) as client:
+        yield client
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario_by_delta_gives_the_same_results(
+    scenario: Scenario, delta_daemon: DaemonProcess, delta_client: Client
+) -> None:
+    """Every scenario's expected results, with history ops sent by the library's delta sync."""
+    if scenario.initial_updates is not None:
+        task_dir = delta_daemon.task_dir(scenario.task)
+        task_dir.mkdir(parents=True)
+        (task_dir / "context_history.json").write_text(json.dumps(scenario.initial_updates))
+    sync = DeltaSync()
+    deltas = 0
+    for number, step in enumerate(scenario.steps):
+        args = expand_args(step["args"], scenario.conversation)
+        op = step["op"]
+        if op in HISTORY_OPS and "messages" in args:
+            messages = args.pop("messages")
+            call = sync.call(Call(op, args), messages)
+            deltas += "append" in call.args
+            result: dict[str, Any] = dict(delta_client.call(call))
+        else:
+            result = dict(delta_client.call(Call(op, args)))
+        for key, expected in step["expect"].items():
+            left, right = expected_value(expected, result.get(key))
+            assert left == right, f"step {number} ({op}): {key}"
+    history_steps = sum(step["op"] in HISTORY_OPS for step in scenario.steps)
+    assert deltas == max(history_steps - 1, 0), "every history op after the first is a delta"
+    delta_client.close_task(scenario.task)
+
+
+def conversation(turns: int, tag: str = "") -> list[dict[str, Any]]:
+    """A task: its first pair, then ``turns`` turns re-reading one file."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": f"<task>Fix parser{tag}</task>"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Reading it."}]},
+    ]
+    for index in range(turns):
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "[read_file for 'src/parser.py'] Result:"},
+                    {"type": "text", "text": f"def parse(): return {index}\n" * 20},
+                ],
+            }
+        )
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": f"ok {index}"}]})
+    return messages
+
+
+def both(client: Client, name: str) -> tuple[Task, Task]:
+    """A task synced by delta and its twin sent whole lists, for comparing views."""
+    return client.task(f"{name}-delta"), client.task(f"{name}-full", delta=False)
+
+
+def same_views(delta: Task, full: Task, messages: list[dict[str, Any]], ts: int) -> None:
+    """Both handles answer optimise-then-view with equal results."""
+    assert full.optimize_file_reads(messages, ts=ts) == delta.optimize_file_reads(messages, ts=ts)
+    expected = full.truncated_messages(messages)
+    assert expected == delta.truncated_messages(messages)
+    usage = {"ts": ts, "tokens_in": 190_000, "tokens_out": 500}
+    want = full.prepare_request(messages, MODEL, previous_request=usage)
+    assert want == delta.prepare_request(messages, MODEL, previous_request=usage)
+
+
+def refusals(daemon: DaemonProcess, code: str) -> int:
+    return daemon.log().count(f'"code": "{code}"')
+
+
+def test_turns_append_and_views_match_full_mode(delta_daemon: DaemonProcess) -> None:
+    """Turn after turn the delta handle sends only new messages and sees the full-mode views."""
+    with Client(delta_daemon.endpoint) as client:
+        delta, full = both(client, "turns")
+        messages = conversation(2)
+        for turn in range(6):
+            same_views(delta, full, messages, 1_000 + turn)
+            messages = [*messages, *conversation(turn + 3)[-2:]]
+        held = delta.inspect()["history"]
+        assert held == len(messages) - 2  # the last turn's messages are not sent yet
+        assert full.inspect()["history"] is None  # whole lists are not kept
+        assert delta.delta
+
+
+def test_a_rewritten_history_and_a_dropped_tail_resync_or_cut(delta_daemon: DaemonProcess) -> None:
+    """Messages replaced in the middle and a dropped trailing message give full-mode views."""
+    with Client(delta_daemon.endpoint) as client:
+        delta, full = both(client, "rewrite")
+        messages = conversation(5)
+        same_views(delta, full, messages, 10)
+        rewritten = copy.deepcopy(messages)
+        rewritten[4]["content"][1]["text"] = "def parse(): return 'rewritten'\n"
+        same_views(delta, full, rewritten, 11)
+        dropped = rewritten[:-1]  # a resumed task drops its unanswered last message
+        same_views(delta, full, dropped, 12)
+        assert delta.inspect()["history"] == len(dropped)
+        # In-place edits of old messages need resync(): then the whole list goes once.
+        dropped[2]["content"][1]["text"] = "edited in place\n"
+        delta.resync()
+        same_views(delta, full, dropped, 13)
+
+
+def test_resync_after_restart_and_idle_eviction(tmp_path: Path) -> None:
+    """After a daemon restart and after an idle eviction the next delta resyncs by itself."""
+    daemon = DaemonProcess(tmp_path, "--idle-timeout", "0.3")
+    daemon.start()
+    try:
+        with Client(daemon.endpoint, timeout=30) as client:
+            delta, full = both(client, "restart")
+            messages = conversation(4)
+            same_views(delta, full, messages, 20)
+            assert refusals(daemon, "resync_required") == 0
+            daemon.restart()
+            messages = [*messages, *conversation(5)[-2:]]
+            same_views(delta, full, messages, 21)
+            assert refusals(daemon, "resync_required") == 1
+            time.sleep(1.0)  # both tasks' actors stop, and their kept histories with them
+            assert '"event": "actor_stopped"' in daemon.log()
+            messages = [*messages, *conversation(6)[-2:]]
+            same_views(delta, full, messages, 22)
+            assert refusals(daemon, "resync_required") == 2
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_memory_cap_evicts_the_least_recently_used_history(tmp_path: Path) -> None:
+    """With room for one history, using another task drops the first one's copy."""
+    daemon = DaemonProcess(tmp_path, "--history-cache-mb", "0")
+    daemon.start()
+    try:
+        with Client(daemon.endpoint) as client:
+            first, second = client.task("lru-a"), client.task("lru-b")
+            messages = conversation(3)
+            first.truncated_messages(messages)
+            assert first.inspect()["history"] == len(messages)
+            second.truncated_messages(messages)
+            assert first.inspect()["history"] is None
+            assert second.inspect()["history"] == len(messages)
+            view = first.truncated_messages([*messages, *conversation(4)[-2:]])["messages"]
+            assert len(view) == len(messages) + 2
+            assert refusals(daemon, "resync_required") == 1
+            assert '"event": "history_evicted"' in daemon.log()
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_wire_refusals_of_bad_deltas(delta_daemon: DaemonProcess) -> None:
+    """A delta on a task without a kept history, or with a wrong digest, is resync_required."""
+    messages = conversation(2)
+    args = {"task": "raw-delta", "base": 0, "base_digest": bytes(16), "append": messages}
+    reply = delta_daemon.call("truncated_messages", args)
+    assert (reply.ok, reply.code) == (False, "resync_required")
+    assert "send the whole list" in (reply.message or "")
+    full = delta_daemon.call(
+        "truncated_messages", {"task": "raw-delta", "messages": messages, "view": "patch"}
+    )
+    assert full.ok
+    assert full.result is not None
+    assert full.result["patch"] == {"length": len(messages), "keep_from": 2, "overrides": []}
+    chain = proto.DigestChain(messages)
+    wrong = {**args, "base": 3, "base_digest": chain.digest(2)}
+    reply = delta_daemon.call("truncated_messages", wrong)
+    assert (reply.ok, reply.code) == (False, "resync_required")
+    right = {**args, "base": 3, "base_digest": chain.digest(3), "append": messages[3:]}
+    reply = delta_daemon.call("truncated_messages", right)
+    assert reply.ok
+    assert reply.result is not None
+    assert reply.result["messages"] == messages
+
+
+def test_a_daemon_without_delta_sync_gets_whole_lists(tmp_path: Path) -> None:
+    """A daemon that refuses the delta fields turns delta sync off for the handle."""
+
+    def old_daemon(request: proto.Request) -> list[bytes]:
+        unknown = sorted({"base", "base_digest", "append", "view"} & set(request.args))
+        if unknown:
+            return error(request, "bad_request", f"{request.op}: unknown argument(s) {unknown}")
+        return ok(request, {"messages": request.args["messages"]})
+
+    messages = conversation(1)
+    with FakeRouter(tmp_path, old_daemon) as router, Client(router.endpoint) as client:
+        task = client.task("old")
+        assert task.truncated_messages(messages)["messages"] == messages
+        assert not task.delta
+        assert task.truncated_messages(messages)["messages"] == messages
+        assert ["view" in request.args for request in router.requests] == [True, False, False]
