@@ -32,7 +32,7 @@ NOTICE_ENV = {
     "CTXWIN_MISSING_RESULT": PLACEHOLDER_NOTICES["missing_result"],
 }
 HISTORY_OPS = {op for op, spec in proto.OPS.items() if ("messages", "append") in spec.one_of}
-MODEL = {"id": "claude-sonnet-4-5", "context_window": 200_000}
+MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_scenario_by_delta_gives_the_same_results(
         op = step["op"]
         if op in HISTORY_OPS and "messages" in args:
             messages = args.pop("messages")
-            call = sync.call(Call(op, args), messages)
+            call: Call[Any] = sync.call(Call(op, args), messages)
             deltas += "append" in call.args
             result: dict[str, Any] = dict(delta_client.call(call))
         else:
@@ -111,7 +111,7 @@ def same_views(delta: Task, full: Task, messages: list[dict[str, Any]], ts: int)
     assert full.optimize_file_reads(messages, ts=ts) == delta.optimize_file_reads(messages, ts=ts)
     expected = full.truncated_messages(messages)
     assert expected == delta.truncated_messages(messages)
-    usage = {"ts": ts, "tokens_in": 190_000, "tokens_out": 500}
+    usage: proto.Usage = {"ts": ts, "tokens_in": 190_000, "tokens_out": 500}
     want = full.prepare_request(messages, MODEL, previous_request=usage)
     assert want == delta.prepare_request(messages, MODEL, previous_request=usage)
 
