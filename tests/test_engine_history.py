@@ -12,7 +12,7 @@ from ctxwin.engine import History, Notices, ResyncRequired, TaskState, view_patc
 from ctxwin.engine._view import find_repairs
 from ctxwin.proto import DigestChain, apply_view_patch
 from tests._scenarios import PLACEHOLDER_NOTICES, expand_args, load_scenarios
-from tests._strategies import conversations, operations, run_all
+from tests._strategies import apply, conversations, operations, run_all
 
 
 def messages(count: int, tag: str = "") -> list[dict[str, Any]]:
@@ -155,3 +155,32 @@ def test_incremental_history_matches_the_full_engine(
     view = state.truncated_messages(history.messages)
     patch = view_patch(view, history.messages, state.deleted_range)
     assert view == apply_view_patch(messages, patch)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    conversations(),
+    operations,
+    st.lists(st.integers(0, 24), min_size=1, max_size=8),
+    st.lists(st.integers(0, 24), max_size=4),
+)
+def test_reused_views_match_fresh_ones_turn_by_turn(
+    messages: list[dict[str, Any]],
+    ops: list[tuple[str, Any]],
+    cuts: list[int],
+    ranges: list[int],
+) -> None:
+    """Views built on the last one (after appends, cut backs, edits, moves) equal fresh ones."""
+    history = History()
+    state = TaskState()
+    for turn, cut in enumerate([*cuts, len(messages)]):
+        prefix = messages[: min(cut, len(messages))]
+        history.replace(prefix)
+        if ops:
+            apply(state, list(history.messages), ops[turn % len(ops)], (turn + 1) * 1000)
+        if ranges and turn % 2:
+            end = ranges[turn % len(ranges)]
+            state.deleted_range = [2, end] if end >= 2 else None
+        for _ in range(2):  # the second view comes from the cache untouched
+            fresh = state.truncated_messages(list(history.messages))
+            assert fresh == state.truncated_messages(history.messages), f"turn {turn}"

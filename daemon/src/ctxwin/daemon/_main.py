@@ -27,7 +27,11 @@ _RECURSION_LIMIT = 20_000
 
 
 def raise_open_files_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; libzmq aborts on EMFILE.
+    """Raise the soft RLIMIT_NOFILE to the hard limit: every client connection is a descriptor.
+
+    The server accepts connections only while descriptors are left (libzmq
+    aborts on EMFILE from an ipc accept) and refuses to start when the limit
+    leaves room for too few clients.
 
     Returns:
         The soft limit now in effect.

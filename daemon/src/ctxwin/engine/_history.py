@@ -9,6 +9,8 @@ are unchanged, which is what :func:`view_patch` relies on.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +52,7 @@ class History:
             common += 1
         del self.messages[common:]
         self.messages.extend(messages[common:])
+        self.messages.changed_from(common)
         self._chain = fresh
         self._tokens = self._tokens[:common] + [None] * (len(messages) - common)
         self._recheck_pairs(common)
@@ -68,6 +71,7 @@ class History:
                 "does not have the given digest; send the whole list"
             )
         del self.messages[base:]
+        self.messages.changed_from(base)
         del self._tokens[base:]
         self._chain.truncate(base)
         self.messages.extend(append)
@@ -128,10 +132,15 @@ def view_patch(
     """
     start = keep_from(deleted_range)
     length = len(history)
-    origins = range(length) if length < 2 else [0, 1, *range(start, length)]
-    overrides = [
-        [origin, message]
-        for origin, message in zip(origins, view, strict=True)
-        if message is not history[origin]
-    ]
+    if length < 2:
+        kept: list[Message] = list(history)
+        shift = 0
+    else:
+        kept = [history[0], history[1], *history[start:]]
+        shift = start - 2  # history index of view position p >= 2 is p + shift
+    if len(kept) != len(view):
+        raise ValueError(f"a view of {len(view)} messages is not one of this history")
+    # Positions whose message is not the history's own object (a C-speed scan).
+    changed = itertools.compress(range(len(view)), map(operator.is_not, view, kept))
+    overrides = [[place if place < 2 else place + shift, view[place]] for place in changed]
     return {"length": length, "keep_from": start, "overrides": overrides}

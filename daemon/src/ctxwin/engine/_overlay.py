@@ -65,10 +65,11 @@ def _check_update(update: object, where: str) -> Update:
 class Overlay:
     """``{message_index: MessageUpdates}``: edits applied to the view, never to the history."""
 
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "version")
 
     def __init__(self) -> None:
         self.messages: dict[int, MessageUpdates] = {}
+        self.version = 0  # grows with every change, so views built from it can be reused
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -87,11 +88,13 @@ class Overlay:
         found = self.messages.get(index)
         if found is None:
             found = self.messages[index] = MessageUpdates(edit_type)
+            self.version += 1
         return found
 
     def append(self, index: int, edit_type: int, block: int, update: Update) -> None:
         """Add ``update`` as the newest edit of one block."""
         self.entry(index, edit_type).blocks.setdefault(block, []).append(update)
+        self.version += 1
 
     def copy(self) -> Overlay:
         """A copy whose block lists are its own (updates are never changed in place)."""
@@ -125,6 +128,8 @@ class Overlay:
                     del entry.blocks[block]
             if not entry.blocks:
                 del self.messages[index]
+        if removed:
+            self.version += 1
         return removed
 
     def dump(self) -> list[Any]:

@@ -123,11 +123,19 @@ class KnownPairs(list[Message]):
     range or the overlay changed, instead of every pair.
     """
 
-    __slots__ = ("repairs",)
+    __slots__ = ("clean_until", "repairs", "view_cache")
 
     def __init__(self, messages: Sequence[Message] = ()) -> None:
         super().__init__(messages)
         self.repairs: list[int] = find_repairs(self)
+        # The last view built from this history and what it depended on; messages
+        # from ``clean_until`` on changed since (History lowers it on every change).
+        self.view_cache: tuple[tuple[Any, ...], list[Message]] | None = None
+        self.clean_until = 0
+
+    def changed_from(self, index: int) -> None:
+        """Note that messages from ``index`` on were replaced, cut or appended."""
+        self.clean_until = min(self.clean_until, index)
 
 
 def truncated_messages(
@@ -150,6 +158,38 @@ def truncated_messages(
     if len(messages) < 2:
         return list(messages)
     start = keep_from(deleted_range)
+    if isinstance(messages, KnownPairs) and overlay is not None:
+        return _cached_view(messages, start, overlay, notices)
+    return _build_view(messages, start, overlay, notices)
+
+
+def _cached_view(
+    messages: KnownPairs, start: int, overlay: Overlay, notices: Notices
+) -> list[Message]:
+    """The view, reusing the last one built from this history where it still holds.
+
+    A view message at history index ``i`` depends only on messages ``<= i``,
+    the range start, the overlay and the notices; so after an append (or a cut
+    back) with those unchanged, the old view up to the first changed message
+    stands and only the tail is built, including the pair across the seam.
+    """
+    key = (start, overlay, overlay.version, notices)
+    cached = messages.view_cache
+    first = messages.clean_until
+    if cached is not None and cached[0] == key and first > start + 1:
+        seam = first - start + 2  # view position of history index ``first``
+        view = [*cached[1][:seam], *messages[first:]]
+        _finish_view(messages, view, start, first, {seam - 1}, overlay, notices)
+    else:
+        view = _build_view(messages, start, overlay, notices)
+    messages.view_cache = (key, view)
+    messages.clean_until = len(messages)
+    return list(view)
+
+
+def _build_view(
+    messages: Sequence[Message], start: int, overlay: Overlay | None, notices: Notices
+) -> list[Message]:
     view = [messages[0], messages[1], *messages[start:]]
     changed = {0, 1}  # positions whose pairs are always checked afresh
     if start > FIRST_REMOVABLE and len(view) > 2:
@@ -170,15 +210,36 @@ def truncated_messages(
             entry = overlay.get(original)
             if entry is not None:
                 view[position] = apply_overlay(view[position], entry)
+    _finish_view(messages, view, start, start, changed, overlay, notices)
+    return view
+
+
+def _finish_view(
+    messages: Sequence[Message],
+    view: list[Message],
+    start: int,
+    first: int,
+    changed: set[int],
+    overlay: Overlay | None,
+    notices: Notices,
+) -> None:
+    """Apply the overlay to history indices ``>= first`` of ``view`` and repair its pairs.
+
+    ``changed`` holds view positions whose pairs must be checked besides the
+    ones the overlay touches (and, for a :class:`KnownPairs` history, the
+    pairs it knows need repair); without a known history every pair is.
+    """
+    offset = 2 - start  # view position of history index i >= start is i + offset
+    if overlay:
         for original, entry in overlay.items():
-            if original >= start and original < len(messages):
-                position = original - start + 2
+            if original >= first and original < len(messages):
+                position = original + offset
                 view[position] = apply_overlay(view[position], entry)
                 changed.update((position - 1, position))
     if isinstance(messages, KnownPairs):
         # Pairs of two untouched history messages repair as the history's own pairs do.
-        offset = 2 - start
-        changed.update(index + offset for index in messages.repairs if index >= start)
+        low = max(first - 1, start)
+        changed.update(index + offset for index in messages.repairs if index >= low)
         positions: Iterable[int] = sorted(p for p in changed if p < len(view) - 1)
     else:
         positions = range(len(view) - 1)
@@ -186,4 +247,3 @@ def truncated_messages(
         ids = _tool_use_ids(view[position])
         if ids and view[position + 1].get("role") == "user":
             view[position + 1] = repair_tool_results(ids, view[position + 1], notices)
-    return view

@@ -12,6 +12,8 @@ first ``base`` messages are the ones the daemon already holds.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -106,13 +108,22 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
         or length != len(history)
     ):
         raise ValueError("view patch does not match the history it is applied to")
-    origins = list(range(length)) if length < 2 else [0, 1, *range(max(keep_from, 2), length)]
-    view = [history[origin] for origin in origins]
-    position = {origin: place for place, origin in enumerate(origins)}
+    if length < 2:
+        view, start, shift = list(history), 0, 0
+    else:
+        start = max(keep_from, 2)
+        view = [history[0], history[1], *history[start:]]
+        shift = start - 2  # view position of origin i >= start is i - shift
     for item in overrides:
-        if not isinstance(item, list) or len(item) != 2 or item[0] not in position:
+        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
             raise ValueError("view patch overrides an index that is not in the view")
-        view[position[item[0]]] = item[1]
+        origin = item[0]
+        if 0 <= origin < 2:
+            view[origin] = item[1]
+        elif start <= origin < length:
+            view[origin - shift] = item[1]
+        else:
+            raise ValueError("view patch overrides an index that is not in the view")
     return view
 
 
@@ -145,10 +156,13 @@ class DeltaSender:
 
     def _common_prefix(self, messages: Sequence[Any]) -> int:
         limit = min(len(self._sent), len(messages))
-        common = 0
-        trusted = len(self._sent) - RECHECKED_TAIL
-        while common < limit and common < trusted and messages[common] is self._sent[common]:
-            common += 1
+        trusted = max(min(limit, len(self._sent) - RECHECKED_TAIL), 0)
+        mine, sent = messages[:trusted], self._sent[:trusted]
+        if mine == sent:  # list equality tries identity first: a pointer walk when unchanged
+            common = trusted
+        else:  # the first message that is not the very object sent
+            differs = map(operator.is_not, mine, sent)
+            common = next(itertools.compress(itertools.count(), differs), trusted)
         while common < limit:
             if chain_digest(self._chain.digest(common), message_digest(messages[common])) != (
                 self._chain.digest(common + 1)
