@@ -223,3 +223,29 @@ def test_replay_of_the_real_corpus(shared: DaemonProcess) -> None:
     assert report["totals"]["truncations"] >= 1
     assert report["totals"]["tokens_saved"] > 100_000
     assert report["final_range"][0] == 2
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="the shared corpus is not next to the checkout")
+def test_replay_shows_estimates_against_reported_usage_and_plots(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """Each turn has the daemon's estimate and the reported usage; calibration closes the gap."""
+    picture = tmp_path / "tokens.png"
+    code, out, err = run(
+        "--endpoint", shared.endpoint, "replay", str(CORPUS), "--json", "--plot", str(picture)
+    )
+    assert 0 == code, err
+    turns = json.loads(out)["per_turn"]
+    assert 222 == len(turns)
+    assert all(turn["estimated"] > 0 for turn in turns)
+    assert turns[-1]["reported"] is None  # the last request has no answer in the file
+    late = [turn for turn in turns[len(turns) // 2 :] if turn["reported"]]
+    errors = sorted(abs(turn["estimated"] / turn["reported"] - 1) for turn in late)
+    assert errors[len(errors) // 2] < 0.15, "calibrated estimates track the reported usage"
+    assert turns[-1]["calibration"] != 1.0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert picture.stat().st_size > 10_000
+    code, out, _ = run("--endpoint", shared.endpoint, "replay", str(CORPUS), "--per-turn")
+    assert 0 == code
+    assert "final calibration" in out
+    assert len([line for line in out.splitlines() if " est/rep " in line]) == 1

@@ -22,10 +22,12 @@ from ._core import DEFAULT_TIMEOUT
 from ._errors import CtxwinError, DaemonUnavailableError
 from ._replay import (
     ReplayReport,
+    ReplayTurn,
     chars_of,
     default_model,
     load_history,
     parse_updates,
+    plot,
     replay,
     text_of,
 )
@@ -156,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep",
         action="store_true",
         help="keep the task: persistent and not closed at the end (default: ephemeral)",
+    )
+    play.add_argument(
+        "--per-turn", action="store_true", help="list every turn's estimate, not a sample"
+    )
+    play.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw tokens per turn, the budget and truncations (needs ctxwin-client[plot])",
     )
     play.add_argument(
         "--progress",
@@ -362,14 +373,50 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     )
     if not args.keep:
         client.close_task(task_id)
+    if args.plot is not None:
+        try:
+            plot(report, args.plot)
+        except ImportError:
+            err.write("ctxwin: --plot needs matplotlib: pip install 'ctxwin-client[plot]'\n")
+            return EXIT_USAGE
     if args.json:
         _print_json({**report.as_dict(), "task": task_id}, out)
     else:
-        _write_report(report, task_id, out)
+        _write_report(report, task_id, out, args.per_turn)
+        if args.plot is not None:
+            out.write(f"plot written to {args.plot}\n")
     return EXIT_OK
 
 
-def _write_report(report: ReplayReport, task_id: str, out: TextIO) -> None:
+def _sampled(rows: list[ReplayTurn], events: set[int], every: int) -> list[ReplayTurn]:
+    """Every ``every``-th turn, the last one, and the turns of events."""
+    return [
+        row
+        for index, row in enumerate(rows)
+        if index % every == 0 or index == len(rows) - 1 or row.turn in events
+    ]
+
+
+def _write_turns(report: ReplayReport, out: TextIO, every: int) -> None:
+    rows = _sampled(report.per_turn, {event.turn for event in report.events}, every)
+    _table(
+        [
+            (
+                row.turn,
+                row.sent,
+                f"{row.estimated:,}",
+                "-" if row.reported is None else f"{row.reported:,}",
+                "-" if not row.reported else f"{row.estimated / row.reported:.2f}",
+                f"{row.calibration:.3f}",
+            )
+            for row in rows
+        ],
+        ("turn", "sent", "estimated", "reported", "est/rep", "calibration"),
+        out,
+    )
+
+
+def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: bool = False) -> None:
     totals = report.totals()
     out.write(
         f"replayed {report.turns} turns of {report.file} ({report.messages} messages) "
@@ -404,6 +451,14 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO) -> None:
         f"final range {_range(report.final_range)}; the last request sent "
         f"{report.last_request_messages} of {report.messages} messages\n"
     )
+    if report.per_turn:
+        every = 1 if per_turn else max(1, len(report.per_turn) // 20)
+        out.write(
+            "estimated vs reported input tokens per turn"
+            + ("" if every == 1 else f" (every {every}th turn and events; --per-turn for all)")
+            + f"; final calibration {report.per_turn[-1].calibration:.3f}\n"
+        )
+        _write_turns(report, out, every)
 
 
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace, TextIO, TextIO], int]] = {

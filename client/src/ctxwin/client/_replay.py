@@ -55,6 +55,26 @@ class ReplayEvent:
 
 
 @dataclass(slots=True)
+class ReplayTurn:
+    """One model request of the replay: what the daemon estimated and what was reported.
+
+    Attributes:
+        turn: 1-based request number.
+        sent: messages in the request's view.
+        estimated: the daemon's calibrated estimate of the view's tokens.
+        reported: the request's reported input tokens (from the answer's
+            metrics, else counted), or None for the last turn with no answer.
+        calibration: the task's ratio of reported to estimated tokens then.
+    """
+
+    turn: int
+    sent: int
+    estimated: int
+    reported: int | None
+    calibration: float
+
+
+@dataclass(slots=True)
 class ReplayReport:
     """What a replay did, for people (``format``) and machines (``as_dict``)."""
 
@@ -66,6 +86,7 @@ class ReplayReport:
     max_allowed_size: float
     usage_source: str
     events: list[ReplayEvent] = field(default_factory=list)
+    per_turn: list[ReplayTurn] = field(default_factory=list)
     final_range: DeletedRange = None
     peak_tokens: int = 0
     last_request_messages: int = 0
@@ -233,7 +254,7 @@ def replay(
     clock = now_ms()
     previous: Usage | None = None
     for turn, end in enumerate(points, start=1):
-        sent = task.prepare_request(history[:end], model, previous_request=previous)
+        sent = task.prepare_request(history[:end], model, previous_request=previous, estimate=True)
         new_range = sent["deleted_range"]
         if new_range != deleted_range and new_range is not None:
             first = deleted_range[1] + 1 if deleted_range else 2
@@ -262,6 +283,15 @@ def replay(
         previous = _usage_after(client, answer, sent["messages"], clock + turn)
         if previous is not None:
             report.peak_tokens = max(report.peak_tokens, total_tokens(previous))
+        report.per_turn.append(
+            ReplayTurn(
+                turn=turn,
+                sent=len(sent["messages"]),
+                estimated=sent.get("estimated_tokens", 0),
+                reported=None if previous is None else input_tokens(previous),
+                calibration=sent.get("calibration", 1.0),
+            )
+        )
         report.last_request_messages = len(sent["messages"])
         if progress is not None:
             progress(turn, len(points), deleted_range)
@@ -329,6 +359,44 @@ def _usage_after(
     if isinstance(tokens, Mapping):
         return usage_from_metrics(tokens, ts=ts)
     return Usage(ts=ts, tokens_in=_tokens(client, sent), tokens_out=_tokens(client, [answer]))
+
+
+def input_tokens(usage: Usage) -> int:
+    """The prompt side of a usage: what an estimate of the view is compared with."""
+    return (
+        (usage.get("tokens_in") or 0)
+        + (usage.get("cache_writes") or 0)
+        + (usage.get("cache_reads") or 0)
+    )
+
+
+def plot(report: ReplayReport, path: Path) -> None:
+    """Draw reported and estimated tokens per turn, the budget line and every truncation.
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install 'ctxwin-client[plot]'``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    turns = [row.turn for row in report.per_turn]
+    figure, axes = plt.subplots(figsize=(10, 5))
+    axes.plot(turns, [row.estimated for row in report.per_turn], label="estimated (calibrated)")
+    reported = [(row.turn, row.reported) for row in report.per_turn if row.reported is not None]
+    axes.plot([t for t, _ in reported], [r for _, r in reported], label="reported")
+    axes.axhline(report.max_allowed_size, color="red", linestyle="--", label="max allowed")
+    cuts = [event.turn for event in report.events if event.kind == "truncation"]
+    for index, turn in enumerate(cuts):
+        axes.axvline(turn, color="grey", alpha=0.5, label="truncation" if index == 0 else None)
+    axes.set_xlabel("turn")
+    axes.set_ylabel("input tokens")
+    axes.set_title(f"{Path(report.file).name}: {report.model.get('id')}")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
 
 
 def default_model(history: Sequence[Mapping[str, Any]], window: int | None) -> Model:
