@@ -26,14 +26,15 @@ def python_blocks(text: str, heading: str = SECTION) -> list[str]:
 
 
 def test_the_quick_start_has_sync_and_async_code() -> None:
-    """The section holds a blocking and an asyncio example."""
+    """The section holds a blocking, an asyncio and a delta-sync/estimates example."""
     blocks = python_blocks(README.read_text())
-    assert 2 == len(blocks)
+    assert 3 == len(blocks)
     assert "Client(" in blocks[0]
     assert "AsyncClient(" in blocks[1]
+    assert "task.plan(" in blocks[2]
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", [0, 1, 2])
 def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index: int) -> None:
     """Each block runs to completion with the endpoint taken from $CTXWIN_ENDPOINT."""
     code = python_blocks(README.read_text())[index]

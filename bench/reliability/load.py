@@ -3,7 +3,8 @@
 Usage (from the repository root)::
 
     .venv/bin/python -m bench.reliability.load [--quick] [--clients 50] [--tasks 500]
-        [--seconds 60] [--think-ms 20] [--idle-tasks 2000] [--evict-tasks 10000] [--json]
+        [--seconds 60] [--think-ms 20] [--idle-tasks 2000] [--evict-tasks 10000]
+        [--evict-idle-timeout 20] [--settle 8] [--compare] [--parts ...] [--json]
 
 Three parts, each on a fresh daemon:
 
@@ -19,12 +20,12 @@ Three parts, each on a fresh daemon:
 3. *eviction*: with ``--idle-timeout 20`` (``--evict-idle-timeout``, longer than
    opening takes, so that all are alive at once), ``--evict-tasks`` tasks are opened as
    fast as 4 pipelining clients can; the peak RSS (VmHWM) is read, then the
-   script waits until ``stats`` shows no actor left and reads the RSS again:
-   it must have come back down (at least half of the growth returned). A
-   second wave of as many other tasks follows, to tell memory kept for reuse
-   from memory leaked; the whole part runs again with ``MALLOC_ARENA_MAX=2``,
-   and once more with a ``sitecustomize`` that calls glibc's ``malloc_trim(0)``
-   every second (an experiment: the daemon itself does not do this).
+   script waits until ``stats`` shows no actor left, reads the RSS, waits
+   ``--settle`` seconds (the daemon gives memory back a few seconds after a
+   sweep that stopped many actors) and reads it again: it must have come back
+   down (at least half of the growth returned). A second wave of as many
+   other tasks follows, to tell memory kept for reuse from memory leaked;
+   with ``--compare`` the whole part runs again with ``MALLOC_ARENA_MAX=2``.
 """
 
 from __future__ import annotations
@@ -273,8 +274,8 @@ def idle_actors(root: Path, count: int) -> dict[str, Any]:
     }
 
 
-def _wave(daemon: Daemon, client: Client, names: Sequence[str]) -> dict[str, Any]:
-    """Open ``names`` with pipelining clients, then wait until every actor was evicted."""
+def _wave(daemon: Daemon, client: Client, names: Sequence[str], settle: float) -> dict[str, Any]:
+    """Open ``names`` with pipelining clients, wait until every actor was evicted, then settle."""
     started = time.monotonic()
     failures = 0
     quarter = (len(names) + 3) // 4
@@ -288,20 +289,28 @@ def _wave(daemon: Daemon, client: Client, names: Sequence[str]) -> dict[str, Any
     while actors and time.monotonic() < deadline:
         time.sleep(0.5)
         actors = client.ok("stats")["actors"]
+    evicted_after = time.monotonic() - started
+    at_eviction = proc_status_kb(daemon.pid, "VmRSS")
+    time.sleep(settle)
     return {
         "failures": failures,
         "open_seconds": round(opened_s, 1),
         "actors_after_opening": peak_actors,
         "actors_left": actors,
-        "all_evicted_after_s": round(time.monotonic() - started, 1),
+        "all_evicted_after_s": round(evicted_after, 1),
         "rss_after_opening_mib": round(loaded / 1024, 1),
         "peak_rss_mib": round(proc_status_kb(daemon.pid, "VmHWM") / 1024, 1),
+        "rss_when_all_evicted_mib": round(at_eviction / 1024, 1),
         "rss_after_eviction_mib": round(proc_status_kb(daemon.pid, "VmRSS") / 1024, 1),
     }
 
 
 def eviction(
-    root: Path, count: int, idle_timeout: float = 3.0, env: dict[str, str] | None = None
+    root: Path,
+    count: int,
+    idle_timeout: float = 3.0,
+    env: dict[str, str] | None = None,
+    settle: float = 8.0,
 ) -> dict[str, Any]:
     """Part 3: peak RSS with ``count`` tasks, RSS after they are idle-evicted, and again.
 
@@ -315,8 +324,8 @@ def eviction(
         client.ok("count_tokens", {"text": "warm up"}, timeout=60)  # the tokenizer is loaded
         _open_tasks(daemon.endpoint, [f"warm-{index}" for index in range(20)])
         baseline = proc_status_kb(daemon.pid, "VmRSS")
-        first = _wave(daemon, client, [f"evict-{index}" for index in range(count)])
-        second = _wave(daemon, client, [f"again-{index}" for index in range(count)])
+        first = _wave(daemon, client, [f"evict-{index}" for index in range(count)], settle)
+        second = _wave(daemon, client, [f"again-{index}" for index in range(count)], settle)
         files = sum(1 for _ in (daemon.state_dir / "tasks").glob("*/ctxwin.json"))
     finally:
         client.close()
@@ -328,6 +337,7 @@ def eviction(
         "tasks_per_wave": count,
         "env": env or {},
         "idle_timeout_s": idle_timeout,
+        "settle_s": settle,
         "rss_baseline_mib": round(baseline / 1024, 1),
         "first_wave": first,
         "second_wave": second,
@@ -340,17 +350,6 @@ def eviction(
         "failures": first["failures"] + second["failures"],
         "stop_code": code,
     }
-
-
-_TRIM = """
-import ctypes, threading, time
-def _trim():
-    libc = ctypes.CDLL("libc.so.6")
-    while True:
-        time.sleep(1.0)
-        libc.malloc_trim(0)
-threading.Thread(target=_trim, daemon=True).start()
-"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -369,6 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=20.0,
         help="daemon --idle-timeout for the eviction part; longer than opening takes (20)",
+    )
+    parser.add_argument(
+        "--settle", type=float, default=8.0, help="seconds to wait after the last eviction (8)"
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="run the eviction part again, MALLOC_ARENA_MAX=2"
     )
     parser.add_argument(
         "--parts",
@@ -404,19 +409,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "evict" in args.parts:
             timeout = args.evict_idle_timeout
             (root / "evict").mkdir()
-            summary["eviction"] = eviction(root / "evict", args.evict_tasks, timeout)
-            (root / "evict-arena").mkdir()
-            # The same with glibc limited to two malloc arenas (worker threads each get one).
-            summary["eviction_malloc_arena_max_2"] = eviction(
-                root / "evict-arena", args.evict_tasks, timeout, {"MALLOC_ARENA_MAX": "2"}
+            summary["eviction"] = eviction(
+                root / "evict", args.evict_tasks, timeout, settle=args.settle
             )
-            # An experiment the daemon does not do: malloc_trim(0) once a second.
-            (root / "trim").mkdir()
-            (root / "trim" / "sitecustomize.py").write_text(_TRIM)
-            (root / "evict-trim").mkdir()
-            summary["eviction_with_periodic_malloc_trim"] = eviction(
-                root / "evict-trim", args.evict_tasks, timeout, {"PYTHONPATH": str(root / "trim")}
-            )
+            if args.compare:
+                # The same with glibc limited to two malloc arenas (worker threads each get one).
+                (root / "evict-arena").mkdir()
+                summary["eviction_malloc_arena_max_2"] = eviction(
+                    root / "evict-arena",
+                    args.evict_tasks,
+                    timeout,
+                    {"MALLOC_ARENA_MAX": "2"},
+                    settle=args.settle,
+                )
     mixed_ok = "mixed" not in summary or (
         not summary["mixed"]["errors"]
         and summary["mixed"]["client_processes_failed"] == 0

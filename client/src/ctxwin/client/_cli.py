@@ -20,6 +20,7 @@ from ctxwin import proto
 from . import _autostart
 from ._core import DEFAULT_TIMEOUT
 from ._errors import CtxwinError, DaemonUnavailableError
+from ._plot import plot
 from ._replay import (
     ReplayReport,
     ReplayTurn,
@@ -27,7 +28,6 @@ from ._replay import (
     default_model,
     load_history,
     parse_updates,
-    plot,
     replay,
     text_of,
 )

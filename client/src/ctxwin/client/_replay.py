@@ -370,35 +370,6 @@ def input_tokens(usage: Usage) -> int:
     )
 
 
-def plot(report: ReplayReport, path: Path) -> None:
-    """Draw reported and estimated tokens per turn, the budget line and every truncation.
-
-    Raises:
-        ImportError: matplotlib is missing (``pip install 'ctxwin-client[plot]'``).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    turns = [row.turn for row in report.per_turn]
-    figure, axes = plt.subplots(figsize=(10, 5))
-    axes.plot(turns, [row.estimated for row in report.per_turn], label="estimated (calibrated)")
-    reported = [(row.turn, row.reported) for row in report.per_turn if row.reported is not None]
-    axes.plot([t for t, _ in reported], [r for _, r in reported], label="reported")
-    axes.axhline(report.max_allowed_size, color="red", linestyle="--", label="max allowed")
-    cuts = [event.turn for event in report.events if event.kind == "truncation"]
-    for index, turn in enumerate(cuts):
-        axes.axvline(turn, color="grey", alpha=0.5, label="truncation" if index == 0 else None)
-    axes.set_xlabel("turn")
-    axes.set_ylabel("input tokens")
-    axes.set_title(f"{Path(report.file).name}: {report.model.get('id')}")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-
-
 def default_model(history: Sequence[Mapping[str, Any]], window: int | None) -> Model:
     """The model of the history's first assistant ``modelInfo``, with the given window."""
     model = Model(id="unknown")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ._blocks import Message, text_of
@@ -21,6 +21,23 @@ from ._overlay import (
 from ._range import Keep, next_truncation_range
 from ._view import keep_from, truncated_messages
 from ._window import context_window_info, total_tokens
+
+
+def _sized_to_report(budgeting: Budgeting, reported: float, estimated: int | None) -> Budgeting:
+    """Budgeting whose estimates are at least as large as the provider's report says.
+
+    A fit triggered by a reported usage must cut enough by the provider's count:
+    when the estimate of the view the report was about is lower (a provider
+    that counts more, a system prompt the daemon never sees), estimates are
+    scaled up to match the report for this cut (bounded like calibration).
+    """
+    if not estimated or reported <= estimated:
+        return budgeting
+    scale = min(reported / estimated, MAX_REPORT_SCALE)
+    return replace(budgeting, ratio=budgeting.ratio * scale)
+
+
+MAX_REPORT_SCALE = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +318,9 @@ class TaskState:
                 if estimate > limit:
                     trigger, trigger_ts = estimate, ts or 0
         range_updated = stalled = False
+        estimate_before: int | None = None
+        if trigger is not None and budgeting is not None and previous_request is not None:
+            estimate_before = budgeting.view_tokens(self.truncated_messages(messages))
         if trigger is not None:
             keep: Keep = "quarter" if trigger / 2 > limit else "half"
             result = self._optimize(messages, trigger_ts, whole=False)
@@ -310,7 +330,8 @@ class TaskState:
                 before = self._deleted_range
                 if budgeting is not None and budgeting.strategy == "fit":
                     budget = limit * budgeting.target
-                    proposed, _ = fit_range(messages, before, self.overlay, budget, budgeting)
+                    sizing = _sized_to_report(budgeting, trigger, estimate_before)
+                    proposed, _ = fit_range(messages, before, self.overlay, budget, sizing)
                 else:
                     proposed = next_truncation_range(messages, before, keep)
                 self.deleted_range = proposed
