@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._conversation import build_conversation, size_of
-from ctxwin.engine import TaskState, context_window_info, total_tokens
+from ctxwin.engine import History, TaskState, context_window_info, total_tokens
 
 MODEL: dict[str, Any] = {"id": "claude-sonnet-4-5", "context_window": 200_000}
 CORPUS = Path(__file__).resolve().parents[2] / "shared/corpus/mra-api_conversation_history.json"
@@ -151,6 +151,10 @@ def run(name: str, messages: list[Message], repeat: int, targets: dict[str, floa
     def shared(call: Callable[[], object]) -> Setup:
         return lambda: call
 
+    # A daemon keeps each task's history (delta sync): parse results stay warm.
+    kept = History(messages)
+    TaskState().prepare_request(kept.messages, over, MODEL)  # parse every message once
+
     cases: list[tuple[str, Setup]] = [
         ("prepare over threshold", fresh(lambda s: s.prepare_request(messages, over, MODEL))),
         ("prepare below threshold", fresh(lambda s: s.prepare_request(messages, below, MODEL))),
@@ -158,6 +162,14 @@ def run(name: str, messages: list[Message], repeat: int, targets: dict[str, floa
         ("truncated_messages + overlay", shared(lambda: cut.truncated_messages(messages))),
         ("optimize_file_reads fresh", fresh(lambda s: s.optimize_file_reads(messages, ts))),
         ("optimize_file_reads again", shared(lambda: optimised.optimize_file_reads(messages, ts))),
+        (
+            "kept history: over threshold",
+            fresh(lambda s: s.prepare_request(kept.messages, over, MODEL)),
+        ),
+        (
+            "kept history: below, after cut",
+            shared(lambda: cut.prepare_request(kept.messages, below, MODEL)),
+        ),
     ]
     timings = [
         summarise(case, time_case(setup, repeat), targets.get(case)) for case, setup in cases

@@ -82,38 +82,113 @@ def mention_elements(text: str) -> list[tuple[str, str]]:
     return elements
 
 
-def _mentions(
-    scan: Scan, index: int, content: list[dict[str, object]], replaced: list[str], notice: str
-) -> None:
+@dataclass(frozen=True, slots=True)
+class ReadFacts:
+    """What one message holds for the duplicate-read pass, whatever the overlay says.
+
+    ``candidate``: the read or write result it is (its header found once);
+    ``tool_read``: it is a tool result, so file mentions in it do not count;
+    ``mention_block`` and ``mentions``: the first of its first blocks that
+    holds ``<file_content>`` elements, and those elements as ``(path, element)``.
+    """
+
+    candidate: tuple[str, Candidate] | None = None
+    tool_read: bool = False
+    mention_block: int = -1
+    mentions: tuple[tuple[str, str], ...] = ()
+
+
+NO_READS = ReadFacts()
+
+
+def read_facts(message: Message, index: int, notice: str) -> ReadFacts:
+    """Parse one message for the duplicate-read pass (SPEC.md §6), once."""
+    if message.get("role") != "user":
+        return NO_READS
+    content = message.get("content")
+    if not isinstance(content, list) or not content:
+        return NO_READS
+    text = text_of(content[0])
+    if not text:
+        return NO_READS
+    header = TOOL_HEADER.match(text) if text.startswith("[") else None
+    if header is not None:
+        tool, path = header.group(1), header.group(2)
+        block = 0 if len(text) > header.end() else 1
+        if tool == "read_file":
+            replacement = notice if block == 1 else f"{header.group(0)}\n{notice}"
+            read = Candidate(index, EDIT_READ_FILE, block, replacement)
+            return ReadFacts((path, read), tool_read=True)
+        if tool in ("write_to_file", "replace_in_file"):
+            edited: str | None = None
+            if content[0].get("type") == "tool_result" or block == 0:
+                edited = text
+            elif len(content) > 1 and content[1].get("type") == "text":
+                edited = text_of(content[1])
+            if edited is not None:
+                body = final_body(edited) if "<final_file_content" in edited else None
+                if body is None:
+                    return ReadFacts(tool_read=True)
+                replacement = f"{edited[: body[0]]} {notice} {edited[body[1] :]}"
+                change = Candidate(index, EDIT_FILE_CHANGE, block, replacement)
+                return ReadFacts((path, change), tool_read=True)
     for block_index in range(min(MENTION_BLOCKS, len(content))):
-        text = text_of(content[block_index])
-        if not text or "<file_content" not in text:
+        block_text = text_of(content[block_index])
+        if not block_text or "<file_content" not in block_text:
             continue
-        elements = mention_elements(text)
-        if not elements:
-            continue
-        scan.mention_files[index] = [path for path, _ in elements]
-        for path, element in elements:
-            if path in replaced:
-                continue
-            scan.add(
-                path,
-                Candidate(
-                    index,
-                    EDIT_FILE_MENTION,
-                    block_index,
-                    f'<file_content path="{path}">{notice}</file_content>',
-                    path=path,
-                    search=element,
-                ),
-            )
-        return
+        elements = mention_elements(block_text)
+        if elements:
+            return ReadFacts(mention_block=block_index, mentions=tuple(elements))
+    return NO_READS
+
+
+class MessageFacts:
+    """Per-message parse results, kept by a history while its messages are unchanged.
+
+    A plain list of messages has none: its facts are parsed on every call,
+    through the same functions, so both give the same results.
+    """
+
+    __slots__ = ("_chars", "_reads")
+
+    def __init__(self) -> None:
+        self._reads: list[tuple[str, ReadFacts] | None] = []
+        self._chars: list[MessageChars | None] = []
+
+    def truncate(self, length: int) -> None:
+        """Forget the facts of messages from ``length`` on."""
+        del self._reads[length:]
+        del self._chars[length:]
+
+    def reads(self, messages: Sequence[Message], index: int, notice: str) -> ReadFacts:
+        cache = self._reads
+        if len(cache) < len(messages):
+            cache.extend([None] * (len(messages) - len(cache)))
+        held = cache[index]
+        if held is None or held[0] != notice:
+            held = cache[index] = (notice, read_facts(messages[index], index, notice))
+        return held[1]
+
+    def chars(self, messages: Sequence[Message], index: int) -> MessageChars:
+        cache = self._chars
+        if len(cache) < len(messages):
+            cache.extend([None] * (len(messages) - len(cache)))
+        held = cache[index]
+        if held is None:
+            held = cache[index] = message_chars(messages[index])
+        return held
+
+
+def _facts_of(messages: Sequence[Message]) -> MessageFacts | None:
+    facts = getattr(messages, "facts", None)
+    return facts if isinstance(facts, MessageFacts) else None
 
 
 def scan(messages: Sequence[Message], start: int, overlay: Overlay, notice: str) -> Scan:
     """Find every file read from ``start`` on that a later read could supersede."""
     found = Scan()
     edits = overlay.messages
+    facts = _facts_of(messages)
     for index in range(max(start, 0), len(messages)):
         replaced: list[str] = []
         entry = edits.get(index)
@@ -127,38 +202,30 @@ def scan(messages: Sequence[Message], start: int, overlay: Overlay, notice: str)
             if len(metadata) >= 2 and len(metadata[0]) == len(metadata[1]):
                 continue
             replaced = list(metadata[0]) if metadata else []
-        message = messages[index]
-        if message.get("role") != "user":
+        reads = (
+            facts.reads(messages, index, notice)
+            if facts is not None
+            else read_facts(messages[index], index, notice)
+        )
+        if reads.candidate is not None:
+            found.add(*reads.candidate)
+        if reads.tool_read or not reads.mentions:
             continue
-        content = message.get("content")
-        if not isinstance(content, list) or not content:
-            continue
-        text = text_of(content[0])
-        if not text:
-            continue
-        tool_read = False
-        header = TOOL_HEADER.match(text) if text.startswith("[") else None
-        if header is not None:
-            tool, path = header.group(1), header.group(2)
-            block = 0 if len(text) > header.end() else 1
-            if tool == "read_file":
-                replacement = notice if block == 1 else f"{header.group(0)}\n{notice}"
-                found.add(path, Candidate(index, EDIT_READ_FILE, block, replacement))
-                tool_read = True
-            elif tool in ("write_to_file", "replace_in_file"):
-                edited: str | None = None
-                if content[0].get("type") == "tool_result" or block == 0:
-                    edited = text
-                elif len(content) > 1 and content[1].get("type") == "text":
-                    edited = text_of(content[1])
-                if edited is not None:
-                    tool_read = True
-                    body = final_body(edited) if "<final_file_content" in edited else None
-                    if body is not None:
-                        replacement = f"{edited[: body[0]]} {notice} {edited[body[1] :]}"
-                        found.add(path, Candidate(index, EDIT_FILE_CHANGE, block, replacement))
-        if not tool_read:
-            _mentions(found, index, content, replaced, notice)
+        found.mention_files[index] = [path for path, _ in reads.mentions]
+        for path, element in reads.mentions:
+            if path in replaced:
+                continue
+            found.add(
+                path,
+                Candidate(
+                    index,
+                    EDIT_FILE_MENTION,
+                    reads.mention_block,
+                    f'<file_content path="{path}">{notice}</file_content>',
+                    path=path,
+                    search=element,
+                ),
+            )
     return found
 
 
@@ -204,6 +271,49 @@ def apply(found: Scan, messages: Sequence[Message], overlay: Overlay, ts: int | 
     return changed
 
 
+@dataclass(frozen=True, slots=True)
+class MessageChars:
+    """A message's characters as the savings count reads them (SPEC.md §6).
+
+    ``total``: UTF-16 units of its block texts plus base64 image data, list
+    content only; ``blocks``: the units of each block that has a text.
+    """
+
+    total: int
+    blocks: dict[int, int]
+
+
+def message_chars(message: Message) -> MessageChars:
+    """Count one message's characters for the savings count, once."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return MessageChars(0, {})
+    total = 0
+    blocks: dict[int, int] = {}
+    for block_index, block in enumerate(content):
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if not text or not isinstance(text, str):
+                continue
+        elif kind == "tool_result":
+            text = text_of(block)
+            if not text:
+                continue
+        else:
+            if kind == "image":
+                source = block.get("source")
+                if isinstance(source, dict) and source.get("type") == "base64":
+                    data = source.get("data")
+                    if isinstance(data, str):
+                        total += len(data)
+            continue
+        units = len(text) if text.isascii() else utf16_len(text)
+        blocks[block_index] = units
+        total += units
+    return MessageChars(total, blocks)
+
+
 def savings(
     messages: Sequence[Message], start: int, overlay: Overlay, changed: set[int]
 ) -> tuple[int, int]:
@@ -217,41 +327,27 @@ def savings(
     total = 0
     saved = 0
     edits = overlay.messages
+    facts = _facts_of(messages)
     indices = [*range(min(2, len(messages))), *range(max(start, 2), len(messages))]
     for index in indices:
-        content = messages[index].get("content")
-        if not isinstance(content, list):
-            continue
+        chars = (
+            facts.chars(messages, index) if facts is not None else message_chars(messages[index])
+        )
         entry = edits.get(index)
-        blocks = entry.blocks if entry is not None else None
-        for block_index, block in enumerate(content):
-            # text_of() inlined for text blocks: this loop visits every block.
-            kind = block.get("type")
-            if kind == "text":
-                text = block.get("text")
-                if not text or not isinstance(text, str):
-                    continue
-            elif kind == "tool_result":
-                text = text_of(block)
-                if not text:
-                    continue
-            else:
-                if kind == "image":
-                    source = block.get("source")
-                    if isinstance(source, dict) and source.get("type") == "base64":
-                        data = source.get("data")
-                        if isinstance(data, str):
-                            total += len(data)
-                continue
-            updates = blocks.get(block_index) if blocks is not None else None
+        if entry is None:
+            total += chars.total
+            continue
+        total += chars.total - sum(chars.blocks.values())  # images
+        for block_index, units in chars.blocks.items():
+            updates = entry.blocks.get(block_index)
             latest_text = update_text(updates[-1]) if updates else None
             if updates is None or latest_text is None:
-                total += len(text) if text.isascii() else utf16_len(text)
+                total += units
                 continue
             latest = utf16_len(latest_text)
             if index in changed:
                 previous = update_text(updates[-2]) if len(updates) > 1 else None
-                before = utf16_len(text if previous is None else previous)
+                before = units if previous is None else utf16_len(previous)
                 total += before
                 saved += before - latest
             else:

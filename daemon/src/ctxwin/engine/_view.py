@@ -7,6 +7,7 @@ from typing import Any
 
 from ._blocks import Block, Message, with_text
 from ._notices import DEFAULT_NOTICES, Notices
+from ._optimize import MessageFacts
 from ._overlay import Overlay
 
 FIRST_REMOVABLE = 2
@@ -123,11 +124,12 @@ class KnownPairs(list[Message]):
     range or the overlay changed, instead of every pair.
     """
 
-    __slots__ = ("clean_until", "repairs", "view_cache")
+    __slots__ = ("clean_until", "facts", "repairs", "view_cache")
 
     def __init__(self, messages: Sequence[Message] = ()) -> None:
         super().__init__(messages)
         self.repairs: list[int] = find_repairs(self)
+        self.facts = MessageFacts()  # what the duplicate-read pass parsed, per message
         # The last view built from this history and what it depended on; messages
         # from ``clean_until`` on changed since (History lowers it on every change).
         self.view_cache: tuple[tuple[Any, ...], list[Message]] | None = None
@@ -136,6 +138,7 @@ class KnownPairs(list[Message]):
     def changed_from(self, index: int) -> None:
         """Note that messages from ``index`` on were replaced, cut or appended."""
         self.clean_until = min(self.clean_until, index)
+        self.facts.truncate(index)
 
 
 def truncated_messages(
