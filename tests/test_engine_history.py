@@ -68,6 +68,26 @@ def test_token_counts_are_cached_until_the_message_changes() -> None:
     assert 7 == len(counted)
 
 
+def test_view_copies_are_counted_once_per_object() -> None:
+    """The counter counts history messages by index and a view's copies once each."""
+    counted: list[str] = []
+
+    def count(message: dict[str, Any]) -> int:
+        counted.append(message["content"])
+        return len(message["content"])
+
+    history = History(messages(3))
+    copy = {"role": "user", "content": "an overlaid copy"}
+    counter = history.counter(count)
+    assert [1, 1, 1, 16, 16] == [counter(m) for m in [*history.messages, copy, copy]]
+    assert ["0", "1", "2", "an overlaid copy"] == counted
+    equal = dict(copy)  # another object: counted on its own
+    assert 16 == history.counter(count)(equal)
+    history.apply(1, history.digest_of(1), [{"role": "assistant", "content": "new"}])
+    assert [1, 3] == [history.counter(count)(m) for m in history.messages]
+    assert ["an overlaid copy", "new"] == counted[-2:]
+
+
 def test_an_untouched_view_is_a_patch_without_overrides() -> None:
     """With no overlay and no repair the view costs no message bytes."""
     history = History(messages(10))

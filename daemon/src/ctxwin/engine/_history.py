@@ -27,12 +27,34 @@ class ResyncRequired(Exception):
 class History:
     """The messages of one task with their prefix digests and cached token counts."""
 
-    __slots__ = ("_chain", "_tokens", "messages")
+    __slots__ = ("_chain", "_others", "_positions", "_tokens", "messages")
 
     def __init__(self, messages: Sequence[Message] = ()) -> None:
         self.messages = KnownPairs(messages)
         self._chain = DigestChain(self.messages)
         self._tokens: list[int | None] = [None] * len(self.messages)
+        # id(message) -> index for the history's own objects, kept in step with cuts.
+        self._positions = {id(message): index for index, message in enumerate(self.messages)}
+        # Counts of view messages that are not the history's (overlaid or repaired
+        # copies); a view built on the last one shares them, so they count once.
+        self._others: dict[int, tuple[Message, int]] = {}
+
+    def _cut(self, length: int) -> None:
+        """Drop messages from ``length`` on, with their caches."""
+        positions = self._positions
+        for message in self.messages[length:]:
+            positions.pop(id(message), None)
+        del self.messages[length:]
+        del self._tokens[length:]
+        self.messages.changed_from(length)
+
+    def _extend(self, messages: Sequence[Message]) -> None:
+        first = len(self.messages)
+        self.messages.extend(messages)
+        self._tokens.extend([None] * len(messages))
+        positions = self._positions
+        for offset, message in enumerate(messages):
+            positions[id(message)] = first + offset
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -42,6 +64,10 @@ class History:
         """The digest of the whole history."""
         return self._chain.digest(len(self.messages))
 
+    def digest_of(self, length: int) -> bytes:
+        """The digest of the first ``length`` messages."""
+        return self._chain.digest(length)
+
     def replace(self, messages: Sequence[Message]) -> None:
         """Take a whole list; caches of the prefix it shares with the old one are kept."""
         old = self._chain
@@ -50,11 +76,9 @@ class History:
         limit = min(len(old), len(fresh))
         while common < limit and old.digest(common + 1) == fresh.digest(common + 1):
             common += 1
-        del self.messages[common:]
-        self.messages.extend(messages[common:])
-        self.messages.changed_from(common)
+        self._cut(common)
+        self._extend(messages[common:])
         self._chain = fresh
-        self._tokens = self._tokens[:common] + [None] * (len(messages) - common)
         self._recheck_pairs(common)
 
     def apply(self, base: int, base_digest: object, append: Sequence[Message]) -> None:
@@ -70,13 +94,10 @@ class History:
                 f"the daemon holds {held} messages of this task and its prefix of {base} "
                 "does not have the given digest; send the whole list"
             )
-        del self.messages[base:]
-        self.messages.changed_from(base)
-        del self._tokens[base:]
+        self._cut(base)
         self._chain.truncate(base)
-        self.messages.extend(append)
+        self._extend(append)
         self._chain.extend(append)
-        self._tokens.extend([None] * len(append))
         self._recheck_pairs(base)
 
     def _recheck_pairs(self, first_new: int) -> None:
@@ -110,14 +131,27 @@ class History:
         return cached
 
     def counter(self, count: Callable[[Message], int]) -> Callable[[Message], int]:
-        """A message counter that reuses this history's cache for its own messages."""
-        positions = {id(message): index for index, message in enumerate(self.messages)}
+        """A message counter that reuses this history's caches.
+
+        The history's own messages are counted once while unchanged; other
+        messages (the overlaid or repaired copies in a view) once per object.
+        """
+        positions = self._positions
+        others = self._others
+        if len(others) > 2 * len(self.messages) + 64:
+            others.clear()  # copies from views long gone
 
         def cached(message: Message) -> int:
-            index = positions.get(id(message))
-            if index is None:
-                return count(message)
-            return self.tokens(index, count)
+            key = id(message)
+            index = positions.get(key)
+            if index is not None:
+                return self.tokens(index, count)
+            held = others.get(key)
+            if held is not None and held[0] is message:
+                return held[1]
+            tokens = count(message)
+            others[key] = (message, tokens)
+            return tokens
 
         return cached
 
