@@ -17,6 +17,14 @@ PLACEHOLDER_NOTICES = {
 }
 """Notice texts the scenarios were recorded with, by engine field name."""
 
+PLACEHOLDER_ENV = {
+    "CTXWIN_TRUNCATION_NOTICE": PLACEHOLDER_NOTICES["truncation"],
+    "CTXWIN_DUPLICATE_FILE_READ_NOTICE": PLACEHOLDER_NOTICES["duplicate_file_read"],
+    "CTXWIN_FIRST_USER_NOTICE": PLACEHOLDER_NOTICES["first_user"],
+    "CTXWIN_MISSING_RESULT": PLACEHOLDER_NOTICES["missing_result"],
+}
+"""The daemon's environment for the same notice texts."""
+
 
 @dataclass(frozen=True)
 class Scenario:

@@ -13,7 +13,7 @@ import zmq
 from ctxwin import proto
 from tests._daemon import DaemonProcess
 from tests._scenarios import (
-    PLACEHOLDER_NOTICES,
+    PLACEHOLDER_ENV,
     Scenario,
     expand_args,
     expected_value,
@@ -22,12 +22,6 @@ from tests._scenarios import (
 )
 
 SCENARIOS = load_scenarios()
-NOTICE_ENV = {
-    "CTXWIN_TRUNCATION_NOTICE": PLACEHOLDER_NOTICES["truncation"],
-    "CTXWIN_DUPLICATE_FILE_READ_NOTICE": PLACEHOLDER_NOTICES["duplicate_file_read"],
-    "CTXWIN_FIRST_USER_NOTICE": PLACEHOLDER_NOTICES["first_user"],
-    "CTXWIN_MISSING_RESULT": PLACEHOLDER_NOTICES["missing_result"],
-}
 
 
 class Connection:
@@ -56,7 +50,7 @@ class Connection:
 @pytest.fixture(scope="module")
 def conformance_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A daemon configured with the scenarios' placeholder notice texts."""
-    process = DaemonProcess(tmp_path_factory.mktemp("conformance"), env=NOTICE_ENV)
+    process = DaemonProcess(tmp_path_factory.mktemp("conformance"), env=PLACEHOLDER_ENV)
     process.start()
     try:
         yield process

@@ -17,7 +17,7 @@ from ctxwin.client._core import Call, DeltaSync
 from tests._client_fake import FakeRouter, error, ok
 from tests._daemon import DaemonProcess
 from tests._scenarios import (
-    PLACEHOLDER_NOTICES,
+    PLACEHOLDER_ENV,
     Scenario,
     expand_args,
     expected_value,
@@ -25,12 +25,6 @@ from tests._scenarios import (
 )
 
 SCENARIOS = load_scenarios()
-NOTICE_ENV = {
-    "CTXWIN_TRUNCATION_NOTICE": PLACEHOLDER_NOTICES["truncation"],
-    "CTXWIN_DUPLICATE_FILE_READ_NOTICE": PLACEHOLDER_NOTICES["duplicate_file_read"],
-    "CTXWIN_FIRST_USER_NOTICE": PLACEHOLDER_NOTICES["first_user"],
-    "CTXWIN_MISSING_RESULT": PLACEHOLDER_NOTICES["missing_result"],
-}
 HISTORY_OPS = {op for op, spec in proto.OPS.items() if ("messages", "append") in spec.one_of}
 MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
 
@@ -38,7 +32,7 @@ MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
 @pytest.fixture(scope="module")
 def delta_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A daemon with the scenarios' placeholder notices."""
-    process = DaemonProcess(tmp_path_factory.mktemp("delta"), env=NOTICE_ENV)
+    process = DaemonProcess(tmp_path_factory.mktemp("delta"), env=PLACEHOLDER_ENV)
     process.start()
     try:
         yield process
