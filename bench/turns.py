@@ -3,12 +3,14 @@
 Replays a 2000-message, ~1 MB conversation turn by turn as an agent does:
 each turn adds the assistant's reply and the next user message, then asks the
 daemon for the next request's view with the previous request's usage (an
-estimate that rises with the view until truncations happen). Two tasks on
-one real daemon, in the same run:
+estimate that rises with the view until truncations happen). Three tasks on
+one real daemon, in the same run, one after the other:
 
-- full mode: every turn sends the whole history and gets the whole view back;
-- delta mode: the client sends ``base``/``base_digest``/``append`` and asks
-  for the view as a patch, which it applies to its own history.
+- ``full``: a raw DEALER sends the whole history and gets the whole view back;
+- ``full-lib``: the same through ``ctxwin.client`` with ``delta=False``;
+- ``delta``: ``ctxwin.client`` task handles as they come: the history goes by
+  delta (``base``/``base_digest``/``append``), views come back as patches
+  that reuse the previous patch's overrides, rebuilt on the caller's list.
 
 Each sample is one turn, from the start of the client call to the rebuilt
 view in hand. Usage: ``.venv/bin/python -m bench.turns [--messages N] [--json]``.
@@ -28,15 +30,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
 from bench._conversation import build_conversation, size_of
 from ctxwin import proto
+from ctxwin.client import Client, Task
 
 Message = dict[str, Any]
-MODEL = {"id": "claude-sonnet-4-5", "context_window": 200_000}
+MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
 CHARS_PER_TOKEN = 4
 
 
@@ -97,57 +100,60 @@ class Connection:
                     raise
 
 
-def usage_after(view: Sequence[Message], ts: int) -> dict[str, Any]:
+def usage_after(view: Sequence[Message], ts: int) -> proto.Usage:
     """The usage an agent would report for a request with this view (a size estimate)."""
     prompt = len(json.dumps(view, ensure_ascii=False)) // CHARS_PER_TOKEN
     return {"ts": ts, "tokens_in": prompt, "tokens_out": 400, "cache_writes": 0, "cache_reads": 0}
 
 
-def replay(
-    connection: Connection, task: str, messages: list[Message], delta: bool
-) -> tuple[list[float], list[int], int]:
-    """Run every turn; returns per-turn seconds, history bytes per turn, and truncations."""
-    sender = proto.DeltaSender()
+class RawFull:
+    """Whole lists over a raw DEALER: the cost without delta sync or the client library."""
+
+    def __init__(self, connection: Connection, task: str) -> None:
+        self.connection = connection
+        self.task = task
+        self.truncations = 0
+
+    def __call__(self, history: list[Message], previous: proto.Usage | None) -> list[Message]:
+        args = {"task": self.task, "model": MODEL, "previous_request": previous}
+        result = self.connection.call("prepare_request", {**args, "messages": history})
+        self.truncations += bool(result["range_updated"])
+        return cast(list[Message], result["messages"])
+
+
+class Library:
+    """A ``ctxwin.client`` task handle, with or without delta sync."""
+
+    def __init__(self, handle: Task) -> None:
+        self.handle = handle
+        self.truncations = 0
+
+    def __call__(self, history: list[Message], previous: proto.Usage | None) -> list[Message]:
+        result = self.handle.prepare_request(history, MODEL, previous_request=previous)
+        self.truncations += bool(result["range_updated"])
+        return cast(list[Message], result["messages"])
+
+
+Sender = RawFull | Library
+
+
+def replay(messages: list[Message], send: Sender) -> tuple[list[float], list[int]]:
+    """Run every turn; returns per-turn seconds and the history's bytes at each turn."""
     samples: list[float] = []
     sizes: list[int] = []
-    truncations = 0
-    previous: dict[str, Any] | None = None
-    history: list[Message] = messages[:1]
-    size = size_of(history)
+    previous: proto.Usage | None = None
+    size = size_of(messages[:1])
     ts = 1_767_225_600_000
     for end in range(1, len(messages) + 1, 2):
         history = messages[:end]
         size += sum(len(json.dumps(m, ensure_ascii=False)) for m in messages[end - 2 : end])
-        args: dict[str, Any] = {"task": task, "model": MODEL, "previous_request": previous}
-        started = time.perf_counter()
-        if delta:
-            history_args = sender.args_for(history)
-            args.update(history_args)
-            args["view"] = "patch"
-            try:
-                result = connection.call("prepare_request", args)
-            except RuntimeError as exc:
-                if "resync_required" not in str(exc):
-                    raise
-                sender.reset()
-                history_args = sender.args_for(history)
-                args = {**args, **history_args}
-                for stale in ("base", "base_digest", "append"):
-                    if stale not in history_args:
-                        args.pop(stale, None)
-                result = connection.call("prepare_request", args)
-            sender.sent(history, history_args)
-            view = proto.apply_view_patch(history, result["patch"])
-        else:
-            args["messages"] = history
-            result = connection.call("prepare_request", args)
-            view = result["messages"]
-        samples.append(time.perf_counter() - started)
         sizes.append(size)
-        truncations += bool(result["range_updated"])
         ts += 17_000
+        started = time.perf_counter()
+        view = send(history, previous)
+        samples.append(time.perf_counter() - started)
         previous = usage_after(view, ts)
-    return samples, sizes, truncations
+    return samples, sizes
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -167,24 +173,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             connection = Connection(daemon.endpoint)
             connection.wait_ready()
-            report: dict[str, Any] = {
-                "messages": len(messages),
-                "bytes": size_of(messages),
-                "cpus": os.cpu_count(),
-            }
-            for mode, delta in (("full", False), ("delta", True)):
-                samples, sizes, truncations = replay(connection, f"turns-{mode}", messages, delta)
-                tail = [s for s, b in zip(samples, sizes, strict=True) if b >= 0.9 * sizes[-1]]
-                report[mode] = {
-                    "turns": len(samples),
-                    "truncations": truncations,
-                    "median_ms": statistics.median(samples) * 1e3,
-                    "p99_ms": percentile(samples, 0.99) * 1e3,
-                    "max_ms": max(samples) * 1e3,
-                    "median_ms_at_1mb": statistics.median(tail) * 1e3,
+            with Client(daemon.endpoint, timeout=60) as client:
+                senders: dict[str, Sender] = {
+                    "full": RawFull(connection, "turns-full"),
+                    "full-lib": Library(client.task("turns-full-lib", delta=False)),
+                    "delta": Library(client.task("turns-delta")),
                 }
+                # One mode after the other: each runs in its steady state, as an agent's would.
+                runs = {name: replay(messages, send) for name, send in senders.items()}
         finally:
             daemon.stop()
+    report: dict[str, Any] = {
+        "messages": len(messages),
+        "bytes": size_of(messages),
+        "cpus": os.cpu_count(),
+    }
+    for mode, (times, sizes) in runs.items():
+        tail = [s for s, b in zip(times, sizes, strict=True) if b >= 0.9 * sizes[-1]]
+        report[mode] = {
+            "turns": len(times),
+            "truncations": senders[mode].truncations,
+            "median_ms": statistics.median(times) * 1e3,
+            "p99_ms": percentile(times, 0.99) * 1e3,
+            "max_ms": max(times) * 1e3,
+            "median_ms_at_1mb": statistics.median(tail) * 1e3,
+        }
     report["speedup_at_1mb"] = (
         report["full"]["median_ms_at_1mb"] / report["delta"]["median_ms_at_1mb"]
     )
@@ -193,16 +206,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"{report['messages']} messages, {report['bytes'] / 1e6:.2f} MB, one turn = 2 messages")
     print(
-        f"{'mode':<6} {'turns':>6} {'cuts':>5} {'median ms':>10} {'p99 ms':>8} {'max ms':>8} "
+        f"{'mode':<8} {'turns':>6} {'cuts':>5} {'median ms':>10} {'p99 ms':>8} {'max ms':>8} "
         f"{'median ms @1MB':>15}"
     )
-    for mode in ("full", "delta"):
+    for mode in ("full", "full-lib", "delta"):
         row = report[mode]
         print(
-            f"{mode:<6} {row['turns']:>6} {row['truncations']:>5} {row['median_ms']:>10.3f} "
+            f"{mode:<8} {row['turns']:>6} {row['truncations']:>5} {row['median_ms']:>10.3f} "
             f"{row['p99_ms']:>8.3f} {row['max_ms']:>8.2f} {row['median_ms_at_1mb']:>15.3f}"
         )
-    print(f"delta is {report['speedup_at_1mb']:.1f}x faster than full at ~1 MB")
+    print(f"delta is {report['speedup_at_1mb']:.1f}x faster than full (raw) at ~1 MB")
     return 0
 
 

@@ -572,3 +572,41 @@ def test_idle_ephemeral_tasks_are_dropped(tmp_path: Path) -> None:
         assert not daemon.task_dir("sub").exists()
     finally:
         assert daemon.stop() == 0
+
+
+def test_memory_is_released_after_a_sweep_stops_many_actors(tmp_path: Path) -> None:
+    """Once 300 idle actors stop, the daemon releases memory and still counts every task."""
+    daemon = DaemonProcess(tmp_path, "--idle-timeout", "0.5")
+    daemon.start()
+    client = Peer(daemon.endpoint)
+    names = [f"sweep-{index}" for index in range(300)]
+    try:
+        for index, name in enumerate(names):
+            args = {
+                "task": name,
+                "messages": CONVERSATION,
+                "keep": "none",
+                "ts": 7,
+                "ephemeral": True,
+            }
+            client.send(index, "compact", args)
+        for _ in names:
+            ok(client.recv())
+        wait_until(lambda: ok(client.call("stats"))["actors"] == 0, 30, "the idle actors stop")
+
+        def released() -> list[dict[str, Any]]:
+            lines = [line for line in daemon.log().splitlines() if '"memory_released"' in line]
+            return [json.loads(line) for line in lines]
+
+        wait_until(lambda: bool(released()), 30, "the daemon releases memory", interval=0.1)
+        event = released()[0]
+        assert event["stopped_actors"] >= 256
+        assert 0 == event["actors"]
+        if (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            assert event["trimmed"] is not None
+        assert 300 == ok(client.call("stats"))["tasks"]
+        assert [] == ok(client.call("inspect", {"task": names[-1]}))["updates"]
+        assert 300 == ok(client.call("stats"))["tasks"]
+    finally:
+        client.close()
+        assert daemon.stop() == 0

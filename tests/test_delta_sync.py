@@ -202,7 +202,9 @@ def test_wire_refusals_of_bad_deltas(delta_daemon: DaemonProcess) -> None:
     )
     assert full.ok
     assert full.result is not None
-    assert full.result["patch"] == {"length": len(messages), "keep_from": 2, "overrides": []}
+    patch = full.result["patch"]
+    assert isinstance(patch.pop("token"), bytes)
+    assert patch == {"length": len(messages), "keep_from": 2, "overrides": []}
     chain = proto.DigestChain(messages)
     wrong = {**args, "base": 3, "base_digest": chain.digest(2)}
     reply = delta_daemon.call("truncated_messages", wrong)
@@ -230,3 +232,43 @@ def test_a_daemon_without_delta_sync_gets_whole_lists(tmp_path: Path) -> None:
         assert not task.delta
         assert task.truncated_messages(messages)["messages"] == messages
         assert ["view" in request.args for request in router.requests] == [True, False, False]
+
+
+def test_patches_resend_only_new_overrides_to_a_caller_that_holds_the_last(
+    delta_daemon: DaemonProcess,
+) -> None:
+    """With patch_base naming the last patch, unchanged overlaid messages are not sent again."""
+    messages = conversation(4)
+    task = {"task": "reuse"}
+    optimised = delta_daemon.call("optimize_file_reads", {**task, "messages": messages, "ts": 5})
+    assert optimised.ok
+    first = delta_daemon.call("truncated_messages", {**task, "messages": messages, "view": "patch"})
+    assert first.result is not None
+    patch = first.result["patch"]
+    assert [2, 4, 6] == [origin for origin, _ in patch["overrides"]]  # three stale reads
+    assert "reuse" not in patch
+    receiver = proto.PatchReceiver()
+    assert receiver.apply(messages, patch)[2] == patch["overrides"][0][1]
+    grown = [*messages, *conversation(5)[-2:]]
+    chain = proto.DigestChain(messages)
+    delta = {
+        **task,
+        "base": len(messages),
+        "base_digest": chain.digest(len(messages)),
+        "append": grown[len(messages) :],
+        "view": "patch",
+        "patch_base": receiver.token,
+    }
+    second = delta_daemon.call("truncated_messages", delta)
+    assert second.result is not None
+    again = second.result["patch"]
+    assert (again["reuse"], again["overrides"], again["dropped"]) == (True, [], [])
+    plain = delta_daemon.call("truncated_messages", {**task, "messages": grown})
+    assert plain.result is not None
+    assert receiver.apply(grown, again) == plain.result["messages"]
+    stale = {**delta, "base": len(grown), "append": [], "patch_base": b"not-the-last-one"}
+    stale["base_digest"] = proto.DigestChain(grown).digest(len(grown))
+    third = delta_daemon.call("truncated_messages", stale)
+    assert third.result is not None
+    assert "reuse" not in third.result["patch"]
+    assert [2, 4, 6] == [origin for origin, _ in third.result["patch"]["overrides"]]

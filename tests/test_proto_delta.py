@@ -8,6 +8,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from ctxwin import proto
 from ctxwin.proto import EMPTY_DIGEST, DeltaSender, DigestChain, chain_digest, message_digest
 
 MESSAGES: list[dict[str, Any]] = [
@@ -95,3 +96,26 @@ def test_a_shorter_history_sends_a_shorter_base() -> None:
     assert (1, []) == (args["base"], args["append"])
     sender.reset()
     assert {"messages": MESSAGES[:1]} == sender.args_for(MESSAGES[:1])
+
+
+def test_a_patch_receiver_keeps_overrides_between_patches() -> None:
+    """reuse keeps the held overrides, drops the listed ones and takes the new ones."""
+    history = [{"role": "user", "content": str(index)} for index in range(6)]
+    first = {"length": 6, "keep_from": 2, "overrides": [[3, {"x": 3}], [4, {"x": 4}]]}
+    receiver = proto.PatchReceiver()
+    view = receiver.apply(history, {**first, "token": b"t1"})
+    assert [{"x": 3}, {"x": 4}] == view[3:5]
+    second = {
+        "length": 6,
+        "keep_from": 2,
+        "overrides": [[5, {"x": 5}]],
+        "reuse": True,
+        "dropped": [4],
+        "token": b"t2",
+    }
+    view = receiver.apply(history, second)
+    assert [{"x": 3}, history[4], {"x": 5}] == view[3:]
+    assert b"t2" == receiver.token
+    receiver.reset()
+    with pytest.raises(ValueError, match="does not hold"):
+        receiver.apply(history, second)

@@ -429,11 +429,12 @@ class DeltaSync:
     more; a daemon without delta sync (it refuses the fields) turns it off.
     """
 
-    __slots__ = ("enabled", "sender")
+    __slots__ = ("enabled", "patches", "sender")
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.sender = proto.DeltaSender()
+        self.patches = proto.PatchReceiver()
 
     def reset(self) -> None:
         """Send the whole list next time (after editing old messages in place)."""
@@ -444,16 +445,19 @@ class DeltaSync:
         if not self.enabled:
             return _with_history(call, {"messages": _messages(messages)})
         history = self.sender.args_for(messages)
-        sender = self.sender
+        sender, patches = self.sender, self.patches
 
         def finish(result: dict[str, Any]) -> dict[str, Any]:
             patch = result.pop("patch", None)
             if patch is not None:
-                result["messages"] = proto.apply_view_patch(messages, patch)
+                result["messages"] = patches.apply(messages, patch)
             sender.sent(messages, history)
             return result
 
-        return _with_history(call, {**history, "view": "patch"}, finish)
+        asked: dict[str, Any] = {**history, "view": "patch"}
+        if patches.token is not None:
+            asked["patch_base"] = patches.token
+        return _with_history(call, asked, finish)
 
     def retry(self, call: Call[T], messages: Messages, error: CtxwinError) -> Call[T] | None:
         """The request to send after ``error``, or None when the error stands."""

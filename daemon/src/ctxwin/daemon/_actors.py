@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -136,6 +137,11 @@ class TaskActor:
         self.calibration = engine.Calibration()
         self._estimate: tuple[int, float] | None = None  # (estimate, ratio) of the last view
         self._calibrated_by: tuple[Any, ...] | None = None
+        # The overrides of the last view patch sent, and its token (see _reuse_overrides).
+        self._sent_overrides: dict[int, Any] | None = None
+        self._patch_token: bytes | None = None
+        self._patch_serial = 0
+        self._patch_salt = os.urandom(8)  # tokens of an earlier actor never match
 
     # -- pykka-style API ------------------------------------------------------
 
@@ -330,8 +336,32 @@ class TaskActor:
             patch = _view_patch(result["messages"], history.messages, state.deleted_range)
             if patch is not None:
                 del result["messages"]
-                result["patch"] = patch
+                result["patch"] = self._reuse_overrides(patch, args.get("patch_base"))
         return result
+
+    def _reuse_overrides(self, patch: dict[str, Any], base: bytes | None) -> dict[str, Any]:
+        """Send only the overrides the caller does not hold from the patch it names.
+
+        The overrides of the last patch sent are kept (the view's own message
+        objects, so this costs references only); when the caller's
+        ``patch_base`` is that patch's token, unchanged ones are left out.
+        """
+        overrides = dict(patch["overrides"])
+        sent, self._sent_overrides = self._sent_overrides, overrides
+        self._patch_serial += 1
+        token = self._patch_serial.to_bytes(8, "big") + self._patch_salt
+        previous, self._patch_token = self._patch_token, token
+        patch["token"] = token
+        if sent is None or base is None or base != previous:
+            return patch
+        patch["overrides"] = [
+            [origin, message]
+            for origin, message in patch["overrides"]
+            if sent.get(origin) is not message
+        ]
+        patch["reuse"] = True
+        patch["dropped"] = [origin for origin in sent if origin not in overrides]
+        return patch
 
     def _sync_history(self, args: dict[str, Any]) -> engine.History | None:
         """Bring the kept history in step with the request; None when none is kept.
@@ -381,6 +411,7 @@ class TaskActor:
     def drop_history(self) -> None:
         """Forget the kept history (memory cap); the next delta gets ``resync_required``."""
         self.history = None
+        self._sent_overrides = None
 
     # -- persistence -------------------------------------------------------------
 

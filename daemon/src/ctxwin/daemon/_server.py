@@ -453,6 +453,7 @@ class Server:
         self.counters = Counters()
         self.started = time.monotonic()
         self.in_flight = 0
+        self.actors_started = 0
         self._quiet = asyncio.Event()
         self.system = ActorSystem(
             config.state_dir,
@@ -698,7 +699,10 @@ class Server:
         elif wants_actor(op, args):
             reply = _WireReply(self, envelope, request_id, op, task)
             try:
+                running = task in self.system.actors
                 actor = self.system.actor_for(task, bool(args.get("ephemeral", False)))
+                if not running:
+                    self.actors_started += 1
                 actor.tell(op, args, reply)
             except Exception:
                 self.reply_done()
@@ -958,29 +962,30 @@ class _MemoryRelease:
     actors' writes left behind. Failures are logged, never raised.
     """
 
-    def __init__(self, system: ActorSystem) -> None:
-        self.system = system
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.system = server.system
         self.trim = _load_malloc_trim()
-        self.stopped = 0
         self.releases = 0
-        self._count = 0
+        self._stopped_seen = 0  # actors stopped since start, at the last poll
+        self._stopped_released = 0  # the same, at the last release
         self._last_release = -_RELEASE_MIN_INTERVAL_S
 
-    def note(self, actors: int, now: float) -> bool:
-        """Take the actor count of one poll; whether memory should be released now."""
-        dropped = max(0, self._count - actors)
-        self._count = actors
-        self.stopped += dropped
+    def note(self, stopped: int, now: float) -> bool:
+        """Take one poll's count of actors stopped since start; whether to release now."""
+        quiet = stopped == self._stopped_seen
+        self._stopped_seen = stopped
         return (
-            dropped == 0
-            and self.stopped >= _RELEASE_AFTER_STOPPED
+            quiet
+            and stopped - self._stopped_released >= _RELEASE_AFTER_STOPPED
             and now - self._last_release >= _RELEASE_MIN_INTERVAL_S
         )
 
     async def release(self) -> None:
         """Collect, compact and trim; log what it gave back."""
         self._last_release = time.monotonic()
-        stopped, self.stopped = self.stopped, 0
+        stopped = self._stopped_seen - self._stopped_released
+        self._stopped_released = self._stopped_seen
         before = _rss_mib()
         started = time.perf_counter()
         try:
@@ -1007,7 +1012,8 @@ class _MemoryRelease:
         """Poll the actor count and release after sweeps, forever (runs as a task)."""
         while True:
             await anyio.sleep(_RELEASE_POLL_S)
-            if self.note(len(self.system.actors), time.monotonic()):
+            stopped = self.server.actors_started - len(self.system.actors)
+            if self.note(stopped, time.monotonic()):
                 await self.release()
 
 
@@ -1062,7 +1068,7 @@ async def run_daemon(
             server.task_group = task_group
             task_group.start_soon(_watch_signals, stop)
             task_group.start_soon(server.system.reap_idle)
-            task_group.start_soon(_MemoryRelease(server.system).run)
+            task_group.start_soon(_MemoryRelease(server).run)
             task_group.start_soon(anyio.to_thread.run_sync, _preload, tokens)
             server.start_reading()
             notifier.ready()

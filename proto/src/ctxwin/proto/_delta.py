@@ -127,6 +127,56 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
     return view
 
 
+class PatchReceiver:
+    """A client's side of patches that reuse the overrides of the previous one.
+
+    Every patch carries a ``token``. A caller that sends the last token it
+    applied as ``patch_base`` may get ``reuse: true``: the overrides of that
+    previous patch stand, except the ``dropped`` indices, and ``overrides``
+    lists only what is new or changed. Overlaid messages then cross the wire
+    once, not every turn. Any mismatch (a lost reply, a daemon restart) makes
+    the daemon send every override again.
+    """
+
+    __slots__ = ("_held", "token")
+
+    def __init__(self) -> None:
+        self.token: bytes | None = None
+        self._held: dict[int, Any] = {}
+
+    def apply(self, history: Sequence[Any], patch: Mapping[str, Any]) -> list[Any]:
+        """The view ``patch`` describes; remembers its overrides for the next one.
+
+        Raises:
+            ValueError: the patch does not fit ``history`` or reuses another token.
+        """
+        overrides = patch.get("overrides")
+        if not isinstance(overrides, list):
+            raise ValueError("view patch without overrides")
+        held: dict[int, Any] = {}
+        if patch.get("reuse"):
+            dropped = patch.get("dropped")
+            if self.token is None or not isinstance(dropped, list):
+                raise ValueError("view patch reuses overrides this client does not hold")
+            held = dict(self._held)
+            for origin in dropped:
+                held.pop(origin, None)
+        for item in overrides:
+            if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
+                raise ValueError("view patch overrides an index that is not in the view")
+            held[item[0]] = item[1]
+        view = apply_view_patch(history, {**patch, "overrides": [[o, m] for o, m in held.items()]})
+        token = patch.get("token")
+        self.token = token if isinstance(token, bytes) else None
+        self._held = held
+        return view
+
+    def reset(self) -> None:
+        """Forget the held overrides: the next patch carries them all."""
+        self.token = None
+        self._held = {}
+
+
 RECHECKED_TAIL = 2
 """Messages at the end of the last sync that are hashed again even when identical objects."""
 

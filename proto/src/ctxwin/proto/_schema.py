@@ -164,6 +164,11 @@ def _check_digest(value: object) -> None:
         raise _Invalid(f"must be {DIGEST_SIZE} bytes (the prefix digest)")
 
 
+def _check_token(value: object) -> None:
+    if not isinstance(value, bytes) or not 0 < len(value) <= 32:
+        raise _Invalid("must be the token of a previous patch (1 to 32 bytes)")
+
+
 def _check_range(value: object) -> None:
     if value is None:
         return
@@ -207,6 +212,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "base": _check_base,
     "base_digest": _check_digest,
     "view": _one_of(VIEW_VALUES),
+    "patch_base": _check_token,
     "strategy": _one_of(STRATEGY_VALUES),
     "proactive": _check_bool,
     "estimate": _check_bool,
@@ -245,7 +251,7 @@ class OpSpec:
 
 _OPEN = ("ephemeral",)
 _HISTORY = (("messages", "append"),)
-_DELTA = ("base", "base_digest", "view")
+_DELTA = ("base", "base_digest", "view", "patch_base")
 _BUDGETING = ("strategy", "proactive", "estimate")
 
 
