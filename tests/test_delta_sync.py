@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from ctxwin import proto
 from ctxwin.client import Client, Task
 from ctxwin.client._core import Call, DeltaSync
 from tests._client_fake import FakeRouter, error, ok
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonProcess, wait_until
 from tests._scenarios import (
     PLACEHOLDER_ENV,
     Scenario,
@@ -160,8 +159,12 @@ def test_resync_after_restart_and_idle_eviction(tmp_path: Path) -> None:
             messages = [*messages, *conversation(5)[-2:]]
             same_views(delta, full, messages, 21)
             assert refusals(daemon, "resync_required") == 1
-            time.sleep(1.0)  # both tasks' actors stop, and their kept histories with them
-            assert '"event": "actor_stopped"' in daemon.log()
+            stopped = daemon.log().count('"event": "actor_stopped"')
+            wait_until(  # both tasks' actors stop, and their kept histories with them
+                lambda: daemon.log().count('"event": "actor_stopped"') >= stopped + 2,
+                10,
+                "idle eviction",
+            )
             messages = [*messages, *conversation(6)[-2:]]
             same_views(delta, full, messages, 22)
             assert refusals(daemon, "resync_required") == 2
