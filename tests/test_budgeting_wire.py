@@ -87,6 +87,9 @@ def test_calibration_converges_on_a_fixed_multiple(client: Client) -> None:
     assert calibration["samples"] == 10
     assert abs(calibration["ratio"] - 1.3) <= 0.05 * 1.3
     assert abs(result["calibration"] - 1.3) <= 0.05 * 1.3
+    stats = client.stats()
+    assert stats.get("calibrated_tasks", 0) >= 1
+    assert stats.get("calibration_median") is not None
 
 
 def test_plan_says_what_prepare_would_do_and_changes_nothing(client: Client) -> None:

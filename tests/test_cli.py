@@ -60,7 +60,9 @@ def test_stats_as_table_and_json(shared: DaemonProcess) -> None:
     }
     code, out, _ = run("--endpoint", shared.endpoint, "--json", "stats")
     assert 0 == code
-    assert json.loads(out)["requests"] >= 1
+    stats = json.loads(out)
+    assert stats["requests"] >= 1
+    assert {"histories", "history_bytes", "calibrated_tasks", "calibration_median"} <= set(stats)
 
 
 def _history_file(tmp_path: Path, messages: list[dict[str, Any]]) -> Path:
@@ -81,6 +83,7 @@ def test_inspect_shows_overlay_range_and_savings(shared: DaemonProcess, tmp_path
     code, out, _ = run("--endpoint", shared.endpoint, "inspect", "cli-inspect")
     assert 0 == code
     assert "task cli-inspect: range [2, 7] (6 messages hidden)" in out
+    assert "calibration 1.000 reported/estimated tokens (0 reports); no kept history" in out
     assert "read_file" in out
     assert "notice" in out
     history = _history_file(tmp_path, messages)

@@ -132,11 +132,28 @@ def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
 
 
 def test_stats_counts_tasks_actors_and_requests(peer: Peer) -> None:
-    """stats reports tasks, actors, requests, flushes, write failures and uptime."""
-    ok(peer.call("truncated_messages", {"task": TASK, "messages": CONVERSATION}))
+    """stats reports tasks, actors, requests, flushes, write failures, uptime and caches."""
+    ok(peer.call("truncated_messages", {"task": TASK, "messages": CONVERSATION, "view": "patch"}))
     stats = ok(peer.call("stats"))
-    assert set(stats) == {"tasks", "actors", "requests", "flushes", "write_failures", "uptime_s"}
-    assert (stats["tasks"], stats["actors"], stats["write_failures"]) == (1, 1, 0)
+    assert {
+        "tasks",
+        "actors",
+        "requests",
+        "flushes",
+        "write_failures",
+        "uptime_s",
+        "histories",
+        "history_bytes",
+        "calibrated_tasks",
+        "calibration_median",
+    } == set(stats)
+    assert (1, 1, 0) == (stats["tasks"], stats["actors"], stats["write_failures"])
+    assert (1, 0, None) == (
+        stats["histories"],
+        stats["calibrated_tasks"],
+        stats["calibration_median"],
+    )
+    assert stats["history_bytes"] > 0
     assert stats["requests"] >= 2
     assert stats["uptime_s"] >= 0
 

@@ -271,6 +271,18 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         + (f", {hidden_chars:,} chars" if hidden_chars is not None else "")
         + f"), {'unsaved changes' if result['dirty'] else 'saved'}\n"
     )
+    calibration = result.get("calibration")
+    if calibration is not None:
+        held = result.get("history")
+        out.write(
+            f"calibration {calibration['ratio']:.3f} reported/estimated tokens "
+            f"({int(calibration['samples'])} reports); "
+            + (
+                f"{held} messages kept for delta sync\n"
+                if held is not None
+                else "no kept history\n"
+            )
+        )
     if not rows:
         out.write("overlay: empty\n")
         return EXIT_OK

@@ -760,6 +760,18 @@ class ActorSystem:
             for actor in actors:
                 await actor.done.wait()
 
-    def statistics(self) -> dict[str, int]:
-        """Counts for ``stats``."""
-        return {"tasks": len(self.known_tasks), "actors": len(self.actors)}
+    def statistics(self) -> dict[str, Any]:
+        """Counts for ``stats``: tasks, actors, kept histories and calibration."""
+        ratios = sorted(
+            actor.calibration.ratio
+            for actor in self.actors.values()
+            if actor.calibration.samples > 0
+        )
+        return {
+            "tasks": len(self.known_tasks),
+            "actors": len(self.actors),
+            "histories": len(self.histories),
+            "history_bytes": self.histories.total,
+            "calibrated_tasks": len(ratios),
+            "calibration_median": ratios[len(ratios) // 2] if ratios else None,
+        }

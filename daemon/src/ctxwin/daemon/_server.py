@@ -95,6 +95,10 @@ class DaemonStatistics:
         flushes: task writes that reached the disk.
         write_failures: task writes that failed.
         uptime_s: seconds since start.
+        histories: task histories kept for delta sync.
+        history_bytes: their encoded size (the cap is ``--history-cache-mb``).
+        calibrated_tasks: running tasks whose estimates have been calibrated.
+        calibration_median: the median of their ratios (reported/estimated).
     """
 
     tasks: int
@@ -103,6 +107,10 @@ class DaemonStatistics:
     flushes: int
     write_failures: int
     uptime_s: float
+    histories: int = 0
+    history_bytes: int = 0
+    calibrated_tasks: int = 0
+    calibration_median: float | None = None
 
     def wire(self) -> dict[str, Any]:
         """The wire result map."""
@@ -113,6 +121,10 @@ class DaemonStatistics:
             "flushes": self.flushes,
             "write_failures": self.write_failures,
             "uptime_s": self.uptime_s,
+            "histories": self.histories,
+            "history_bytes": self.history_bytes,
+            "calibrated_tasks": self.calibrated_tasks,
+            "calibration_median": self.calibration_median,
         }
 
 
@@ -754,6 +766,10 @@ class Server:
             flushes=self.counters.flushes,
             write_failures=self.counters.write_failures,
             uptime_s=round(time.monotonic() - self.started, 3),
+            histories=counts["histories"],
+            history_bytes=counts["history_bytes"],
+            calibrated_tasks=counts["calibrated_tasks"],
+            calibration_median=counts["calibration_median"],
         )
 
     async def shutdown(self) -> bool:

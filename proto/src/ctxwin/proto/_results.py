@@ -52,6 +52,10 @@ class StatsResult(TypedDict):
     flushes: int
     write_failures: int
     uptime_s: float
+    histories: NotRequired[int]
+    history_bytes: NotRequired[int]
+    calibrated_tasks: NotRequired[int]
+    calibration_median: NotRequired[float | None]
 
 
 class ContextWindowInfoResult(TypedDict):
