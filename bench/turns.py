@@ -100,10 +100,36 @@ class Connection:
                     raise
 
 
-def usage_after(view: Sequence[Message], ts: int) -> proto.Usage:
-    """The usage an agent would report for a request with this view (a size estimate)."""
-    prompt = len(json.dumps(view, ensure_ascii=False)) // CHARS_PER_TOKEN
-    return {"ts": ts, "tokens_in": prompt, "tokens_out": 400, "cache_writes": 0, "cache_reads": 0}
+class UsageModel:
+    """The usage an agent would report for a request with a view: its JSON size / 4.
+
+    Sizes are remembered per message object, so that the time between two
+    calls does not grow with the history: a gap of milliseconds lets the
+    daemon's CPU go idle, and on this VM waking it again costs more than the
+    turn itself (``--slow-usage`` serialises the whole view each turn instead,
+    to see that effect).
+    """
+
+    def __init__(self, slow: bool = False) -> None:
+        self.slow = slow
+        self._sizes: dict[int, tuple[Message, int]] = {}
+
+    def after(self, view: Sequence[Message], ts: int) -> proto.Usage:
+        if self.slow:
+            chars = len(json.dumps(view, ensure_ascii=False))
+        else:
+            # Only this view's messages stay remembered: nothing piles up.
+            sizes: dict[int, tuple[Message, int]] = {}
+            chars = 0
+            for message in view:
+                held = self._sizes.get(id(message))
+                if held is None or held[0] is not message:
+                    held = (message, len(json.dumps(message, ensure_ascii=False)))
+                sizes[id(message)] = held
+                chars += held[1]
+            self._sizes = sizes
+        prompt = chars // CHARS_PER_TOKEN
+        return {"ts": ts, "tokens_in": prompt, "tokens_out": 400}
 
 
 class RawFull:
@@ -137,7 +163,9 @@ class Library:
 Sender = RawFull | Library
 
 
-def replay(messages: list[Message], send: Sender) -> tuple[list[float], list[int]]:
+def replay(
+    messages: list[Message], send: Sender, usage: UsageModel
+) -> tuple[list[float], list[int]]:
     """Run every turn; returns per-turn seconds and the history's bytes at each turn."""
     samples: list[float] = []
     sizes: list[int] = []
@@ -152,7 +180,7 @@ def replay(messages: list[Message], send: Sender) -> tuple[list[float], list[int
         started = time.perf_counter()
         view = send(history, previous)
         samples.append(time.perf_counter() - started)
-        previous = usage_after(view, ts)
+        previous = usage.after(view, ts)
     return samples, sizes
 
 
@@ -166,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--target-bytes", type=int, default=1_000_000)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--slow-usage",
+        action="store_true",
+        help="serialise the whole view for each turn's usage (idle gaps grow with the history)",
+    )
     options = parser.parse_args(argv)
     messages = build_conversation(options.messages, options.target_bytes)
     with tempfile.TemporaryDirectory(prefix="ctxwin-turns-") as temp:
@@ -180,7 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "delta": Library(client.task("turns-delta")),
                 }
                 # One mode after the other: each runs in its steady state, as an agent's would.
-                runs = {name: replay(messages, send) for name, send in senders.items()}
+                runs = {
+                    name: replay(messages, send, UsageModel(options.slow_usage))
+                    for name, send in senders.items()
+                }
         finally:
             daemon.stop()
     report: dict[str, Any] = {

@@ -44,6 +44,7 @@ from typing import Any, cast
 
 import anyio
 import anyio.abc
+import msgpack
 import structlog
 import zmq
 
@@ -63,6 +64,8 @@ _log = structlog.get_logger("ctxwin.daemon.server")
 # Messages handled per wake-up before yielding to actors and timers.
 _DRAIN_BUDGET = 256
 _EVENTS_CHECKS = 4
+# Replies made while draining leave in batches of at most this many (see Server.send).
+_SEND_BATCH = 32
 _STATUS_INTERVAL_S = 10.0
 
 # The hot path calls the backend socket methods with plain int flags: the
@@ -76,6 +79,18 @@ _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _SHUTDOWN_GRACE_S = 30.0
+# What the codec does per request, without what it costs on this path: msgpack.packb
+# builds a Packer per call (0.79 -> 0.41 us for a ping reply), and decode_request's
+# checks take 1.2 us where the well-formed case needs 0.45 (_decode_request).
+_pack = msgpack.Packer(use_bin_type=True).pack
+_unpackb = msgpack.unpackb
+_PROTOCOL_VERSION = proto.PROTOCOL_VERSION
+_PING_RESULT: dict[str, Any] = {
+    "pong": True,
+    "version": proto.__version__,
+    "proto": proto.PROTOCOL_VERSION,
+    "features": list(proto.FEATURES),
+}
 _CLOSE_LINGER_MS = 2000
 _FORCE_AFTER_S = 2.0
 
@@ -128,6 +143,44 @@ class DaemonStatistics:
         }
 
 
+def _decode_request(body: bytes, limits: proto.Limits) -> tuple[int, str, dict[str, Any]]:
+    """``proto.decode_request`` for the well-formed request, cheaply: (id, op, args).
+
+    A map of exactly ``v`` (the protocol version), ``id`` (an int), ``op`` (a
+    str) and ``args`` (a map) is taken as it is; anything else goes through
+    ``proto.decode_request``, which accepts it the same way or raises the
+    exact error.
+
+    Raises:
+        ProtocolError: as ``proto.decode_request``.
+    """
+    if len(body) <= limits.max_frame_bytes:
+        try:
+            value = _unpackb(body, raw=False, strict_map_key=True)
+        except Exception:
+            value = None
+        if type(value) is dict and len(value) == 4:
+            request_id = value.get("id")
+            version = value.get("v")
+            op = value.get("op")
+            args = value.get("args")
+            if (
+                type(request_id) is int
+                and type(version) is int
+                and version == _PROTOCOL_VERSION
+                and type(op) is str
+                and type(args) is dict
+            ):
+                return request_id, op, args
+    request = proto.decode_request(body, limits)
+    return request.id, request.op, request.args
+
+
+def _encode_result(request_id: int, result: dict[str, Any]) -> bytes:
+    """``proto.encode_result``, byte for byte, with one Packer for the process."""
+    return _pack({"v": _PROTOCOL_VERSION, "id": request_id, "ok": True, "result": result})
+
+
 def _error_reply(exc: BaseException, request_id: int | None, op: str) -> bytes:
     """Encode the error reply for an exception raised while handling a request."""
     if isinstance(exc, proto.ProtocolError):
@@ -158,7 +211,7 @@ class _WireReply:
 
     def set_result(self, result: dict[str, Any]) -> None:
         try:
-            body = proto.encode_result(self.request_id, result)
+            body = _encode_result(self.request_id, result)
         except Exception as exc:
             self.set_exception(exc)
             return
@@ -493,6 +546,7 @@ class Server:
         self._draining = False
         self._drain_scheduled = False
         self._reading = False
+        self._outbox: list[tuple[list[bytes], bytes]] = []
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -555,16 +609,34 @@ class Server:
             self._quiet.set()
 
     def send(self, envelope: list[bytes], body: bytes) -> None:
-        """Send one reply; never raises (a vanished peer's reply is dropped)."""
+        """Send one reply; never raises (a vanished peer's reply is dropped).
+
+        Replies made while a wake-up drains the socket wait and leave together,
+        32 at a time and the rest when the drain ends: libzmq wakes its I/O
+        thread (an eventfd write and a context switch) for a message sent once
+        that thread has caught up, so replies sent one by one between requests
+        cost a wake-up each. Measured with 8 pipelining clients: 4.9 -> 3.9 us
+        per ping in the daemon's thread, 2.6 -> 1.4 us in libzmq's.
+        """
+        if self._draining:
+            self._outbox.append((envelope, body))
+            if len(self._outbox) >= _SEND_BATCH:
+                self._send_outbox()
+            return
+        self._outbox.append((envelope, body))
+        self._send_outbox()
+        self._check_events()
+
+    def _send_outbox(self) -> None:
         sock = self.socket
-        try:
-            for part in envelope:
-                _send(sock, part, _SNDMORE_NOBLOCK)
-            _send(sock, body, _NOBLOCK)
-        except zmq.ZMQError as exc:
-            _log.warning("reply_dropped", error=str(exc))
-        if not self._draining:
-            self._check_events()
+        outbox, self._outbox = self._outbox, []
+        for envelope, body in outbox:
+            try:
+                for part in envelope:
+                    _send(sock, part, _SNDMORE_NOBLOCK)
+                _send(sock, body, _NOBLOCK)
+            except zmq.ZMQError as exc:
+                _log.warning("reply_dropped", error=str(exc))
 
     def _check_events(self) -> None:
         # A send may have consumed the FD's edge for a pending incoming message.
@@ -628,6 +700,9 @@ class Server:
             self.loop.call_soon(self._on_readable)
         finally:
             self._draining = False
+            if self._outbox:
+                self._send_outbox()
+                self._check_events()
 
     def _receive(self, sock: zmq.Socket[bytes]) -> list[bytes] | None:
         """One message, frame by frame, within the frame and byte caps.
@@ -635,10 +710,13 @@ class Server:
         Returns None when the message broke a cap (the reply is sent here).
         """
         limits = self.limits
-        # copy=False and Frame.more: about half the cost of recv + getsockopt(RCVMORE).
+        # The first frame is the peer's routing id, which a ROUTER always follows
+        # with the peer's frames: received as bytes (0.12 us). The others with
+        # copy=False for Frame.more: about half the cost of recv + getsockopt(RCVMORE).
+        first = _recv(sock, _NOBLOCK, True)
         frame = _recv(sock, _NOBLOCK, False)
-        frames = [frame.bytes]
-        total = len(frames[0])
+        frames = [first, frame.bytes]
+        total = len(first) + len(frames[1])
         too_many = False
         while frame.more:
             frame = _recv(sock, _NOBLOCK, False)
@@ -682,8 +760,7 @@ class Server:
         op = "?"
         task: str | None = None
         try:
-            request = proto.decode_request(frames[-1], self.limits)
-            request_id, op, args = request.id, request.op, request.args
+            request_id, op, args = _decode_request(frames[-1], self.limits)
             proto.validate_args(op, args)
             task = args.get("task")
             self._dispatch(envelope, request_id, op, args, task)
@@ -695,12 +772,7 @@ class Server:
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
     ) -> None:
         if op == "ping":
-            result: dict[str, Any] = {
-                "pong": True,
-                "version": proto.__version__,
-                "proto": proto.PROTOCOL_VERSION,
-                "features": list(proto.FEATURES),
-            }
+            result = _PING_RESULT
         elif op == "stats":
             result = self.statistics().wire()
         elif op == "flush":
@@ -722,7 +794,7 @@ class Server:
             return
         else:
             result = run_free_op(op, args, self.tokens)
-        self.send(envelope, proto.encode_result(request_id, result))
+        self.send(envelope, _encode_result(request_id, result))
 
     def _flush(self, envelope: list[bytes], request_id: int, task: str | None) -> None:
         reply = _WireReply(self, envelope, request_id, "flush", task)
