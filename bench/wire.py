@@ -8,7 +8,9 @@ see the same machine load):
   by a bare ROUTER watched with ``add_reader`` (the daemon's I/O design with
   no work: its ceiling);
 - throughput of 8 client processes, each a DEALER keeping 16 requests in
-  flight, against the same echo (median of 3 runs each);
+  flight, against the same echo (median of 3 runs each), and the CPU time
+  each server's main thread and libzmq I/O thread spent per request
+  (``/proc/<pid>/task/*/stat``, Linux only);
 - ``prepare_request`` round trips on 10 KB, 100 KB and 1 MB conversations
   (``bench/_conversation.py``), below the window (no cut) and over it (cut).
 
@@ -183,6 +185,25 @@ def throughput(endpoint: str, per_client: int) -> float:
     return CLIENTS * per_client / (finished - began)
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of a process's main thread and libzmq I/O threads (Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {"main": 0.0, "io": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        used = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+        if int(tid) == pid:
+            seconds["main"] += used
+        elif name.startswith("ZMQbg/IO"):
+            seconds["io"] += used
+    return seconds
+
+
 def prepare_times(endpoint: str, size: int, over: bool, count: int) -> list[float]:
     """Round trips in milliseconds of prepare_request on a conversation of ``size`` bytes."""
     messages = build_conversation(max(10, size // 500), size, seed=0)
@@ -243,13 +264,24 @@ def run_once(pings: int, per_client: int, quick: bool) -> dict[str, float]:
                 for name, endpoint in pairs:
                     times[name] += latencies(endpoint, PING, max(1, pings // _SLICES))
             rates: dict[str, list[float]] = {name: [] for name, _ in pairs}
+            cpu: dict[str, dict[str, float]] = {name: {"main": 0.0, "io": 0.0} for name, _ in pairs}
+            pids = dict(zip((name for name, _ in pairs), (s.pid for s in servers), strict=True))
+            linux = os.path.isdir("/proc/self/task")
             for _ in range(3):
                 for name, endpoint in pairs:
+                    before = thread_cpu(pids[name]) if linux else {}
                     rates[name].append(throughput(endpoint, per_client))
+                    if linux:
+                        for thread, used in thread_cpu(pids[name]).items():
+                            cpu[name][thread] += used - before[thread]
+            requests = 3 * CLIENTS * per_client
             for name, _endpoint in pairs:
                 figures[f"{name}_ping_p50_us"] = percentile(times[name], 0.50)
                 figures[f"{name}_ping_p99_us"] = percentile(times[name], 0.99)
                 figures[f"{name}_throughput_rps"] = statistics.median(rates[name])
+                if linux:
+                    figures[f"{name}_main_thread_us_per_req"] = cpu[name]["main"] / requests * 1e6
+                    figures[f"{name}_io_thread_us_per_req"] = cpu[name]["io"] / requests * 1e6
             sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
             for size in sizes:
                 count = {10_000: 50, 100_000: 20, 1_000_000: 5}[size]

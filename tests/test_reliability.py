@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +25,13 @@ pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or os.geteuid() != 0,
     reason="needs root on Linux (mount, chattr, setpriv, capsh, strace)",
 )
+
+
+def needs(tool: str) -> None:
+    """Skip, naming ``tool``, when it is not installed (``.ci/run`` installs it as root)."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed (.ci/run installs it with apt-get as root)")
+
 
 # ENOSPC, RLIMIT_FSIZE and a read-only bind mount are covered by test_daemon_faults.py;
 # bench/reliability/faults.py runs all of them.
@@ -53,6 +61,7 @@ def test_a_disk_fault_is_logged_answered_through_and_recovered(name: str, tmp_pa
 
 def test_the_daemon_runs_as_the_uid_setpriv_gives_it() -> None:
     """The EACCES scenario really runs the daemon as uid 65534, not as root."""
+    needs("setpriv")
     with scratch("ctxwin-uid-", owner=NOBODY) as root:
         home = {"HOME": str(root / "run"), "XDG_CONFIG_HOME": str(root / "run")}
         daemon = Daemon(root, env=home, prefix=as_uid(NOBODY))
@@ -118,6 +127,7 @@ def test_open_files_limit_64_and_128_tcp_clients_do_not_abort(tmp_path: Path) ->
 @pytest.mark.parametrize("layout", ["xdg", "tmpdir"])
 def test_another_uid_cannot_reach_the_default_ipc_endpoint(layout: str) -> None:
     """The default socket is in a 0700 dir (tightened if it was wider): uid 65534 gets EACCES."""
+    needs("setpriv")
     with scratch("ctxwin-access-") as root:
         root.chmod(0o755)
         outcome = access.check_default_ipc(root, layout, wait=0.5)

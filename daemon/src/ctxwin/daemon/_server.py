@@ -611,12 +611,14 @@ class Server:
     def send(self, envelope: list[bytes], body: bytes) -> None:
         """Send one reply; never raises (a vanished peer's reply is dropped).
 
-        Replies made while a wake-up drains the socket wait and leave together,
-        32 at a time and the rest when the drain ends: libzmq wakes its I/O
-        thread (an eventfd write and a context switch) for a message sent once
-        that thread has caught up, so replies sent one by one between requests
-        cost a wake-up each. Measured with 8 pipelining clients: 4.9 -> 3.9 us
-        per ping in the daemon's thread, 2.6 -> 1.4 us in libzmq's.
+        Replies made while a wake-up drains a burst wait and leave together, 32
+        at a time and the rest when the drain ends (the first few messages of a
+        wake-up are answered at once, see ``_on_readable``): libzmq wakes its
+        I/O thread (an eventfd write and a context switch) for a message sent
+        once that thread has caught up, so replies sent one by one between
+        requests cost a wake-up each. Measured with 8 pipelining clients
+        (bench/wire.py): throughput 70000 -> 105000 pings/s, libzmq's thread
+        2.6 -> 1.9 us per ping.
         """
         if self._draining:
             self._outbox.append((envelope, body))
@@ -682,10 +684,14 @@ class Server:
                 # Reading EVENTS (1.8 us) re-arms the edge-triggered FD when nothing
                 # is left, as does a recv that fails with EAGAIN (9 us, the cost of
                 # the exception). A wake-up usually brings one message: check
-                # EVENTS first; deep into a burst, checking every message costs
-                # more than one failed recv at its end.
-                if handled < _EVENTS_CHECKS and not _get(sock, _EVENTS) & _POLLIN:
-                    return
+                # EVENTS first (after sending the replies so far, so that a lone
+                # request's reply leaves at once); deep into a burst, checking
+                # every message costs more than one failed recv at its end.
+                if handled < _EVENTS_CHECKS:
+                    if self._outbox:
+                        self._send_outbox()
+                    if not _get(sock, _EVENTS) & _POLLIN:
+                        return
                 try:
                     frames = self._receive(sock)
                 except zmq.Again:
