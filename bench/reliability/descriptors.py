@@ -5,9 +5,10 @@ Usage (from the repository root)::
     .venv/bin/python -m bench.reliability.descriptors [--quick] [--limit 64] [--clients 128]
         [--rounds N] [--json]
 
-libzmq aborts the whole process on some EMFILE paths, and ctxwind raises its
-soft limit to the hard one at start; here both are set to ``--limit`` by a
-``preexec_fn`` so the daemon cannot escape. Each round: ``--clients`` DEALER
+libzmq 4.3.5 aborts the whole process when an ipc ``accept()`` fails with
+EMFILE; ctxwind raises its soft limit to the hard one at start and lets libzmq
+accept only while descriptors are left. Here both limits are set to
+``--limit`` by a ``preexec_fn`` so the daemon cannot escape. Each round: ``--clients`` DEALER
 sockets connect and send ``ping`` at once; the replies that arrive within
 5 s are counted; then every client disconnects and a fresh client must get
 ``ping`` answered and a task change flushed to disk. The daemon must be alive
