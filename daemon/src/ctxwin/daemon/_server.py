@@ -11,7 +11,7 @@ Task-free ops are answered inline, without a hop; task ops go to the task's
 actor (``busy`` when its mailbox is full).
 
 Connections are accepted one at a time and only while descriptors are left
-under the open-files limit (:class:`_AcceptGate`): libzmq aborts the process
+under the open-files limit (:class:`._accept.AcceptGate`): libzmq aborts the process
 when an ipc ``accept()`` fails with EMFILE.
 
 Results the table in DESIGN.md leaves open: ``flush`` answers
@@ -27,15 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import gc
 import os
-import platform
-import resource
-import select
 import signal
 import stat
-import struct
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -50,8 +44,10 @@ import zmq
 
 from ctxwin import engine, proto
 
+from ._accept import FD_RESERVE, MIN_CLIENTS, AcceptGate, soft_open_files_limit
 from ._actors import ActorStoppedError, ActorSystem, BusyError, Counters, FlushError
 from ._config import Config
+from ._memory import MemoryRelease
 from ._notify import Notifier
 from ._ops import run_free_op, wants_actor
 from ._persist import LockedError, acquire_lock
@@ -224,279 +220,6 @@ class _WireReply:
         self.server.send(self.envelope, _error_reply(exc, self.request_id, self.op))
 
 
-# -- accepting within the open-files limit -----------------------------------------
-
-# Descriptors kept free for state files, the log and the gate's own checks.
-_FD_RESERVE = 16
-# Below this many clients' worth of descriptors the daemon refuses to start.
-_MIN_CLIENTS = 8
-# Above this much estimated room the gate trusts its count of connections; below
-# it, it counts /proc/self/fd (about 30 us per 100 descriptors).
-_EXACT_BELOW_ROOM = 1024
-_RECHECK_S = 0.1
-_PAUSE_LOG_INTERVAL_S = 10.0
-_FIND_LISTENER_S = 2.0
-_EPOLL_CTL_MOD = 3
-_GATE_EVENTS = (
-    zmq.EVENT_LISTENING | zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISCONNECTED
-)
-
-
-class _PackedEpollEvent(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = (("events", ctypes.c_uint32), ("data", ctypes.c_uint64))
-
-
-class _EpollEvent(ctypes.Structure):
-    _fields_ = (("events", ctypes.c_uint32), ("data", ctypes.c_uint64))
-
-
-# glibc packs struct epoll_event on x86-64 only.
-_EPOLL_EVENT: type[ctypes.Structure] = (
-    _PackedEpollEvent if platform.machine().lower() in ("x86_64", "amd64") else _EpollEvent
-)
-
-
-@dataclass(frozen=True)
-class _Listener:
-    """A listening descriptor of libzmq's and its registration in libzmq's epoll."""
-
-    endpoint: str
-    fd: int
-    epoll_fd: int
-    data: int
-
-
-def _open_descriptors() -> int:
-    """How many descriptors this process has open (0 where the system does not say)."""
-    for directory in ("/proc/self/fd", "/dev/fd"):
-        try:
-            return len(os.listdir(directory)) - 1  # less the one listdir used
-        except OSError:
-            continue
-    return 0
-
-
-def _soft_open_files_limit() -> int:
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return 1 << 30 if soft == resource.RLIM_INFINITY else soft
-
-
-def _find_registration(fd: int) -> tuple[int, int] | None:
-    """The epoll descriptor watching ``fd`` for input, and the data it reports, or None.
-
-    Read from ``/proc/self/fdinfo``: an epoll descriptor lists each watched
-    descriptor as ``tfd: <fd> events: <hex> data: <hex> ... ino:<hex>``.
-    """
-    inode = os.fstat(fd).st_ino
-    for name in os.listdir("/proc/self/fdinfo"):
-        try:
-            with open(f"/proc/self/fdinfo/{name}") as info:
-                lines = [line for line in info if line.startswith("tfd:")]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            try:
-                tfd, events, data = int(fields[1]), int(fields[3], 16), int(fields[5], 16)
-                ino = next(int(f[4:], 16) for f in fields if f.startswith("ino:"))
-            except (IndexError, ValueError, StopIteration):
-                continue
-            if tfd == fd and ino == inode and events & select.EPOLLIN:
-                return int(name), data
-    return None
-
-
-class _AcceptGate:
-    """Lets libzmq accept one connection at a time, and only while descriptors are left.
-
-    libzmq 4.3.5 aborts the process when ``accept()`` on an ipc listener fails
-    with EMFILE (``ipc_listener.cpp`` asserts on it; the TCP listener tolerates
-    it, then retries in a busy loop until a descriptor is free). libzmq accepts
-    whenever its epoll reports a listener readable, so the gate turns that
-    registration into ``EPOLLONESHOT``: each report lets libzmq accept one
-    connection, then the listener stays quiet until the gate re-arms it. A
-    socket monitor reports every accept and disconnect; the gate re-arms the
-    listeners while at least ``reserve`` descriptors (plus two per listener,
-    what one round of re-arming can cost) are free under the soft
-    ``RLIMIT_NOFILE``, and otherwise looks again every 100 ms. Clients past the
-    limit wait in the listen backlog, or retry their connect, and get in as
-    others leave.
-
-    The registration is read from libzmq's epoll descriptor in
-    ``/proc/self/fdinfo`` (the listener's descriptor comes with the monitor's
-    LISTENING event) and changed with ``epoll_ctl`` keeping libzmq's data.
-    libzmq sets a listener's registration once, when the listener starts, and
-    removes it when the listener closes, which only happens when the socket
-    closes, after :meth:`close`. Where the registration cannot be found (not
-    Linux, a libzmq without epoll) that listener is left as libzmq made it and
-    a warning is logged.
-    """
-
-    def __init__(self, socket: zmq.Socket[bytes], reserve: int = _FD_RESERVE) -> None:
-        self.socket = socket
-        self.reserve = reserve
-        self.loop = asyncio.get_running_loop()
-        self.listeners: list[_Listener] = []
-        self._listening: list[tuple[str, int]] = []
-        self.live = 0  # connections accepted and not yet disconnected
-        self._base = 0  # descriptors open besides the connections
-        self.paused = False
-        self.pauses = 0
-        self._paused_logged_at = -_PAUSE_LOG_INTERVAL_S
-        self._timer: asyncio.TimerHandle | None = None
-        self._reading = False
-        self._closed = False
-        self._libc: ctypes.CDLL | None = None
-        address = f"inproc://ctxwind-accept-gate-{id(self):x}"
-        socket.monitor(address, _GATE_EVENTS)
-        self.monitor: zmq.Socket[bytes] = socket.context.socket(zmq.PAIR)
-        # Unbounded: at the bound libzmq's I/O thread would block on the next event.
-        self.monitor.setsockopt(zmq.RCVHWM, 0)
-        self.monitor.setsockopt(zmq.LINGER, 0)
-        self.monitor.connect(address)
-        fd = self.monitor.getsockopt(zmq.FD)
-        assert isinstance(fd, int)
-        self._fd = fd
-
-    def _events(self) -> Iterator[tuple[int, int, str]]:
-        """The monitor's pending events: (event, value, endpoint)."""
-        while True:
-            try:
-                frames = self.monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event, value = struct.unpack_from("=HI", frames[0])
-            yield event, value, frames[1].decode(errors="replace") if len(frames) > 1 else ""
-
-    def start(self) -> None:
-        """Gate every listener bound so far and start following the monitor."""
-        self._drain()
-        try:
-            self._libc = ctypes.CDLL(None, use_errno=True)
-        except OSError as exc:
-            _log.warning("accept_gate_unavailable", reason=f"no C library: {exc}")
-        deadline = time.monotonic() + _FIND_LISTENER_S
-        for endpoint, fd in self._listening:
-            found = None
-            while self._libc is not None:
-                try:
-                    found = _find_registration(fd)
-                except OSError as exc:
-                    _log.warning("accept_gate_unavailable", endpoint=endpoint, reason=str(exc))
-                    break
-                if found is not None or time.monotonic() > deadline:
-                    break
-                time.sleep(0.001)  # libzmq's I/O thread registers a new listener at once
-            if found is None:
-                if self._libc is not None:
-                    _log.warning(
-                        "accept_gate_unavailable",
-                        endpoint=endpoint,
-                        reason="no epoll registration of the listener in /proc/self/fdinfo",
-                    )
-                continue
-            listener = _Listener(endpoint, fd, *found)
-            try:
-                self._arm(listener)
-            except OSError as exc:
-                _log.warning("accept_gate_unavailable", endpoint=endpoint, reason=str(exc))
-                continue
-            self.listeners.append(listener)
-        self._listening.clear()
-        self._base = _open_descriptors() - self.live
-        self.loop.add_reader(self._fd, self._on_events)
-        self._reading = True
-        self._on_events()
-
-    def room(self) -> int:
-        """Descriptors free under the soft open-files limit (an estimate when far from it)."""
-        limit = _soft_open_files_limit()
-        room = limit - self._base - self.live
-        if room >= _EXACT_BELOW_ROOM:
-            return room
-        open_now = _open_descriptors()
-        self._base = open_now - self.live  # counts drift: handovers close without an event
-        return limit - open_now
-
-    def close(self) -> None:
-        """Stop gating (before the socket closes) and drop the monitor."""
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._reading:
-            self.loop.remove_reader(self._fd)
-            self._reading = False
-        with contextlib.suppress(zmq.ZMQError):
-            self.socket.disable_monitor()
-        self.monitor.close(linger=0)
-
-    def _drain(self) -> bool:
-        """Take the monitor's events; whether any was an accept or a disconnect."""
-        changed = False
-        for event, value, endpoint in self._events():
-            if event == zmq.EVENT_LISTENING:
-                self._listening.append((endpoint, value))
-            elif event == zmq.EVENT_ACCEPTED:
-                self.live += 1
-                changed = True
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.live = max(0, self.live - 1)
-                changed = True
-            elif event == zmq.EVENT_ACCEPT_FAILED:
-                changed = True
-        return changed
-
-    def _on_events(self) -> None:
-        if self._drain() and not self._closed:
-            self._admit()
-
-    def _admit(self) -> None:
-        """Re-arm the listeners if descriptors allow, else look again shortly."""
-        if self._timer is not None:
-            self._timer.cancel()  # a no-op when the timer is what called
-            self._timer = None
-        if self._closed or not self.listeners:
-            return
-        room = self.room()
-        if room >= self.reserve + 2 * len(self.listeners):
-            for listener in self.listeners:
-                try:
-                    self._arm(listener)
-                except OSError as exc:
-                    _log.error("accept_gate_failed", endpoint=listener.endpoint, error=str(exc))
-            if self.paused:
-                self.paused = False
-                _log.info("accept_resumed", room=room, clients=self.live)
-            return
-        if not self.paused:
-            self.paused = True
-            self.pauses += 1
-            now = time.monotonic()
-            if now - self._paused_logged_at >= _PAUSE_LOG_INTERVAL_S:
-                self._paused_logged_at = now
-                _log.warning(
-                    "accept_paused",
-                    reason="open-files limit",
-                    limit=_soft_open_files_limit(),
-                    room=room,
-                    clients=self.live,
-                    pauses=self.pauses,
-                )
-        self._timer = self.loop.call_later(_RECHECK_S, self._admit)
-
-    def _arm(self, listener: _Listener) -> None:
-        """Let libzmq accept one connection on ``listener`` (``epoll_ctl`` MOD, one-shot)."""
-        assert self._libc is not None
-        event = _EPOLL_EVENT(select.EPOLLIN | select.EPOLLONESHOT, listener.data)
-        if self._libc.epoll_ctl(
-            listener.epoll_fd, _EPOLL_CTL_MOD, listener.fd, ctypes.byref(event)
-        ):
-            code = ctypes.get_errno()
-            raise OSError(code, f"epoll_ctl: {os.strerror(code)}")
-
-
 class Server:
     """The ROUTER socket and the dispatch of requests.
 
@@ -518,7 +241,6 @@ class Server:
         self.counters = Counters()
         self.started = time.monotonic()
         self.in_flight = 0
-        self.actors_started = 0
         self._quiet = asyncio.Event()
         self.system = ActorSystem(
             config.state_dir,
@@ -539,7 +261,7 @@ class Server:
         self.socket.setsockopt(zmq.LINGER, 0)
         if any("[" in endpoint for endpoint in config.endpoints):
             self.socket.setsockopt(zmq.IPV6, 1)
-        self.gate = _AcceptGate(self.socket)
+        self.gate = AcceptGate(self.socket)
         fd = self.socket.getsockopt(zmq.FD)
         assert isinstance(fd, int)
         self._fd = fd
@@ -556,7 +278,7 @@ class Server:
         self.task_group.start_soon(function)
 
     def bind(self) -> None:
-        """Bind every configured endpoint and gate its accepts (see :class:`_AcceptGate`).
+        """Bind every configured endpoint and gate its accepts (see :class:`AcceptGate`).
 
         Raises:
             StartupError: an endpoint cannot be bound, or the open-files limit
@@ -571,15 +293,15 @@ class Server:
                 os.chmod(endpoint[len("ipc://") :], 0o600)
             _log.info("listening", endpoint=endpoint)
         self.gate.start()
-        room = self.gate.room() - _FD_RESERVE
-        if room < _MIN_CLIENTS:
-            limit = _soft_open_files_limit()
-            in_use = limit - room - _FD_RESERVE
+        room = self.gate.room() - FD_RESERVE
+        if room < MIN_CLIENTS:
+            limit = soft_open_files_limit()
+            in_use = limit - room - FD_RESERVE
             raise StartupError(
                 f"the open-files limit ({limit}) is too low: {in_use} descriptors are in use "
-                f"and {_FD_RESERVE} are kept for state files, which leaves room for "
+                f"and {FD_RESERVE} are kept for state files, which leaves room for "
                 f"{max(room, 0)} clients; ctxwind needs a limit of at least "
-                f"{in_use + _FD_RESERVE + _MIN_CLIENTS} (raise LimitNOFILE= in the unit, "
+                f"{in_use + FD_RESERVE + MIN_CLIENTS} (raise LimitNOFILE= in the unit, "
                 "or the hard limit with ulimit -Hn)"
             )
 
@@ -789,10 +511,7 @@ class Server:
         elif wants_actor(op, args):
             reply = _WireReply(self, envelope, request_id, op, task)
             try:
-                running = task in self.system.actors
                 actor = self.system.actor_for(task, bool(args.get("ephemeral", False)))
-                if not running:
-                    self.actors_started += 1
                 actor.tell(op, args, reply)
             except Exception:
                 self.reply_done()
@@ -986,131 +705,6 @@ async def _watch_signals(stop: anyio.Event) -> None:
                 os._exit(1)
 
 
-# -- giving memory back after idle eviction ----------------------------------------
-
-# A release follows a poll that saw no actor stop, after at least this many
-# stopped since the last one, and at most once per interval.
-_RELEASE_AFTER_STOPPED = 256
-_RELEASE_POLL_S = 2.0
-_RELEASE_MIN_INTERVAL_S = 10.0
-# Compacting the kept task ids takes about 37 ms per 100000 in the event loop.
-_COMPACT_MAX_TASKS = 100_000
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None on another C library."""
-    try:
-        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
-            return None
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, ValueError, AttributeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return cast(Callable[[int], int], trim)
-
-
-def _rss_mib() -> float:
-    """This process's resident set size in MiB (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            pages = int(statm.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return round(pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20), 1)
-
-
-def _compact_task_ids(system: ActorSystem) -> None:
-    """Re-create the ids of stopped tasks that ``system.known_tasks`` keeps.
-
-    Each id was decoded from a request in the middle of that request's
-    allocations, so after the actors stop, a few dozen bytes still pin each
-    of CPython's 1 MiB object arenas the actors filled: measured, 72 arenas
-    after 5000 actors stopped against 21 before. The ids go into one string,
-    the old ones are freed (and with them most of those arenas), then they are
-    split again into the arenas still in use. Skipped above 100000 ids, where
-    it would hold up the event loop for more than about 40 ms.
-    """
-    if len(system.known_tasks) > _COMPACT_MAX_TASKS:
-        return
-    live = system.actors
-    known = system.known_tasks
-    joined = "\n".join(task for task in known if task not in live)  # "\n" is never in an id
-    kept = {task for task in known if task in live}
-    system.known_tasks = kept
-    del known
-    if joined:
-        kept.update(joined.split("\n"))
-
-
-class _MemoryRelease:
-    """Gives memory back to the system once an idle sweep has stopped many actors.
-
-    Stopped actors' memory returns to CPython's and glibc's allocators, which
-    keep it: CPython frees an arena only when all its objects are gone, glibc
-    keeps freed pages in its heaps. After at least 256 actors stopped (and a
-    poll, 2 s, in which no more stopped), at most every 10 s: collect cycles,
-    compact the kept task ids (:func:`_compact_task_ids`), then ``malloc_trim(0)``
-    (glibc only) in a worker thread. anyio retires worker threads idle for 10 s
-    when it hands out the next job, so the trim also frees the threads the
-    actors' writes left behind. Failures are logged, never raised.
-    """
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.system = server.system
-        self.trim = _load_malloc_trim()
-        self.releases = 0
-        self._stopped_seen = 0  # actors stopped since start, at the last poll
-        self._stopped_released = 0  # the same, at the last release
-        self._last_release = -_RELEASE_MIN_INTERVAL_S
-
-    def note(self, stopped: int, now: float) -> bool:
-        """Take one poll's count of actors stopped since start; whether to release now."""
-        quiet = stopped == self._stopped_seen
-        self._stopped_seen = stopped
-        return (
-            quiet
-            and stopped - self._stopped_released >= _RELEASE_AFTER_STOPPED
-            and now - self._last_release >= _RELEASE_MIN_INTERVAL_S
-        )
-
-    async def release(self) -> None:
-        """Collect, compact and trim; log what it gave back."""
-        self._last_release = time.monotonic()
-        stopped = self._stopped_seen - self._stopped_released
-        self._stopped_released = self._stopped_seen
-        before = _rss_mib()
-        started = time.perf_counter()
-        try:
-            gc.collect()
-            _compact_task_ids(self.system)
-            trimmed = None
-            if self.trim is not None:
-                trimmed = bool(await anyio.to_thread.run_sync(self.trim, 0))
-        except Exception as exc:
-            _log.warning("memory_release_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        self.releases += 1
-        _log.info(
-            "memory_released",
-            stopped_actors=stopped,
-            actors=len(self.system.actors),
-            rss_before_mib=before,
-            rss_after_mib=_rss_mib(),
-            trimmed=trimmed,
-            ms=round((time.perf_counter() - started) * 1000, 1),
-        )
-
-    async def run(self) -> None:
-        """Poll the actor count and release after sweeps, forever (runs as a task)."""
-        while True:
-            await anyio.sleep(_RELEASE_POLL_S)
-            stopped = self.server.actors_started - len(self.system.actors)
-            if self.note(stopped, time.monotonic()):
-                await self.release()
-
-
 async def _tick(server: Server, notifier: Notifier) -> None:
     """STATUS= lines and WATCHDOG=1 pings from the event loop."""
     interval = notifier.watchdog_interval
@@ -1162,7 +756,7 @@ async def run_daemon(
             server.task_group = task_group
             task_group.start_soon(_watch_signals, stop)
             task_group.start_soon(server.system.reap_idle)
-            task_group.start_soon(_MemoryRelease(server).run)
+            task_group.start_soon(MemoryRelease(server.system).run)
             task_group.start_soon(anyio.to_thread.run_sync, _preload, tokens)
             server.start_reading()
             notifier.ready()
@@ -1172,7 +766,7 @@ async def run_daemon(
                 pid=os.getpid(),
                 state_dir=str(config.state_dir),
                 endpoints=list(config.endpoints),
-                open_files_limit=_soft_open_files_limit(),
+                open_files_limit=soft_open_files_limit(),
                 accept_gated=len(server.gate.listeners),
             )
             await stop.wait()
