@@ -110,6 +110,7 @@ def test_a_patch_receiver_keeps_overrides_between_patches() -> None:
         "keep_from": 2,
         "overrides": [[5, {"x": 5}]],
         "reuse": True,
+        "base": b"t1",
         "dropped": [4],
         "token": b"t2",
     }
@@ -119,3 +120,17 @@ def test_a_patch_receiver_keeps_overrides_between_patches() -> None:
     receiver.reset()
     with pytest.raises(ValueError, match="does not hold"):
         receiver.apply(history, second)
+
+
+def test_reuse_applies_against_the_patch_it_names_in_any_order() -> None:
+    """Replies to concurrent calls may be read out of order: each reuses its own base."""
+    history = [{"role": "user", "content": str(index)} for index in range(6)]
+    receiver = proto.PatchReceiver()
+    receiver.apply(history, {"length": 6, "keep_from": 2, "overrides": [[3, "a"]], "token": b"1"})
+    later = {"length": 6, "keep_from": 2, "overrides": [[4, "c"]], "token": b"3"}
+    reuse = {"length": 6, "keep_from": 2, "overrides": [[5, "b"]], "reuse": True}
+    assert ["c"] == receiver.apply(history, later)[4:5]
+    view = receiver.apply(history, {**reuse, "base": b"1", "dropped": [], "token": b"2"})
+    assert ["a", history[4], "b"] == view[3:]
+    with pytest.raises(ValueError, match="does not hold"):
+        receiver.apply(history, {**reuse, "base": b"gone", "dropped": [], "token": b"4"})

@@ -362,6 +362,7 @@ class TaskActor:
             if sent.get(origin) is not message
         ]
         patch["reuse"] = True
+        patch["base"] = previous
         patch["dropped"] = [origin for origin in sent if origin not in overrides]
         return patch
 

@@ -128,37 +128,43 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
 
 
 class PatchReceiver:
-    """A client's side of patches that reuse the overrides of the previous one.
+    """A client's side of patches that reuse the overrides of an earlier one.
 
-    Every patch carries a ``token``. A caller that sends the last token it
-    applied as ``patch_base`` may get ``reuse: true``: the overrides of that
-    previous patch stand, except the ``dropped`` indices, and ``overrides``
-    lists only what is new or changed. Overlaid messages then cross the wire
-    once, not every turn. Any mismatch (a lost reply, a daemon restart) makes
-    the daemon send every override again.
+    Every patch carries a ``token``. A caller that sends a token it applied as
+    ``patch_base`` may get ``reuse: true`` with ``base`` (that token): the
+    overrides of that patch stand, except the ``dropped`` indices, and
+    ``overrides`` lists only what is new or changed. Overlaid messages then
+    cross the wire once, not every turn. Any mismatch (a lost reply, a daemon
+    restart) makes the daemon send every override again. The overrides of the
+    last few patches are kept, so that replies to calls made concurrently on
+    one task apply whatever order they are read in.
     """
 
     __slots__ = ("_held", "token")
 
+    KEPT = 4
+
     def __init__(self) -> None:
         self.token: bytes | None = None
-        self._held: dict[int, Any] = {}
+        self._held: dict[bytes, dict[int, Any]] = {}
 
     def apply(self, history: Sequence[Any], patch: Mapping[str, Any]) -> list[Any]:
-        """The view ``patch`` describes; remembers its overrides for the next one.
+        """The view ``patch`` describes; remembers its overrides for later ones.
 
         Raises:
-            ValueError: the patch does not fit ``history`` or reuses another token.
+            ValueError: the patch does not fit ``history`` or reuses a patch not held.
         """
         overrides = patch.get("overrides")
         if not isinstance(overrides, list):
             raise ValueError("view patch without overrides")
         held: dict[int, Any] = {}
         if patch.get("reuse"):
+            base = patch.get("base")
             dropped = patch.get("dropped")
-            if self.token is None or not isinstance(dropped, list):
+            previous = self._held.get(base) if isinstance(base, bytes) else None
+            if previous is None or not isinstance(dropped, list):
                 raise ValueError("view patch reuses overrides this client does not hold")
-            held = dict(self._held)
+            held = dict(previous)
             for origin in dropped:
                 held.pop(origin, None)
         for item in overrides:
@@ -167,8 +173,11 @@ class PatchReceiver:
             held[item[0]] = item[1]
         view = apply_view_patch(history, {**patch, "overrides": [[o, m] for o, m in held.items()]})
         token = patch.get("token")
-        self.token = token if isinstance(token, bytes) else None
-        self._held = held
+        if isinstance(token, bytes):
+            self._held[token] = held
+            while len(self._held) > self.KEPT:
+                del self._held[next(iter(self._held))]
+            self.token = token
         return view
 
     def reset(self) -> None:
