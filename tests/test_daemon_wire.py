@@ -161,6 +161,20 @@ def test_stats_counts_tasks_actors_and_requests(peer: Peer) -> None:
     assert stats["uptime_s"] >= 0
 
 
+def test_a_long_count_does_not_hold_up_other_requests(shared_daemon: DaemonProcess) -> None:
+    """count_tokens runs off the event loop: a ping sent right behind a big count comes first."""
+    peer = Peer(shared_daemon.endpoint)
+    try:
+        text = " ".join(f"word{index} {index * 7}, and more." for index in range(300_000))
+        peer.send(1, "count_tokens", {"text": text})
+        peer.send(2, "ping")  # same connection: read after the count
+        first, second = peer.recv(60), peer.recv(60)
+        assert (2, 1) == (first.id, second.id)
+        assert ok(second)["tokens"] > 1_000_000
+    finally:
+        peer.close()
+
+
 def test_task_free_ops_answer_from_the_engine(shared_peer: Peer) -> None:
     """context_window_info, should_compact, next_truncation_range and count_tokens answer."""
     peer = shared_peer
