@@ -92,6 +92,24 @@ def test_calibration_converges_on_a_fixed_multiple(client: Client) -> None:
     assert stats.get("calibration_median") is not None
 
 
+def test_a_report_of_a_request_made_without_an_estimate_is_not_calibrated(
+    client: Client,
+) -> None:
+    """Usage of a request the daemon did not estimate never meets an older estimate."""
+    task = client.task("calibrate-gap")
+    messages = conversation([300, 50])
+    first = task.prepare_request(messages, MODEL, estimate=True)
+    estimate = first["estimated_tokens"]
+    messages = [*messages, *conversation([40, 30])]
+    usage: proto.Usage = {"ts": 1, "tokens_in": estimate, "tokens_out": 10}
+    task.prepare_request(messages, MODEL, previous_request=usage)  # not estimated
+    messages = [*messages, *conversation([40, 30])]
+    usage = {"ts": 2, "tokens_in": estimate * 10, "tokens_out": 10}
+    task.prepare_request(messages, MODEL, previous_request=usage, estimate=True)
+    calibration = task.inspect()["calibration"]
+    assert (calibration["samples"], calibration["ratio"]) == (0, 1.0)
+
+
 def test_plan_says_what_prepare_would_do_and_changes_nothing(client: Client) -> None:
     """plan's range and estimates match the prepare_request that follows; state is untouched."""
     task = client.task("plan")

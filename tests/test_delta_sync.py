@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from ctxwin import proto
-from ctxwin.client import Client, Task
+from ctxwin.client import AsyncClient, Client, Task
 from ctxwin.client._core import Call, DeltaSync
 from tests._client_fake import FakeRouter, error, ok
 from tests._daemon import DaemonProcess, wait_until
@@ -168,6 +169,29 @@ def test_resync_after_restart_and_idle_eviction(tmp_path: Path) -> None:
             messages = [*messages, *conversation(6)[-2:]]
             same_views(delta, full, messages, 22)
             assert refusals(daemon, "resync_required") == 2
+    finally:
+        assert daemon.stop() == 0
+
+
+@pytest.mark.anyio
+async def test_concurrent_calls_on_one_handle_apply_in_call_order(tmp_path: Path) -> None:
+    """Calls gathered on one async handle after a restart: one resync, then deltas, in order."""
+    daemon = DaemonProcess(tmp_path)
+    daemon.start()
+    try:
+        async with AsyncClient(daemon.endpoint, timeout=30) as client:
+            task = client.task("gathered")
+            histories = [conversation(turns) for turns in range(2, 7)]
+            await task.truncated_messages(histories[0])
+            daemon.restart()  # the daemon no longer holds the history the handle sent
+            views = await asyncio.gather(
+                *(task.truncated_messages(history) for history in histories[1:])
+            )
+            assert [len(view["messages"]) for view in views] == [
+                len(history) for history in histories[1:]
+            ]
+            assert refusals(daemon, "resync_required") == 1, "only the first call resyncs"
+            assert (await task.inspect())["history"] == len(histories[-1])
     finally:
         assert daemon.stop() == 0
 

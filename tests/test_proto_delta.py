@@ -134,3 +134,57 @@ def test_reuse_applies_against_the_patch_it_names_in_any_order() -> None:
     assert ["a", history[4], "b"] == view[3:]
     with pytest.raises(ValueError, match="does not hold"):
         receiver.apply(history, {**reuse, "base": b"gone", "dropped": [], "token": b"4"})
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"role": "user", "content": "x", "n": 1}, {"role": "user", "content": "x", "n": 1.0}),
+        ({"role": "user", "content": "x", "n": 1}, {"role": "user", "content": "x", "n": True}),
+        ({"role": "user", "content": "x"}, {"content": "x", "role": "user"}),
+    ],
+    ids=["int-to-float", "int-to-bool", "key-order"],
+)
+def test_an_equal_message_that_encodes_differently_is_sent_again(
+    old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    """Only the very objects sent count as unchanged: an equal stand-in goes over the wire."""
+    sender = DeltaSender()
+    history = [dict(message) for message in MESSAGES] + [old, dict(MESSAGES[0]), dict(MESSAGES[1])]
+    sender.sent(history, sender.args_for(history))
+    assert new == old
+    assert message_digest(new) != message_digest(old)
+    replaced = [*history[:3], new, *history[4:]]
+    args = sender.args_for(replaced)
+    assert args["base"] == 3
+    assert args["append"][0] is new
+    assert args["base_digest"] == DigestChain(replaced).digest(3)
+
+
+def test_a_delta_from_before_a_reset_is_not_recorded() -> None:
+    """A reply to a delta built before reset() leaves the sender sending whole lists."""
+    sender = DeltaSender()
+    history = list(MESSAGES)
+    sender.sent(history[:2], sender.args_for(history[:2]))
+    in_flight = sender.args_for(history)
+    assert in_flight["base"] == 2
+    sender.reset()
+    sender.sent(history, in_flight)  # the reply arrives after the reset
+    assert {"messages": history} == sender.args_for(history)
+    # A full list always records, whatever happened since it was built.
+    sender.sent(history, {"messages": history})
+    assert sender.args_for(history)["base"] == len(history)
+
+
+def test_a_delta_against_a_prefix_since_cut_is_not_recorded() -> None:
+    """A reply whose base no longer matches the record (a shorter sync landed first) resets it."""
+    sender = DeltaSender()
+    history = list(MESSAGES)
+    sender.sent(history, sender.args_for(history))
+    longer = [*history, {"role": "user", "content": "more"}]
+    stale = sender.args_for(longer)
+    assert stale["base"] == len(history)
+    shorter = history[:1]
+    sender.sent(shorter, sender.args_for(shorter))  # cut back to one message
+    sender.sent(longer, stale)
+    assert {"messages": longer} == sender.args_for(longer)

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import TYPE_CHECKING, TypeVar
 
 from ctxwin.proto import (
@@ -96,16 +98,22 @@ class Task(_TaskBase):
     ) -> None:
         super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
+        self._syncing = threading.Lock()
 
     def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
-        """Send a history op by delta, resending in full when the daemon asks to."""
-        try:
-            return self.client.call(self._delta.call(call, messages), timeout=timeout)
-        except CtxwinError as exc:
-            retry = self._delta.retry(call, messages, exc)
-            if retry is None:
-                raise
-            return self.client.call(retry, timeout=timeout)
+        """Send a history op by delta, resending in full when the daemon asks to.
+
+        History ops of one handle run one at a time, resync included, so the
+        daemon applies them in the order they were called.
+        """
+        with self._syncing:
+            try:
+                return self.client.call(self._delta.call(call, messages), timeout=timeout)
+            except CtxwinError as exc:
+                retry = self._delta.retry(call, messages, exc)
+                if retry is None:
+                    raise
+                return self.client.call(retry, timeout=timeout)
 
     def plan(
         self,
@@ -307,16 +315,22 @@ class AsyncTask(_TaskBase):
     ) -> None:
         super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
+        self._syncing = asyncio.Lock()
 
     async def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
-        """Send a history op by delta, resending in full when the daemon asks to."""
-        try:
-            return await self.client.call(self._delta.call(call, messages), timeout=timeout)
-        except CtxwinError as exc:
-            retry = self._delta.retry(call, messages, exc)
-            if retry is None:
-                raise
-            return await self.client.call(retry, timeout=timeout)
+        """Send a history op by delta, resending in full when the daemon asks to.
+
+        History ops of one handle run one at a time, resync included, so the
+        daemon applies them in the order they were called.
+        """
+        async with self._syncing:
+            try:
+                return await self.client.call(self._delta.call(call, messages), timeout=timeout)
+            except CtxwinError as exc:
+                retry = self._delta.retry(call, messages, exc)
+                if retry is None:
+                    raise
+                return await self.client.call(retry, timeout=timeout)
 
     async def plan(
         self,

@@ -330,6 +330,9 @@ class TaskActor:
             if op == "prepare_request":
                 self._calibrate(args.get("previous_request"))
             context = TaskContext(history.counter(tokens.count_message), self.calibration)
+        if op == "prepare_request":
+            # The next report is of this request: it calibrates only against this view's estimate.
+            self._estimate = None
         messages = history.messages if history is not None else args["messages"]
         result = run_task_op(state, op, {**args, "messages": messages}, context)
         if op == "prepare_request" and context is not None:

@@ -216,12 +216,11 @@ class DeltaSender:
     def _common_prefix(self, messages: Sequence[Any]) -> int:
         limit = min(len(self._sent), len(messages))
         trusted = max(min(limit, len(self._sent) - RECHECKED_TAIL), 0)
-        mine, sent = messages[:trusted], self._sent[:trusted]
-        if mine == sent:  # list equality tries identity first: a pointer walk when unchanged
-            common = trusted
-        else:  # the first message that is not the very object sent
-            differs = map(operator.is_not, mine, sent)
-            common = next(itertools.compress(itertools.count(), differs), trusted)
+        # The first message that is not the very object sent. Identity, not
+        # equality: an equal message may encode differently (1 and 1.0, key
+        # order), and the daemon must hold what the caller holds.
+        differs = map(operator.is_not, itertools.islice(messages, trusted), self._sent)
+        common = next(itertools.compress(itertools.count(), differs), trusted)
         while common < limit:
             if chain_digest(self._chain.digest(common), message_digest(messages[common])) != (
                 self._chain.digest(common + 1)
@@ -242,8 +241,19 @@ class DeltaSender:
         }
 
     def sent(self, messages: Sequence[Any], args: Mapping[str, Any]) -> None:
-        """Record that the daemon accepted ``args`` built for ``messages``."""
-        base = args.get("base", 0)
+        """Record that the daemon accepted ``args`` built for ``messages``.
+
+        A delta built before a :meth:`reset` (or against a prefix since cut)
+        no longer extends this record; it is forgotten and the next call sends
+        the whole list.
+        """
+        if "messages" in args:
+            base = 0
+        else:
+            base = args.get("base", 0)
+            if not self._chain.matches(base, args.get("base_digest")):
+                self.reset()
+                return
         self._chain.truncate(base)
         self._chain.extend(messages[base:])
         self._sent = list(messages)
