@@ -196,6 +196,27 @@ async def test_concurrent_calls_on_one_handle_apply_in_call_order(tmp_path: Path
         assert daemon.stop() == 0
 
 
+@pytest.mark.anyio
+async def test_a_list_appended_to_while_a_call_is_out_keeps_its_view(
+    delta_daemon: DaemonProcess,
+) -> None:
+    """The call syncs and views the list as it was when called, whatever the caller does next."""
+    resyncs = refusals(delta_daemon, "resync_required")
+    async with AsyncClient(delta_daemon.endpoint, timeout=30) as client:
+        task = client.task("appended-meanwhile")
+        messages = conversation(2)
+        await task.truncated_messages(messages)
+        messages.extend(conversation(3)[-2:])
+        sent = len(messages)
+        pending = asyncio.ensure_future(task.truncated_messages(messages))
+        await asyncio.sleep(0)  # the request is built and sent
+        messages.extend(conversation(4)[-2:])
+        assert len((await pending)["messages"]) == sent
+        assert (await task.inspect())["history"] == sent
+        assert len((await task.truncated_messages(messages))["messages"]) == len(messages)
+    assert refusals(delta_daemon, "resync_required") == resyncs
+
+
 def test_memory_cap_evicts_the_least_recently_used_history(tmp_path: Path) -> None:
     """With room for one history, using another task drops the first one's copy."""
     daemon = DaemonProcess(tmp_path, "--history-cache-mb", "0")

@@ -444,6 +444,8 @@ class DeltaSync:
         """``call`` (built with no messages) for ``messages``, by delta when enabled."""
         if not self.enabled:
             return _with_history(call, {"messages": _messages(messages)})
+        # The list as it is now: the caller may append to its own while the call is out.
+        messages = list(messages)
         history = self.sender.args_for(messages)
         sender, patches = self.sender, self.patches
 
