@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import zmq
@@ -59,6 +60,21 @@ class DaemonProcess:
         self.env.update(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.preexec_fn = preexec_fn
+
+    def __enter__(self) -> DaemonProcess:
+        """Start (see :meth:`start`); on leaving, stop and require exit 0 unless already failing."""
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        code = self.stop()
+        if exc_type is None:
+            assert code == 0, f"ctxwind exited with {code}:\n{self.log()}"
 
     @property
     def argv(self) -> list[str]:

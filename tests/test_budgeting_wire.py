@@ -41,13 +41,11 @@ def conversation(sizes: list[int]) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    daemon = DaemonProcess(tmp_path_factory.mktemp("budget"))
-    daemon.start()
-    try:
-        with Client(daemon.endpoint, timeout=60) as connected:
-            yield connected
-    finally:
-        assert daemon.stop() == 0
+    with (
+        DaemonProcess(tmp_path_factory.mktemp("budget")) as daemon,
+        Client(daemon.endpoint, timeout=60) as connected,
+    ):
+        yield connected
 
 
 @settings(max_examples=300, deadline=None)

@@ -27,12 +27,8 @@ CORPUS = (
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """One daemon for the command-line tests."""
-    process = DaemonProcess(tmp_path_factory.mktemp("cli"))
-    process.start()
-    try:
+    with DaemonProcess(tmp_path_factory.mktemp("cli")) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def run(*argv: str) -> tuple[int, str, str]:

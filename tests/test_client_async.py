@@ -28,12 +28,8 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """One daemon for the tests that do not disturb it."""
-    process = DaemonProcess(tmp_path_factory.mktemp("async"))
-    process.start()
-    try:
+    with DaemonProcess(tmp_path_factory.mktemp("async")) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

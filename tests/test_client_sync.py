@@ -31,12 +31,8 @@ from tests._daemon import DaemonProcess
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """One daemon for the tests that do not disturb it."""
-    process = DaemonProcess(tmp_path_factory.mktemp("sync"))
-    process.start()
-    try:
+    with DaemonProcess(tmp_path_factory.mktemp("sync")) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
@@ -193,15 +189,13 @@ def test_unsupported_version_reply_maps_to_its_class(shared: DaemonProcess) -> N
 
 def test_oversize_request_is_dropped_and_the_client_recovers(tmp_path: Path) -> None:
     """A daemon with a small request limit drops an oversize request; the client then recovers."""
-    small = DaemonProcess(tmp_path, "--max-bytes", "4096")
-    small.start()
-    try:
-        with Client(small.endpoint, timeout=10) as client:
-            with pytest.raises((TooLargeError, RequestTimeoutError)):
-                client.count_tokens(text="x" * 10_000, timeout=1)
-            assert client.ping()["pong"] is True
-    finally:
-        small.stop()
+    with (
+        DaemonProcess(tmp_path, "--max-bytes", "4096") as small,
+        Client(small.endpoint, timeout=10) as client,
+    ):
+        with pytest.raises((TooLargeError, RequestTimeoutError)):
+            client.count_tokens(text="x" * 10_000, timeout=1)
+        assert client.ping()["pong"] is True
 
 
 def test_timeout_while_the_daemon_is_stopped_then_recovery(daemon: DaemonProcess) -> None:

@@ -50,12 +50,8 @@ class Connection:
 @pytest.fixture(scope="module")
 def conformance_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A daemon configured with the scenarios' placeholder notice texts."""
-    process = DaemonProcess(tmp_path_factory.mktemp("conformance"), env=PLACEHOLDER_ENV)
-    process.start()
-    try:
+    with DaemonProcess(tmp_path_factory.mktemp("conformance"), env=PLACEHOLDER_ENV) as process:
         yield process
-    finally:
-        assert process.stop() == 0
 
 
 @pytest.fixture(scope="module")

@@ -142,9 +142,7 @@ def _limit_file_size() -> None:
 
 def test_a_file_size_limit_fails_the_write_not_the_daemon(tmp_path: Path) -> None:
     """Past RLIMIT_FSIZE the write fails with EFBIG; shrinking the state makes writes work again."""
-    daemon = DaemonProcess(tmp_path, "--debounce-ms", "20", preexec_fn=_limit_file_size)
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--debounce-ms", "20", preexec_fn=_limit_file_size) as daemon:
         good = write_good_state(daemon)
         messages = big_conversation(FSIZE_LIMIT + 4096)
         changed = ok(
@@ -156,8 +154,6 @@ def test_a_file_size_limit_fails_the_write_not_the_daemon(tmp_path: Path) -> Non
         small = small_conversation()
         ok(daemon.call("optimize_file_reads", {"task": TASK, "messages": small, "ts": 200}))
         assert_written_now(daemon)
-    finally:
-        assert daemon.stop() == 0
 
 
 @pytest.fixture
@@ -177,9 +173,7 @@ def test_an_unwritable_directory_fails_the_write_then_recovers(
     tmp_path: Path, read_only_task_dir: Path
 ) -> None:
     """A read-only task dir fails the write; once writable, the retry writes without a flush."""
-    daemon = DaemonProcess(tmp_path, "--debounce-ms", "20")
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--debounce-ms", "20") as daemon:
         good = write_good_state(daemon)
         run("mount", "--bind", str(read_only_task_dir), str(read_only_task_dir))
         run("mount", "-o", "remount,bind,ro", str(read_only_task_dir))
@@ -194,8 +188,6 @@ def test_an_unwritable_directory_fails_the_write_then_recovers(
             lambda: json.loads(history.read_text()) == expected, 10, "the failed write is retried"
         )
         assert_written_now(daemon)
-    finally:
-        assert daemon.stop() == 0
 
 
 @pytest.fixture
@@ -231,9 +223,7 @@ def fill(directory: Path) -> Path:
 
 def test_a_full_disk_fails_the_write_then_recovers(tmp_path: Path, small_state_fs: Path) -> None:
     """ENOSPC fails the write and leaves the old file; after space is freed the flush works."""
-    daemon = DaemonProcess(tmp_path, "--debounce-ms", "20")
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--debounce-ms", "20") as daemon:
         good = write_good_state(daemon)
         filler = fill(small_state_fs)
         messages = big_conversation(8192)
@@ -241,5 +231,3 @@ def test_a_full_disk_fails_the_write_then_recovers(tmp_path: Path, small_state_f
         assert_fault_handled(daemon, good, "ENOSPC")
         filler.unlink()
         assert_written_now(daemon)
-    finally:
-        assert daemon.stop() == 0

@@ -40,17 +40,13 @@ def test_format_is_json_under_systemd_and_console_on_a_terminal(
 
 def test_logs_hold_no_conversation_text(tmp_path: Path) -> None:
     """Requests that succeed or fail leave events in the log but never their text."""
-    daemon = DaemonProcess(tmp_path, "--log-level", "debug")
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--log-level", "debug") as daemon:
         message = {"role": "user", "content": [{"type": "text", "text": SECRET}]}
         assert daemon.call("truncated_messages", {"task": "t", "messages": [message]}).ok
         bad = daemon.call("truncated_messages", {"task": "t", "messages": [message, SECRET]})
         assert bad.code == "bad_request"
         assert daemon.call("count_tokens", {"text": SECRET}).ok
         assert daemon.call("flush").ok
-    finally:
-        assert daemon.stop() == 0
     lines = daemon.log().splitlines()
     assert [json.loads(line)["event"] for line in lines if "request_refused" in line] == [
         "request_refused"

@@ -56,22 +56,16 @@ def read_json(path: Path) -> Any:
 
 def test_changes_reach_the_disk_without_flush_within_the_debounce_cap(tmp_path: Path) -> None:
     """A change is written by the debouncer alone, no later than debounce_max after it."""
-    daemon = DaemonProcess(tmp_path, "--debounce-ms", "100", "--debounce-max-ms", "400")
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--debounce-ms", "100", "--debounce-max-ms", "400") as daemon:
         ok(daemon.call("optimize_file_reads", {"task": "t", "messages": reads(3), "ts": 5}))
         history = daemon.task_dir("t") / "context_history.json"
         wait_until(history.exists, 5, "the debounced write happens")
         assert read_json(history) == ok(daemon.call("inspect", {"task": "t"}))["updates"]
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_steady_traffic_is_written_by_the_max_delay(tmp_path: Path) -> None:
     """Changes arriving faster than the debounce are still written within debounce_max."""
-    daemon = DaemonProcess(tmp_path, "--debounce-ms", "300", "--debounce-max-ms", "600")
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--debounce-ms", "300", "--debounce-max-ms", "600") as daemon:
         meta = daemon.task_dir("t") / "ctxwin.json"
         start = time.monotonic()
         end = 2
@@ -85,15 +79,11 @@ def test_steady_traffic_is_written_by_the_max_delay(tmp_path: Path) -> None:
             )
             assert time.monotonic() - start < 5, "steady traffic starved the writer"
         assert time.monotonic() - start < 2.5
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_steady_traffic_after_a_capped_write_is_still_batched(tmp_path: Path) -> None:
     """After a write forced by debounce_max, the next batch waits for its own cap again."""
-    daemon = DaemonProcess(tmp_path, "--debounce-ms", "200", "--debounce-max-ms", "500")
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--debounce-ms", "200", "--debounce-max-ms", "500") as daemon:
         start = time.monotonic()
         end = 2
         while time.monotonic() - start < 2.0:
@@ -107,8 +97,6 @@ def test_steady_traffic_after_a_capped_write_is_still_batched(tmp_path: Path) ->
         flushes = ok(daemon.call("stats"))["flushes"]
         # About one write per 0.5 s cap; back-to-back writes would give one per request.
         assert 2 <= flushes <= 8, f"{flushes} writes for {end - 2} changes in 2 s"
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_state_survives_a_restart(tmp_path: Path) -> None:
@@ -139,13 +127,9 @@ def test_existing_task_directories_are_read_as_is(tmp_path: Path) -> None:
     task_dir = tmp_path / "state" / "tasks" / "old"
     task_dir.mkdir(parents=True)
     (task_dir / "context_history.json").write_text(json.dumps(updates))
-    daemon = DaemonProcess(tmp_path)
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path) as daemon:
         state = ok(daemon.call("inspect", {"task": "old"}))
         assert (state["updates"], state["deleted_range"], state["dirty"]) == (updates, None, False)
-    finally:
-        assert daemon.stop() == 0
 
 
 @pytest.mark.parametrize(
@@ -164,9 +148,7 @@ def test_a_corrupt_file_is_set_aside_and_the_task_starts_empty(
     task_dir = tmp_path / "state" / "tasks" / "bad"
     task_dir.mkdir(parents=True)
     (task_dir / name).write_bytes(content)
-    daemon = DaemonProcess(tmp_path)
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path) as daemon:
         state = ok(daemon.call("inspect", {"task": "bad"}))
         assert (state["updates"], state["deleted_range"]) == ([], None)
         kept = [p for p in task_dir.iterdir() if p.name.startswith(name + ".corrupt-")]
@@ -180,8 +162,6 @@ def test_a_corrupt_file_is_set_aside_and_the_task_starts_empty(
             read_json(task_dir / "context_history.json")
             == ok(daemon.call("inspect", {"task": "bad"}))["updates"]
         )
-    finally:
-        assert daemon.stop() == 0
 
 
 class Writer(threading.Thread):

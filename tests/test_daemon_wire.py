@@ -74,12 +74,8 @@ class Peer:
 @pytest.fixture(scope="module")
 def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """One daemon for the tests that only need answers from it."""
-    process = DaemonProcess(tmp_path_factory.mktemp("shared"))
-    process.start()
-    try:
+    with DaemonProcess(tmp_path_factory.mktemp("shared")) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
@@ -596,16 +592,12 @@ def test_a_default_socket_dir_of_another_uid_is_refused(tmp_path: Path) -> None:
 
 def test_idle_ephemeral_tasks_are_dropped(tmp_path: Path) -> None:
     """An ephemeral task's state is dropped when its actor goes idle, and nothing is written."""
-    daemon = DaemonProcess(tmp_path, "--idle-timeout", "0.2")
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path, "--idle-timeout", "0.2") as daemon:
         args = {"task": "sub", "messages": CONVERSATION, "keep": "none", "ts": 7, "ephemeral": True}
         ok(daemon.call("compact", args))
         wait_until(lambda: ok(daemon.call("stats"))["actors"] == 0, 10, "the idle actor stops")
         assert ok(daemon.call("inspect", {"task": "sub"}))["updates"] == []
         assert not daemon.task_dir("sub").exists()
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_memory_is_released_after_a_sweep_stops_many_actors(tmp_path: Path) -> None:

@@ -32,12 +32,8 @@ MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
 @pytest.fixture(scope="module")
 def delta_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A daemon with the scenarios' placeholder notices."""
-    process = DaemonProcess(tmp_path_factory.mktemp("delta"), env=PLACEHOLDER_ENV)
-    process.start()
-    try:
+    with DaemonProcess(tmp_path_factory.mktemp("delta"), env=PLACEHOLDER_ENV) as process:
         yield process
-    finally:
-        assert process.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -148,37 +144,33 @@ def test_a_rewritten_history_and_a_dropped_tail_resync_or_cut(delta_daemon: Daem
 
 def test_resync_after_restart_and_idle_eviction(tmp_path: Path) -> None:
     """After a daemon restart and after an idle eviction the next delta resyncs by itself."""
-    daemon = DaemonProcess(tmp_path, "--idle-timeout", "0.3")
-    daemon.start()
-    try:
-        with Client(daemon.endpoint, timeout=30) as client:
-            delta, full = both(client, "restart")
-            messages = conversation(4)
-            same_views(delta, full, messages, 20)
-            assert refusals(daemon, "resync_required") == 0
-            daemon.restart()
-            messages = [*messages, *conversation(5)[-2:]]
-            same_views(delta, full, messages, 21)
-            assert refusals(daemon, "resync_required") == 1
-            stopped = daemon.log().count('"event": "actor_stopped"')
-            wait_until(  # both tasks' actors stop, and their kept histories with them
-                lambda: daemon.log().count('"event": "actor_stopped"') >= stopped + 2,
-                10,
-                "idle eviction",
-            )
-            messages = [*messages, *conversation(6)[-2:]]
-            same_views(delta, full, messages, 22)
-            assert refusals(daemon, "resync_required") == 2
-    finally:
-        assert daemon.stop() == 0
+    with (
+        DaemonProcess(tmp_path, "--idle-timeout", "0.3") as daemon,
+        Client(daemon.endpoint, timeout=30) as client,
+    ):
+        delta, full = both(client, "restart")
+        messages = conversation(4)
+        same_views(delta, full, messages, 20)
+        assert refusals(daemon, "resync_required") == 0
+        daemon.restart()
+        messages = [*messages, *conversation(5)[-2:]]
+        same_views(delta, full, messages, 21)
+        assert refusals(daemon, "resync_required") == 1
+        stopped = daemon.log().count('"event": "actor_stopped"')
+        wait_until(  # both tasks' actors stop, and their kept histories with them
+            lambda: daemon.log().count('"event": "actor_stopped"') >= stopped + 2,
+            10,
+            "idle eviction",
+        )
+        messages = [*messages, *conversation(6)[-2:]]
+        same_views(delta, full, messages, 22)
+        assert refusals(daemon, "resync_required") == 2
 
 
 @pytest.mark.anyio
 async def test_concurrent_calls_on_one_handle_apply_in_call_order(tmp_path: Path) -> None:
     """Calls gathered on one async handle after a restart: one resync, then deltas, in order."""
-    daemon = DaemonProcess(tmp_path)
-    daemon.start()
-    try:
+    with DaemonProcess(tmp_path) as daemon:
         async with AsyncClient(daemon.endpoint, timeout=30) as client:
             task = client.task("gathered")
             histories = [conversation(turns) for turns in range(2, 7)]
@@ -192,8 +184,6 @@ async def test_concurrent_calls_on_one_handle_apply_in_call_order(tmp_path: Path
             ]
             assert refusals(daemon, "resync_required") == 1, "only the first call resyncs"
             assert (await task.inspect())["history"] == len(histories[-1])
-    finally:
-        assert daemon.stop() == 0
 
 
 @pytest.mark.anyio
@@ -219,23 +209,21 @@ async def test_a_list_appended_to_while_a_call_is_out_keeps_its_view(
 
 def test_memory_cap_evicts_the_least_recently_used_history(tmp_path: Path) -> None:
     """With room for one history, using another task drops the first one's copy."""
-    daemon = DaemonProcess(tmp_path, "--history-cache-mb", "0")
-    daemon.start()
-    try:
-        with Client(daemon.endpoint) as client:
-            first, second = client.task("lru-a"), client.task("lru-b")
-            messages = conversation(3)
-            first.truncated_messages(messages)
-            assert first.inspect()["history"] == len(messages)
-            second.truncated_messages(messages)
-            assert first.inspect()["history"] is None
-            assert second.inspect()["history"] == len(messages)
-            view = first.truncated_messages([*messages, *conversation(4)[-2:]])["messages"]
-            assert len(view) == len(messages) + 2
-            assert refusals(daemon, "resync_required") == 1
-            assert '"event": "history_evicted"' in daemon.log()
-    finally:
-        assert daemon.stop() == 0
+    with (
+        DaemonProcess(tmp_path, "--history-cache-mb", "0") as daemon,
+        Client(daemon.endpoint) as client,
+    ):
+        first, second = client.task("lru-a"), client.task("lru-b")
+        messages = conversation(3)
+        first.truncated_messages(messages)
+        assert first.inspect()["history"] == len(messages)
+        second.truncated_messages(messages)
+        assert first.inspect()["history"] is None
+        assert second.inspect()["history"] == len(messages)
+        view = first.truncated_messages([*messages, *conversation(4)[-2:]])["messages"]
+        assert len(view) == len(messages) + 2
+        assert refusals(daemon, "resync_required") == 1
+        assert '"event": "history_evicted"' in daemon.log()
 
 
 def test_wire_refusals_of_bad_deltas(delta_daemon: DaemonProcess) -> None:
