@@ -109,6 +109,8 @@ def test_repeated_endpoint_flags_bind_several(tmp_path: Path) -> None:
         (["--endpoint", "inproc://x"], {}, None, "only ipc:// and tcp://"),
         ([], {"CTXWIN_DEBOUNCE_MS": "soon"}, None, "CTXWIN_DEBOUNCE_MS"),
         ([], {}, "debounce_ms = -1\n", "debounce_ms"),
+        (["--max-bytes", str(2**64)], {}, None, "max_bytes must be an integer from 1024"),
+        ([], {}, "mailbox_size = 99999999999\n", "mailbox_size"),
         ([], {}, "colour = 'blue'\n", "unknown setting 'colour'"),
         ([], {}, "[notices]\nbanner = 'x'\n", "unknown notice 'banner'"),
         ([], {}, "this is not toml", "config.toml"),

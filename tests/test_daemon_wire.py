@@ -408,6 +408,25 @@ def test_bad_requests_get_the_right_error_code(shared_peer: Peer, body: bytes, c
     assert ok(peer.call("ping"))["pong"] is True
 
 
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        {"v": 9, "id": 0, "op": "ping", "args": {}},
+        {"v": 1, "id": 0, "op": "nope", "args": {}},
+        {"v": 1, "id": 0, "op": "ping", "args": {}, "extra": 1},
+        {"v": 1, "id": 0, "op": "inspect", "args": {"task": "../x"}},
+    ],
+    ids=["version", "op", "envelope-field", "task-id"],
+)
+def test_an_error_reply_echoes_request_id_zero(
+    shared_peer: Peer, envelope: dict[str, object]
+) -> None:
+    """Id 0 is an id like any other: error replies carry it, not nil."""
+    shared_peer.send_frames([msgpack.packb(envelope)])
+    reply = shared_peer.recv()
+    assert (reply.ok, reply.id) == (False, 0)
+
+
 def test_wrong_frame_counts_are_refused(tmp_path: Path) -> None:
     """Extra frames get bad_request; more than the frame cap or bytes cap gets too_large."""
     daemon = DaemonProcess(tmp_path, "--max-bytes", "65536", "--max-frames", "4")

@@ -696,9 +696,17 @@ class ActorSystem:
 
         Raises:
             ActorStoppedError: the daemon is shutting down.
+            ProtocolError: ``bad_request`` when ``ephemeral`` is asked of a task
+                that runs persistent: its changes would be written.
         """
         actor = self.actors.get(task)
         if actor is not None:
+            if ephemeral and not actor.ephemeral:
+                raise proto.ProtocolError(
+                    proto.ErrorCode.BAD_REQUEST,
+                    f"task {task} is open as a persistent task; ephemeral applies only to "
+                    "the first call of a task (close it first, or use another task id)",
+                )
             return actor
         if not self.accepting:
             raise ActorStoppedError("the daemon is shutting down")

@@ -201,9 +201,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_int(name: str, value: object, source: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{source}: {name} must be an integer >= {minimum}, got {value!r}")
+def _check_int(
+    name: str, value: object, source: str, minimum: int, maximum: int = 2**31 - 1
+) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigError(
+            f"{source}: {name} must be an integer from {minimum} to {maximum}, got {value!r}"
+        )
     return value
 
 
@@ -241,7 +245,7 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
         elif name == "history_cache_mb":
             values[name] = _check_int(name, value, source, 0)
         elif name == "max_bytes":
-            values[name] = _check_int(name, value, source, 1024)
+            values[name] = _check_int(name, value, source, 1024, 2**63 - 1)
         elif name == "idle_timeout":
             values[name] = _check_number(name, value, source)
         elif name == "encoding":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -23,6 +24,31 @@ _LEVELS = {
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
 }
+
+
+class LineLogger:
+    """Writes each rendered event as one line; a stream that fails drops the line.
+
+    A full disk, a file-size limit or a closed pipe on the log stream must not
+    turn into an exception inside a request, an actor or the shutdown path:
+    the daemon goes on serving and writing state, only without logs.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def msg(self, message: str) -> None:
+        """Write ``message`` and a newline, flushed; count it as dropped if the stream fails."""
+        with self._lock:
+            try:
+                self._stream.write(message + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):  # ValueError: the stream was closed
+                self.dropped += 1
+
+    debug = info = warning = warn = error = err = critical = exception = fatal = msg
 
 
 def choose_format(
@@ -87,7 +113,7 @@ def configure_logging(fmt: str | None, level: str, stream: TextIO | None = None)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        logger_factory=lambda *_: LineLogger(out),
         cache_logger_on_first_use=True,
     )
     return chosen

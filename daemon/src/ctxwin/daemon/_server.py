@@ -181,7 +181,9 @@ def _encode_result(request_id: int, result: dict[str, Any]) -> bytes:
 def _error_reply(exc: BaseException, request_id: int | None, op: str) -> bytes:
     """Encode the error reply for an exception raised while handling a request."""
     if isinstance(exc, proto.ProtocolError):
-        return proto.encode_error(exc.request_id or request_id, exc.code, exc.message)
+        return proto.encode_error(
+            request_id if exc.request_id is None else exc.request_id, exc.code, exc.message
+        )
     if isinstance(exc, BusyError | ActorStoppedError):
         return proto.encode_error(request_id, proto.ErrorCode.BUSY, str(exc))
     if isinstance(exc, FlushError):
