@@ -47,11 +47,12 @@ class DaemonProcess:
         *extra_args: str,
         env: dict[str, str] | None = None,
         preexec_fn: Callable[[], None] | None = None,
+        endpoint: str | None = None,
     ) -> None:
         self.root = root
         self.runtime_dir = root / "run"
         self.state_dir = root / "state"
-        self.endpoint = f"ipc://{self.runtime_dir / 'ctxwind.sock'}"
+        self.endpoint = endpoint or f"ipc://{self.runtime_dir / 'ctxwind.sock'}"
         self.log_path = root / "ctxwind.log"
         self.extra_args = list(extra_args)
         self.env = dict(os.environ)

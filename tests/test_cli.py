@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -156,6 +157,50 @@ def test_usage_errors_exit_2(shared: DaemonProcess, tmp_path: Path) -> None:
     assert 2 == run(*base, "replay", str(tmp_path / "missing.json"))[0]
     (tmp_path / "bad.json").write_text('{"not": "a list"}')
     assert 2 == run(*base, "replay", str(tmp_path / "bad.json"))[0]
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = run(*base, "replay", str(tmp_path / "deep.json"))
+    assert (2, True) == (code, "nested too deeply" in err)
+    assert 2 == run(*base, "rollback", "t1", str(2**64))[0]
+    assert 2 == run(*base, "rollback", "t1", "5", "--range", "2", str(2**64))[0]
+    code, _, err = run("--endpoint", "localhost:7878", "ping")
+    assert (2, True) == (code, "localhost:7878" in err)
+
+
+def test_replay_fails_fast_on_a_plot_it_cannot_write(shared: DaemonProcess, tmp_path: Path) -> None:
+    """A --plot target in no directory, or of an unknown format, exits 2 before replaying."""
+    history = _history_file(tmp_path, _replay_material())
+    base = ("--endpoint", shared.endpoint, "replay", str(history), "--plot")
+    code, out, err = run(*base, str(tmp_path / "absent" / "x.png"))
+    assert (2, "", True) == (code, out, "no directory" in err)
+    code, out, err = run(*base, str(tmp_path / "x.unknownext"))
+    assert (2, "", True) == (code, out, ".png" in err)
+
+
+def test_replay_into_a_live_persistent_task_is_refused(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """Without --keep, replaying into a task open as persistent exits 1 and changes nothing."""
+    with Client(shared.endpoint) as client:
+        client.compact("cli-live", conversation(10), "quarter", ts=1)
+        before = client.inspect("cli-live")
+        history = _history_file(tmp_path, _replay_material())
+        code, _, err = run(
+            "--endpoint", shared.endpoint, "replay", str(history), "--task", "cli-live"
+        )
+        assert (1, True) == (code, "persistent" in err)
+        after = client.inspect("cli-live")
+    assert (before["deleted_range"], before["updates"]) == (
+        after["deleted_range"],
+        after["updates"],
+    )
+
+
+def test_an_abstract_ipc_endpoint_is_not_taken_for_a_missing_socket(tmp_path: Path) -> None:
+    """ipc://@name has no file to look for: the CLI asks the daemon there."""
+    endpoint = f"ipc://@ctxwin-test-{os.getpid()}"
+    with DaemonProcess(tmp_path, endpoint=endpoint):
+        code, out, err = run("--endpoint", endpoint, "ping")
+    assert (0, True) == (code, out.startswith(f"pong from {endpoint}")), err
 
 
 def test_installed_script_reports_exit_codes(tmp_path: Path) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -247,3 +249,53 @@ def test_one_client_shared_by_threads(client: Client) -> None:
     for thread in threads:
         thread.join(10)
     assert {n: n for n in range(1, 9)} == results
+
+
+def test_an_ephemeral_handle_stays_ephemeral_whatever_its_first_op(
+    client: Client, shared: DaemonProcess
+) -> None:
+    """should_compact opens the task as ephemeral too; nothing of it is ever written."""
+    sub = client.task("sync-sub-first", ephemeral=True)
+    usage: proto.Usage = {"ts": 1, "tokens_in": 10}
+    assert sub.should_compact(usage, MODEL)["compact"] is False
+    assert sub.compact(conversation(10), "none", ts=2)["deleted_range"] is not None
+    client.flush()
+    assert not shared.task_dir("sync-sub-first").exists()
+    # Asking a running persistent task to be ephemeral is refused: it would be written.
+    client.task("sync-live").truncated_messages(conversation(2))
+    with pytest.raises(BadRequestError, match="open as a persistent task"):
+        client.task("sync-live", ephemeral=True).truncated_messages(conversation(2))
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        lambda client: client.rollback("sync-big", 2**64),
+        lambda client: client.count_tokens(text="half a pair \ud83d"),
+        lambda client: client.task("sync-big").truncated_messages(
+            [{"role": "user", "content": [{"type": "tool_use", "input": {"n": 10**20}}]}]
+        ),
+    ],
+    ids=["ts-beyond-64-bits", "lone-surrogate", "huge-int-in-a-message"],
+)
+def test_values_msgpack_cannot_carry_are_refused_before_sending(client: Client, send: Any) -> None:
+    """No OverflowError or UnicodeEncodeError escapes: a local BadRequestError, client intact."""
+    with pytest.raises(BadRequestError) as refused:
+        send(client)
+    assert refused.value.local
+    assert client.ping()["pong"] is True
+
+
+def test_an_infinite_timeout_waits_without_overflow(shared: DaemonProcess) -> None:
+    """timeout=inf (or huge) means wait as long as it takes."""
+    for timeout in (math.inf, 1e300):
+        with Client(shared.endpoint, timeout=timeout) as patient:
+            assert patient.ping()["pong"] is True
+
+
+def test_a_malformed_endpoint_is_a_usage_error(shared: DaemonProcess) -> None:
+    """An endpoint ZeroMQ cannot parse raises a local BadRequestError naming it."""
+    with Client("localhost:7878") as wrong, pytest.raises(BadRequestError) as refused:
+        wrong.ping()
+    assert refused.value.local
+    assert "localhost:7878" in refused.value.message

@@ -11,7 +11,6 @@ asyncio only).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from types import TracebackType
@@ -131,9 +130,9 @@ class AsyncClient:
         """Close the socket (linger 0) and fail calls still waiting; later calls raise."""
         self._closed = True
         reader = self._drop_socket()
-        if reader is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        if reader is not None and reader.get_loop() is asyncio.get_running_loop():
+            # Wait for the reader to end without taking a cancellation of our own caller.
+            await asyncio.wait([reader])
 
     @property
     def closed(self) -> bool:
@@ -155,11 +154,11 @@ class AsyncClient:
     def _drop_socket(self, reason: Exception | None = None) -> asyncio.Task[None] | None:
         """Close the socket, stop its reader, fail the calls still waiting on it."""
         reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+        if reader is not None and not reader.get_loop().is_closed():
+            reader.cancel()
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(reason or ClientClosedError("the client was closed"))
@@ -185,7 +184,11 @@ class AsyncClient:
                         raise ClientClosedError("the client is closed")
                 sock = self._context.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(self.endpoint)
+                try:
+                    sock.connect(self.endpoint)
+                except zmq.ZMQError as exc:
+                    sock.close(linger=0)
+                    raise _core.bad_endpoint(self.endpoint, exc) from None
                 self._socket = sock
                 self._reader = loop.create_task(self._read(sock))
             return self._socket

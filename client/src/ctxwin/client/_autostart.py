@@ -42,10 +42,23 @@ _SPAWN = (
 
 
 def ipc_path(endpoint: str) -> Path | None:
-    """The socket path of an ``ipc://`` endpoint, else None."""
-    if endpoint.startswith("ipc://"):
+    """The socket file of an ``ipc://`` endpoint; None for other and abstract (``@``) ones."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
         return Path(endpoint.removeprefix("ipc://"))
     return None
+
+
+def socket_missing(endpoint: str) -> str | None:
+    """Why nothing can answer at an ipc endpoint (no socket file, no access), or None."""
+    path = ipc_path(endpoint)
+    if path is None:
+        return None
+    try:
+        if path.exists():
+            return None
+    except PermissionError:
+        return f"permission denied on the way to {path}"
+    return f"no socket at {path}"
 
 
 def runtime_dir_for(endpoint: str) -> Path:
@@ -56,8 +69,7 @@ def runtime_dir_for(endpoint: str) -> Path:
 
 def ping(endpoint: str, timeout: float) -> bool:
     """Whether something answers ``ping`` at ``endpoint`` within ``timeout`` seconds."""
-    path = ipc_path(endpoint)
-    if path is not None and not path.exists():
+    if socket_missing(endpoint) is not None:
         return False
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -150,9 +162,8 @@ def ensure_daemon(endpoint: str, timeout: float = AUTOSTART_TIMEOUT) -> bool:
         if ping(endpoint, _PROBE_TIMEOUT):
             return False
         _spawn(daemon_command(endpoint), log)
-        path = ipc_path(endpoint)
         while time.monotonic() < deadline:
-            if path is not None and not path.exists():
+            if socket_missing(endpoint) is not None:
                 time.sleep(0.02)
             elif ping(endpoint, _PROBE_TIMEOUT):
                 return True

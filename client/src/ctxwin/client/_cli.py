@@ -20,7 +20,7 @@ from ctxwin import proto
 from . import _autostart
 from ._core import DEFAULT_TIMEOUT
 from ._errors import CtxwinError, DaemonUnavailableError
-from ._plot import plot
+from ._plot import plot, plot_problem
 from ._replay import (
     ReplayReport,
     ReplayTurn,
@@ -345,6 +345,8 @@ def _load(path: Path) -> list[dict[str, Any]]:
         return load_history(path)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"cannot read {path}: JSON nested too deeply") from None
 
 
 class _Bar:
@@ -367,6 +369,10 @@ class _Bar:
 
 def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     history = _load(args.file)
+    if args.plot is not None:
+        problem = plot_problem(args.plot)  # before the replay, not after it
+        if problem is not None:
+            raise UsageError(problem)
     model = default_model(history, args.model_window)
     if args.model:
         model["id"] = args.model
@@ -385,17 +391,17 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     )
     if not args.keep:
         client.close_task(task_id)
-    if args.plot is not None:
-        try:
-            plot(report, args.plot)
-        except ImportError:
-            err.write("ctxwin: --plot needs matplotlib: pip install 'ctxwin-client[plot]'\n")
-            return EXIT_USAGE
     if args.json:
         _print_json({**report.as_dict(), "task": task_id}, out)
     else:
         _write_report(report, task_id, out, args.per_turn)
-        if args.plot is not None:
+    if args.plot is not None:
+        try:
+            plot(report, args.plot)
+        except (OSError, ValueError) as exc:
+            err.write(f"ctxwin: --plot: cannot write {args.plot}: {exc}\n")
+            return EXIT_USAGE
+        if not args.json:
             out.write(f"plot written to {args.plot}\n")
     return EXIT_OK
 
@@ -514,9 +520,9 @@ def main(
     except SystemExit as exc:
         return int(exc.code or 0)
     endpoint = proto.resolve_endpoint(args.endpoint)
-    path = _autostart.ipc_path(endpoint)
-    if path is not None and not path.exists():
-        return _unreachable(endpoint, f"no socket at {path}", err)
+    missing = _autostart.socket_missing(endpoint)
+    if missing is not None:
+        return _unreachable(endpoint, missing, err)
     try:
         with Client(endpoint, timeout=args.timeout) as client:
             client.ping(timeout=min(args.timeout, _PROBE_TIMEOUT))

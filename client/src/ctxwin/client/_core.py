@@ -9,6 +9,7 @@ error codes to exceptions, and the ``busy`` back-off policy. ``_sync.py`` and
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,14 @@ from ctxwin.proto import (
     Usage,
 )
 
-from ._errors import BadReplyError, BusyError, CtxwinError, TooLargeError, error_for
+from ._errors import (
+    BadReplyError,
+    BadRequestError,
+    BusyError,
+    CtxwinError,
+    TooLargeError,
+    error_for,
+)
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -193,6 +201,7 @@ def should_compact(
     threshold: float | None = None,
     task: str | None = None,
     messages: Messages | None = None,
+    ephemeral: bool | None = None,
 ) -> Call[ShouldCompactResult]:
     """Build ``should_compact``."""
     return _build(
@@ -201,6 +210,7 @@ def should_compact(
         threshold=threshold,
         task=task,
         messages=None if messages is None else _messages(messages),
+        ephemeral=ephemeral,
     )
 
 
@@ -492,14 +502,39 @@ def _with_history(
 
 # Framing, matching and outcome.
 
+POLL_SLICE = 3600.0
+"""The longest single wait on the socket; a longer (or infinite) timeout waits in slices."""
+
+
+def poll_ms(remaining: float) -> int:
+    """Milliseconds to wait for a reply with ``remaining`` seconds left (at least 1)."""
+    return max(1, math.ceil(min(remaining, POLL_SLICE) * 1000))
+
+
+def bad_endpoint(endpoint: str, exc: Exception) -> BadRequestError:
+    """The error for an endpoint ZeroMQ cannot connect to (a usage error, never sent)."""
+    error = BadRequestError(
+        f"cannot connect to endpoint {endpoint!r}: {exc} "
+        "(expected ipc:///path/to/socket or tcp://host:port)"
+    )
+    error.local = True
+    return error
+
 
 def encode(call: Call[Any], request_id: int, limits: Limits | None = None) -> bytes:
     """The request body for ``call``.
 
     Raises:
         TooLargeError: the body exceeds the protocol's frame limit; it is never sent.
+        BadRequestError: something in the arguments has no msgpack form (an
+            integer beyond 64 bits, a string with a lone surrogate, an object).
     """
-    body = proto.encode_request(request_id, call.op, call.args)
+    try:
+        body = proto.encode_request(request_id, call.op, call.args)
+    except (OverflowError, TypeError, ValueError) as exc:
+        refused = BadRequestError(f"{call.op}: the request cannot be encoded: {exc}")
+        refused.local = True
+        raise refused from None
     limit = (limits or Limits()).max_frame_bytes
     if len(body) > limit:
         error = TooLargeError(f"{call.op}: request of {len(body)} bytes exceeds {limit}")

@@ -6,12 +6,31 @@ from pathlib import Path
 
 from ._replay import ReplayReport
 
+PLOT_EXTRA = "pip install 'ctxwin-client[plot]'"
+
+
+def plot_problem(path: Path) -> str | None:
+    """Why ``path`` cannot take a plot (checked before a long replay), or None when it can."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return f"--plot needs matplotlib: {PLOT_EXTRA}"
+    if not path.parent.is_dir():
+        return f"--plot: no directory {path.parent}"
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        return f"--plot: {path.name} must end in one of " + ", ".join(
+            f".{name}" for name in sorted(formats)
+        )
+    return None
+
 
 def plot(report: ReplayReport, path: Path) -> None:
     """Draw reported and estimated tokens per turn, the budget line and every truncation.
 
     Raises:
-        ImportError: matplotlib is missing (``pip install 'ctxwin-client[plot]'``).
+        ImportError: matplotlib is missing (:data:`PLOT_EXTRA`).
+        OSError: the file cannot be written.
     """
     import matplotlib
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 from types import TracebackType
@@ -151,7 +150,11 @@ class Client:
                 _autostart.ensure_daemon(self.endpoint)
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.endpoint)
+            try:
+                sock.connect(self.endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise _core.bad_endpoint(self.endpoint, exc) from None
             self._socket = sock
         return self._socket
 
@@ -167,7 +170,7 @@ class Client:
             ) from None
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(max(1, math.ceil(remaining * 1000)), zmq.POLLIN):
+            if remaining <= 0 or not sock.poll(_core.poll_ms(remaining), zmq.POLLIN):
                 # A late reply must never meet a later request: start over.
                 self._drop_socket()
                 raise RequestTimeoutError(

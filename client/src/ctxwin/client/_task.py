@@ -185,7 +185,12 @@ class Task(_TaskBase):
         """``should_compact`` for this task."""
         return self.client.call(
             _core.should_compact(
-                usage, model, threshold=threshold, task=self.id, messages=messages
+                usage,
+                model,
+                threshold=threshold,
+                task=self.id,
+                messages=messages,
+                ephemeral=self._open,
             ),
             timeout=timeout,
         )
@@ -402,7 +407,12 @@ class AsyncTask(_TaskBase):
         """``should_compact`` for this task."""
         return await self.client.call(
             _core.should_compact(
-                usage, model, threshold=threshold, task=self.id, messages=messages
+                usage,
+                model,
+                threshold=threshold,
+                task=self.id,
+                messages=messages,
+                ephemeral=self._open,
             ),
             timeout=timeout,
         )

@@ -65,8 +65,12 @@ class _Invalid(Exception):
     """An argument failed its check; converted to a ProtocolError by validate_args."""
 
 
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+"""The integers msgpack encodes; anything outside is refused before encoding."""
+
+
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX
 
 
 def _check_task(value: object) -> None:
@@ -126,7 +130,7 @@ def _check_model(value: object) -> None:
         isinstance(window, bool)
         or not isinstance(window, int | float)
         or not math.isfinite(window)
-        or window < 0
+        or not 0 <= window <= INT_MAX
     ):
         raise _Invalid(".context_window must be a non-negative number or nil")
     provider = value.get("provider")
@@ -155,7 +159,7 @@ def _check_optional_usage(value: object) -> None:
 
 
 def _check_base(value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not _is_int(value) or value < 0:  # type: ignore[operator]
         raise _Invalid("must be a non-negative integer (a prefix length)")
 
 
@@ -271,7 +275,7 @@ OPS: dict[str, OpSpec] = {
         OpSpec("ping"),
         OpSpec("stats"),
         OpSpec("context_window_info", ("model",)),
-        OpSpec("should_compact", ("usage", "model"), ("threshold", "task", "messages")),
+        OpSpec("should_compact", ("usage", "model"), ("threshold", "task", "messages", *_OPEN)),
         OpSpec("next_truncation_range", ("messages", "deleted_range", "keep")),
         _history_op(
             "prepare_request",
