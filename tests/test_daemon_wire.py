@@ -440,6 +440,19 @@ def test_wrong_frame_counts_are_refused(tmp_path: Path) -> None:
         client.send_frames([b"", b"x" * 40000, b"y" * 40000])
         assert client.recv().code == "too_large"
         assert ok(client.call("ping"))["pong"] is True
+        # A refused body still names its request when its first bytes show the id.
+        body = proto.encode_request(41, "count_tokens", {"text": "w" * 40_000})
+        client.send_frames([b"x" * 30_000, body])
+        refused = client.recv()
+        assert (refused.code, refused.id) == ("too_large", 41)
+        # A body of exactly the cap is not refused for the routing id the daemon adds.
+        exact = proto.encode_request(42, "count_tokens", {"text": ""})
+        padding = 65536 - len(exact)
+        exact = proto.encode_request(42, "count_tokens", {"text": "w" * (padding - 2)})
+        assert len(exact) == 65536
+        client.send_frames([exact])
+        answered = client.recv()
+        assert (answered.ok, answered.id) == (True, 42)
         client.send_frames([b"z" * 70000])  # past MAXMSGSIZE: the peer is disconnected
         with pytest.raises(TimeoutError):
             client.recv(timeout=0.5)
