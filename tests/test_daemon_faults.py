@@ -15,6 +15,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,22 @@ def test_a_file_size_limit_fails_the_write_not_the_daemon(tmp_path: Path) -> Non
         assert ok(daemon.call("rollback", {"task": TASK, "ts": 50}))["removed"] >= 1
         small = small_conversation()
         ok(daemon.call("optimize_file_reads", {"task": TASK, "messages": small, "ts": 200}))
+        assert_written_now(daemon)
+
+
+def test_an_idle_task_that_cannot_be_written_retries_at_its_back_off(tmp_path: Path) -> None:
+    """Idle with a failing write, a task is retried by its back-off (0.25 s, doubling), not more."""
+    argv = ("--debounce-ms", "20", "--idle-timeout", "0.2")
+    with DaemonProcess(tmp_path, *argv, preexec_fn=_limit_file_size) as daemon:
+        write_good_state(daemon)
+        messages = big_conversation(FSIZE_LIMIT + 4096)
+        ok(daemon.call("optimize_file_reads", {"task": TASK, "messages": messages, "ts": 100}))
+        wait_until(lambda: bool(events(daemon, "write_failed")), 10, "the first write fails")
+        time.sleep(2.5)  # back-off: about 5 attempts; the idle sweep alone would make 40
+        attempts = len(events(daemon, "write_failed"))
+        assert 2 <= attempts <= 8, attempts
+        assert ok(daemon.call("inspect", {"task": TASK}))["dirty"] is True
+        ok(daemon.call("rollback", {"task": TASK, "ts": 50}))  # small enough to write again
         assert_written_now(daemon)
 
 

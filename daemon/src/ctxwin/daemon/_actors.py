@@ -783,7 +783,8 @@ class ActorSystem:
                     continue
                 if actor.dirty:
                     # Never stop with unwritten changes: write first, stop next round.
-                    if not actor._write_lock.locked():
+                    # After a failed write its own back-off timer retries, not this loop.
+                    if not actor._write_lock.locked() and actor._failures_in_row == 0:
                         self.spawn(actor._write_in_background)
                     continue
                 self.detach(actor)
