@@ -89,6 +89,15 @@ def test_inspect_shows_overlay_range_and_savings(shared: DaemonProcess, tmp_path
     )
     assert 0 == code
     assert "overlay saves" in out
+    # A range past the end of the history hides only what exists of it.
+    with Client(shared.endpoint) as client:
+        client.rollback("cli-inspect", 9, deleted_range=[2, 1000])
+    code, out, _ = run(
+        "--endpoint", shared.endpoint, "inspect", "cli-inspect", "--messages", str(history)
+    )
+    assert f"range [2, 1000] ({len(messages) - 2} messages hidden" in out
+    with Client(shared.endpoint) as client:
+        client.rollback("cli-inspect", 9, deleted_range=[2, 7])
     code, out, _ = run(
         "--endpoint",
         shared.endpoint,

@@ -248,7 +248,13 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
                 row["saved"] = len(original) - len(texts[-1])
         rows.append(row)
     deleted_range = result["deleted_range"]
-    hidden = deleted_range[1] - deleted_range[0] + 1 if deleted_range else 0
+    # Messages 2..end, within the history when its length is known (a range may
+    # run past the end, or before its start, and then hides what exists of it).
+    end = deleted_range[1] if deleted_range else 1
+    length = len(history) if history is not None else result.get("history")
+    if isinstance(length, int):
+        end = min(end, length - 1)
+    hidden = max(0, end - 1)
     hidden_chars = (
         sum(chars_of(history[i].get("content")) for i in range(2, 2 + hidden) if i < len(history))
         if history is not None
