@@ -108,7 +108,7 @@ def _to_async(text: str) -> str:
     text = re.sub(r"^(    )def ", r"\1async def ", text, flags=re.M)
     for call in ("self.call(", "self.client.call(", "self._history("):
         text = text.replace(f"return {call}", f"return await {call}")
-    return text.replace("with self._syncing:", "async with self._syncing:")
+    return text.replace("with self._turn(", "async with self._turn(")
 
 
 def test_async_op_methods_are_the_sync_ones_awaited() -> None:

@@ -261,9 +261,15 @@ def test_an_ephemeral_handle_stays_ephemeral_whatever_its_first_op(
     assert sub.compact(conversation(10), "none", ts=2)["deleted_range"] is not None
     client.flush()
     assert not shared.task_dir("sync-sub-first").exists()
-    # Asking a running persistent task to be ephemeral is refused: it would be written.
-    client.task("sync-live").truncated_messages(conversation(2))
-    with pytest.raises(BadRequestError, match="open as a persistent task"):
+    # A persistent task without state (opened by inspect, say) is taken over as ephemeral...
+    assert client.inspect("sync-looked-at")["updates"] == []
+    looked_at = client.task("sync-looked-at", ephemeral=True)
+    assert looked_at.compact(conversation(10), "none", ts=3)["deleted_range"] is not None
+    client.flush()
+    assert not shared.task_dir("sync-looked-at").exists()
+    # ... one with state is not: its state would be neither written nor dropped.
+    client.task("sync-live").compact(conversation(10), "quarter", ts=4)
+    with pytest.raises(BadRequestError, match="open as a persistent task with state"):
         client.task("sync-live", ephemeral=True).truncated_messages(conversation(2))
 
 

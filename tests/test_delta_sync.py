@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from ctxwin import proto
-from ctxwin.client import AsyncClient, Client, Task
+from ctxwin.client import AsyncClient, Client, RequestTimeoutError, Task, _core
 from ctxwin.client._core import Call, DeltaSync
 from tests._client_fake import FakeRouter, error, ok
 from tests._daemon import DaemonProcess, wait_until
@@ -187,24 +188,78 @@ async def test_concurrent_calls_on_one_handle_apply_in_call_order(tmp_path: Path
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("resync", [False, True], ids=["delta", "after-resync"])
 async def test_a_list_appended_to_while_a_call_is_out_keeps_its_view(
+    tmp_path: Path, resync: bool
+) -> None:
+    """The call syncs and views the list as it was when called, whatever the caller does next.
+
+    With ``resync`` the daemon has lost the history, so the call is sent twice.
+    """
+    with DaemonProcess(tmp_path) as daemon:
+        async with AsyncClient(daemon.endpoint, timeout=30) as client:
+            task = client.task("appended-meanwhile")
+            messages = conversation(2)
+            await task.truncated_messages(messages)
+            if resync:
+                await asyncio.to_thread(daemon.restart)
+            messages.extend(conversation(3)[-2:])
+            sent = len(messages)
+            pending = asyncio.ensure_future(task.truncated_messages(messages))
+            await asyncio.sleep(0)  # the request is built and sent
+            messages.extend(conversation(4)[-2:])
+            assert len((await pending)["messages"]) == sent
+            assert (await task.inspect())["history"] == sent
+            assert len((await task.truncated_messages(messages))["messages"]) == len(messages)
+        assert refusals(daemon, "resync_required") == int(resync)
+
+
+def test_overlapping_calls_on_one_handle_work_on_every_event_loop(
     delta_daemon: DaemonProcess,
 ) -> None:
-    """The call syncs and views the list as it was when called, whatever the caller does next."""
-    resyncs = refusals(delta_daemon, "resync_required")
-    async with AsyncClient(delta_daemon.endpoint, timeout=30) as client:
-        task = client.task("appended-meanwhile")
-        messages = conversation(2)
-        await task.truncated_messages(messages)
-        messages.extend(conversation(3)[-2:])
-        sent = len(messages)
-        pending = asyncio.ensure_future(task.truncated_messages(messages))
-        await asyncio.sleep(0)  # the request is built and sent
-        messages.extend(conversation(4)[-2:])
-        assert len((await pending)["messages"]) == sent
-        assert (await task.inspect())["history"] == sent
-        assert len((await task.truncated_messages(messages))["messages"]) == len(messages)
-    assert refusals(delta_daemon, "resync_required") == resyncs
+    """The handle's turn-taking serves whichever loop it is used on, one loop after another."""
+    client = AsyncClient(delta_daemon.endpoint, timeout=30)
+    task = client.task("two-loops")
+    history = conversation(3)
+
+    async def overlapping() -> int:
+        views = await asyncio.gather(
+            task.truncated_messages(history), task.truncated_messages(history)
+        )
+        return sum(len(view["messages"]) for view in views)
+
+    assert asyncio.run(overlapping()) == 2 * len(history)
+    assert asyncio.run(overlapping()) == 2 * len(history)
+    asyncio.run(client.aclose())
+
+
+@pytest.mark.anyio
+async def test_waiting_behind_a_slow_call_counts_against_the_timeout(tmp_path: Path) -> None:
+    """A history op queued behind another on its handle times out on its own deadline."""
+    with FakeRouter(tmp_path, lambda request: []) as silent:  # never answers
+        async with AsyncClient(silent.endpoint, timeout=30) as client:
+            task = client.task("queued")
+            history = conversation(1)
+            slow = asyncio.ensure_future(task.truncated_messages(history, timeout=3))
+            await asyncio.sleep(0)
+            started = time.monotonic()
+            with pytest.raises(RequestTimeoutError, match="previous history op"):
+                await task.truncated_messages(history, timeout=0.3)
+            assert time.monotonic() - started < 2.5
+            with pytest.raises(RequestTimeoutError):
+                await slow
+
+
+def test_a_timeout_longer_than_one_poll_slice_is_waited_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocking client waits in slices; a timeout of several slices is waited in full."""
+    monkeypatch.setattr(_core, "POLL_SLICE", 0.1)
+    with FakeRouter(tmp_path, lambda request: []) as silent, Client(silent.endpoint) as client:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeoutError):
+            client.ping(timeout=0.6)
+        assert time.monotonic() - started >= 0.55
 
 
 def test_memory_cap_evicts_the_least_recently_used_history(tmp_path: Path) -> None:

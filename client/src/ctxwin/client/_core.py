@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from ._errors import (
     BadRequestError,
     BusyError,
     CtxwinError,
+    RequestTimeoutError,
     TooLargeError,
     error_for,
 )
@@ -509,6 +511,24 @@ POLL_SLICE = 3600.0
 def poll_ms(remaining: float) -> int:
     """Milliseconds to wait for a reply with ``remaining`` seconds left (at least 1)."""
     return max(1, math.ceil(min(remaining, POLL_SLICE) * 1000))
+
+
+def left(deadline: float) -> float:
+    """Seconds until ``deadline`` (a ``time.monotonic()`` value), never negative."""
+    return max(0.0, deadline - time.monotonic())
+
+
+def lock_wait(budget: float) -> float:
+    """``budget`` as a ``threading.Lock.acquire`` timeout (-1: no limit)."""
+    return -1 if budget > threading.TIMEOUT_MAX else budget
+
+
+def queued_too_long(op: str, endpoint: str) -> RequestTimeoutError:
+    """The timeout of a history op that waited its whole time behind the one before."""
+    return RequestTimeoutError(
+        f"{op}: the previous history op of this task handle took the whole timeout",
+        endpoint=endpoint,
+    )
 
 
 def bad_endpoint(endpoint: str, exc: Exception) -> BadRequestError:

@@ -170,7 +170,9 @@ class Client:
             ) from None
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(_core.poll_ms(remaining), zmq.POLLIN):
+            if remaining > 0 and not sock.poll(_core.poll_ms(remaining), zmq.POLLIN):
+                continue  # one slice of a long wait: look at the clock again
+            if remaining <= 0:
                 # A late reply must never meet a later request: start over.
                 self._drop_socket()
                 raise RequestTimeoutError(

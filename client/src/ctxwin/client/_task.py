@@ -7,7 +7,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from ctxwin.proto import (
@@ -100,20 +104,36 @@ class Task(_TaskBase):
         self.client = client
         self._syncing = threading.Lock()
 
+    @contextlib.contextmanager
+    def _turn(self, op: str, timeout: float | None) -> Iterator[float]:
+        """Wait for this handle's history op before, within ``timeout``; yields the deadline."""
+        budget = self.client.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        if not self._syncing.acquire(timeout=_core.lock_wait(budget)):
+            raise _core.queued_too_long(op, self.client.endpoint)
+        try:
+            yield deadline
+        finally:
+            self._syncing.release()
+
     def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
         """Send a history op by delta, resending in full when the daemon asks to.
 
         History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called.
+        daemon applies them in the order they were called; the wait for the
+        one before counts against ``timeout``.
         """
-        with self._syncing:
+        snapshot = list(messages)  # as it is now, for the resend too
+        with self._turn(call.op, timeout) as deadline:
             try:
-                return self.client.call(self._delta.call(call, messages), timeout=timeout)
+                return self.client.call(
+                    self._delta.call(call, snapshot), timeout=_core.left(deadline)
+                )
             except CtxwinError as exc:
-                retry = self._delta.retry(call, messages, exc)
+                retry = self._delta.retry(call, snapshot, exc)
                 if retry is None:
                     raise
-                return self.client.call(retry, timeout=timeout)
+                return self.client.call(retry, timeout=_core.left(deadline))
 
     def plan(
         self,
@@ -320,22 +340,45 @@ class AsyncTask(_TaskBase):
     ) -> None:
         super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
-        self._syncing = asyncio.Lock()
+        self._syncing: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, op: str, timeout: float | None) -> AsyncIterator[float]:
+        """Wait for this handle's history op before, within ``timeout``; yields the deadline."""
+        budget = self.client.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        loop = asyncio.get_running_loop()
+        if self._syncing is None or self._syncing[0] is not loop:
+            self._syncing = (loop, asyncio.Lock())  # a lock serves the loop it was used on
+        lock = self._syncing[1]
+        try:
+            async with asyncio.timeout(None if math.isinf(budget) else budget):
+                await lock.acquire()
+        except TimeoutError:
+            raise _core.queued_too_long(op, self.client.endpoint) from None
+        try:
+            yield deadline
+        finally:
+            lock.release()
 
     async def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
         """Send a history op by delta, resending in full when the daemon asks to.
 
         History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called.
+        daemon applies them in the order they were called; the wait for the
+        one before counts against ``timeout``.
         """
-        async with self._syncing:
+        snapshot = list(messages)  # as it is now, for the resend too
+        async with self._turn(call.op, timeout) as deadline:
             try:
-                return await self.client.call(self._delta.call(call, messages), timeout=timeout)
+                return await self.client.call(
+                    self._delta.call(call, snapshot), timeout=_core.left(deadline)
+                )
             except CtxwinError as exc:
-                retry = self._delta.retry(call, messages, exc)
+                retry = self._delta.retry(call, snapshot, exc)
                 if retry is None:
                     raise
-                return await self.client.call(retry, timeout=timeout)
+                return await self.client.call(retry, timeout=_core.left(deadline))
 
     async def plan(
         self,

@@ -278,6 +278,8 @@ class TaskActor:
         op, args, reply = envelope.op, envelope.args, envelope.reply
         closing = False
         try:
+            if args.get("ephemeral") is True and not self.ephemeral:
+                self._become_ephemeral(state)
             if op == "inspect":
                 result: dict[str, Any] = {
                     "updates": state.dump_updates(),
@@ -312,6 +314,28 @@ class TaskActor:
         if reply is not None:
             reply.set_result(result)
         return closing
+
+    def _become_ephemeral(self, state: engine.TaskState) -> None:
+        """Keep the task in memory only from now on, as a request asks, if nothing is lost.
+
+        A persistent actor started by a call that did not say (``inspect``, a
+        ``rollback``) for a task with nothing on disk is taken over; one that
+        holds state is not: that state would be neither written nor dropped.
+
+        Raises:
+            ProtocolError: ``bad_request`` when the task has state of its own.
+        """
+        if state.deleted_range is not None or state.dump_updates() or self.dirty:
+            raise proto.ProtocolError(
+                proto.ErrorCode.BAD_REQUEST,
+                f"task {self.task} is open as a persistent task with state; ephemeral applies "
+                "only to a task without any (close it first, or use another task id)",
+            )
+        self.ephemeral = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        _log.info("actor_made_ephemeral", task=self.task)
 
     # -- history ops: delta sync, estimates, patches -----------------------------
 
@@ -696,17 +720,9 @@ class ActorSystem:
 
         Raises:
             ActorStoppedError: the daemon is shutting down.
-            ProtocolError: ``bad_request`` when ``ephemeral`` is asked of a task
-                that runs persistent: its changes would be written.
         """
         actor = self.actors.get(task)
         if actor is not None:
-            if ephemeral and not actor.ephemeral:
-                raise proto.ProtocolError(
-                    proto.ErrorCode.BAD_REQUEST,
-                    f"task {task} is open as a persistent task; ephemeral applies only to "
-                    "the first call of a task (close it first, or use another task id)",
-                )
             return actor
         if not self.accepting:
             raise ActorStoppedError("the daemon is shutting down")

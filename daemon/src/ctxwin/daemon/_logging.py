@@ -110,10 +110,11 @@ def configure_logging(fmt: str | None, level: str, stream: TextIO | None = None)
             )
         )
     processors.append(renderer)
+    shared = LineLogger(out)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=lambda *_: LineLogger(out),
+        logger_factory=lambda *_: shared,  # one lock for every logger of the stream
         cache_logger_on_first_use=True,
     )
     return chosen
