@@ -188,7 +188,7 @@ class AsyncClient:
                     sock.connect(self.endpoint)
                 except zmq.ZMQError as exc:
                     sock.close(linger=0)
-                    raise _core.bad_endpoint(self.endpoint, exc) from None
+                    raise _core.connect_error(self.endpoint, exc) from None
                 self._socket = sock
                 self._reader = loop.create_task(self._read(sock))
             return self._socket

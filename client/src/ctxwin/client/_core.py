@@ -9,12 +9,15 @@ error codes to exceptions, and the ``busy`` back-off policy. ``_sync.py`` and
 from __future__ import annotations
 
 import enum
+import errno
 import math
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast
+
+import zmq
 
 from ctxwin import proto
 from ctxwin.proto import (
@@ -52,6 +55,7 @@ from ._errors import (
     BadRequestError,
     BusyError,
     CtxwinError,
+    DaemonUnavailableError,
     RequestTimeoutError,
     TooLargeError,
     error_for,
@@ -531,14 +535,20 @@ def queued_too_long(op: str, endpoint: str) -> RequestTimeoutError:
     )
 
 
-def bad_endpoint(endpoint: str, exc: Exception) -> BadRequestError:
-    """The error for an endpoint ZeroMQ cannot connect to (a usage error, never sent)."""
-    error = BadRequestError(
-        f"cannot connect to endpoint {endpoint!r}: {exc} "
-        "(expected ipc:///path/to/socket or tcp://host:port)"
-    )
-    error.local = True
-    return error
+def connect_error(endpoint: str, exc: zmq.ZMQError) -> CtxwinError:
+    """The error for a socket that cannot connect to ``endpoint``.
+
+    An address ZeroMQ cannot parse is a usage error (never sent); anything else
+    (no descriptors left, say) means the daemon cannot be reached from here.
+    """
+    if exc.errno in (errno.EINVAL, zmq.EPROTONOSUPPORT, zmq.ENOCOMPATPROTO):
+        error: CtxwinError = BadRequestError(
+            f"cannot connect to endpoint {endpoint!r}: {exc} "
+            "(expected ipc:///path/to/socket or tcp://host:port)"
+        )
+        error.local = True
+        return error
+    return DaemonUnavailableError(f"cannot connect to {endpoint}: {exc}", endpoint=endpoint)
 
 
 def encode(call: Call[Any], request_id: int, limits: Limits | None = None) -> bytes:

@@ -154,7 +154,7 @@ class Client:
                 sock.connect(self.endpoint)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
-                raise _core.bad_endpoint(self.endpoint, exc) from None
+                raise _core.connect_error(self.endpoint, exc) from None
             self._socket = sock
         return self._socket
 
