@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 import ctxwin.client
 from ctxwin import proto
 from ctxwin.client import _core
-from ctxwin.client._errors import ERROR_CLASSES, error_for
+from ctxwin.client._errors import (
+    ERROR_CLASSES,
+    BadRequestError,
+    DaemonUnavailableError,
+    error_for,
+)
 
 CLIENT_SRC = Path(ctxwin.client.__file__).parent
 MESSAGES: list[dict[str, Any]] = [
@@ -256,3 +263,13 @@ def test_task_handles_refuse_bad_ids_at_once(tmp_path: Path) -> None:
         assert caught.value.local is True
     with pytest.raises(ctxwin.client.InvalidTaskIdError):
         ctxwin.client.AsyncClient(f"ipc://{tmp_path / 'x.sock'}").task("")
+
+
+def test_connect_errors_tell_a_bad_address_from_an_unreachable_daemon() -> None:
+    """An address ZeroMQ cannot parse is a local usage error; running out of descriptors is not."""
+    for code in (errno.EINVAL, zmq.EPROTONOSUPPORT):
+        bad = _core.connect_error("foo:1", zmq.ZMQError(code))
+        assert (type(bad), bad.local) == (BadRequestError, True)
+    unreachable = _core.connect_error("ipc:///x.sock", zmq.ZMQError(errno.EMFILE))
+    assert isinstance(unreachable, DaemonUnavailableError)
+    assert unreachable.endpoint == "ipc:///x.sock"
