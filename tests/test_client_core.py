@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import inspect
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from ctxwin.client._errors import (
     ERROR_CLASSES,
     BadRequestError,
     DaemonUnavailableError,
+    RequestTimeoutError,
     error_for,
 )
 
@@ -273,3 +275,18 @@ def test_connect_errors_tell_a_bad_address_from_an_unreachable_daemon() -> None:
     unreachable = _core.connect_error("ipc:///x.sock", zmq.ZMQError(errno.EMFILE))
     assert isinstance(unreachable, DaemonUnavailableError)
     assert unreachable.endpoint == "ipc:///x.sock"
+
+
+def test_timeouts_become_budgets_that_are_never_negative() -> None:
+    """Negative and NaN timeouts mean no time at all; infinite ones mean no limit on a lock."""
+    assert [_core.budget(t) for t in (-1.0, float("nan"), 0.0, 2.5)] == [0.0, 0.0, 0.0, 2.5]
+    assert _core.lock_wait(float("inf")) is None
+    assert _core.lock_wait(3.0) == 3.0
+
+
+def test_a_resend_needs_time_left() -> None:
+    """After resync_required, the whole history goes again only if the deadline has not passed."""
+    cause = error_for("resync_required", "send the whole list")
+    assert 0 < _core.left_for_resend(time.monotonic() + 5, cause, "ipc:///x") <= 5
+    with pytest.raises(RequestTimeoutError, match="no time left"):
+        _core.left_for_resend(time.monotonic() - 0.1, cause, "ipc:///x")

@@ -261,16 +261,21 @@ def test_an_ephemeral_handle_stays_ephemeral_whatever_its_first_op(
     assert sub.compact(conversation(10), "none", ts=2)["deleted_range"] is not None
     client.flush()
     assert not shared.task_dir("sync-sub-first").exists()
-    # A persistent task without state (opened by inspect, say) is taken over as ephemeral...
+    # A task only looked at (inspect opened it as persistent) is taken over as ephemeral...
     assert client.inspect("sync-looked-at")["updates"] == []
     looked_at = client.task("sync-looked-at", ephemeral=True)
     assert looked_at.compact(conversation(10), "none", ts=3)["deleted_range"] is not None
     client.flush()
     assert not shared.task_dir("sync-looked-at").exists()
-    # ... one with state is not: its state would be neither written nor dropped.
+    # ... a task in use as a persistent one is not, with state or still without any.
     client.task("sync-live").compact(conversation(10), "quarter", ts=4)
-    with pytest.raises(BadRequestError, match="open as a persistent task with state"):
-        client.task("sync-live", ephemeral=True).truncated_messages(conversation(2))
+    client.task("sync-early").truncated_messages(conversation(2))  # no state yet
+    for live in ("sync-live", "sync-early"):
+        with pytest.raises(BadRequestError, match="open as a persistent task"):
+            client.task(live, ephemeral=True).truncated_messages(conversation(2))
+    assert client.task("sync-early").compact(conversation(10), "none", ts=5)["deleted_range"]
+    client.flush()
+    assert shared.task_dir("sync-early").exists()
 
 
 @pytest.mark.parametrize(

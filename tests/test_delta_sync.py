@@ -363,3 +363,13 @@ def test_patches_resend_only_new_overrides_to_a_caller_that_holds_the_last(
     assert third.result is not None
     assert "reuse" not in third.result["patch"]
     assert [2, 4, 6] == [origin for origin, _ in third.result["patch"]["overrides"]]
+
+
+@pytest.mark.parametrize("timeout", [-0.5, float("nan")], ids=["negative", "nan"])
+def test_a_timeout_of_no_time_is_a_timeout_on_every_path(tmp_path: Path, timeout: float) -> None:
+    """Negative and NaN timeouts raise RequestTimeoutError at once, on a client and a handle."""
+    with FakeRouter(tmp_path, lambda request: []) as silent, Client(silent.endpoint) as client:
+        with pytest.raises(RequestTimeoutError):
+            client.ping(timeout=timeout)
+        with pytest.raises(RequestTimeoutError):
+            client.task("no-time").truncated_messages(conversation(1), timeout=timeout)

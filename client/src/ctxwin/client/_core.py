@@ -522,9 +522,29 @@ def left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-def lock_wait(budget: float) -> float:
-    """``budget`` as a ``threading.Lock.acquire`` timeout (-1: no limit)."""
-    return -1 if budget > threading.TIMEOUT_MAX else budget
+def budget(timeout: float) -> float:
+    """A call's timeout as seconds to spend: never negative (NaN counts as 0)."""
+    return timeout if timeout > 0 else 0.0
+
+
+def lock_wait(seconds: float) -> float | None:
+    """``seconds`` as a ``threading`` wait timeout (None: no limit)."""
+    return None if seconds > threading.TIMEOUT_MAX else seconds
+
+
+def left_for_resend(deadline: float, cause: CtxwinError, endpoint: str) -> float:
+    """Seconds left for a resend after ``cause``; raises when none are left (it is never sent).
+
+    Raises:
+        RequestTimeoutError: the deadline has passed.
+    """
+    remaining = left(deadline)
+    if remaining <= 0:
+        raise RequestTimeoutError(
+            f"no time left to send the whole history again after {cause.code}",
+            endpoint=endpoint,
+        ) from cause
+    return remaining
 
 
 def queued_too_long(op: str, endpoint: str) -> RequestTimeoutError:
@@ -541,7 +561,7 @@ def connect_error(endpoint: str, exc: zmq.ZMQError) -> CtxwinError:
     An address ZeroMQ cannot parse is a usage error (never sent); anything else
     (no descriptors left, say) means the daemon cannot be reached from here.
     """
-    if exc.errno in (errno.EINVAL, zmq.EPROTONOSUPPORT, zmq.ENOCOMPATPROTO):
+    if exc.errno in (errno.EINVAL, errno.ENAMETOOLONG, zmq.EPROTONOSUPPORT, zmq.ENOCOMPATPROTO):
         error: CtxwinError = BadRequestError(
             f"cannot connect to endpoint {endpoint!r}: {exc} "
             "(expected ipc:///path/to/socket or tcp://host:port)"

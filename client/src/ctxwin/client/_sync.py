@@ -170,15 +170,15 @@ class Client:
             ) from None
         while True:
             remaining = deadline - time.monotonic()
-            if remaining > 0 and not sock.poll(_core.poll_ms(remaining), zmq.POLLIN):
-                continue  # one slice of a long wait: look at the clock again
-            if remaining <= 0:
+            if not remaining > 0:  # NaN included
                 # A late reply must never meet a later request: start over.
                 self._drop_socket()
                 raise RequestTimeoutError(
                     f"{call.op}: no reply from {self.endpoint} within the timeout",
                     endpoint=self.endpoint,
                 )
+            if not sock.poll(_core.poll_ms(remaining), zmq.POLLIN):
+                continue  # one slice of a long wait: look at the clock again
             reply = _core.decode(sock.recv_multipart())
             if reply is not None and _core.reply_target(reply, (request_id,)) == request_id:
                 return reply

@@ -102,26 +102,35 @@ class Task(_TaskBase):
     ) -> None:
         super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
-        self._syncing = threading.Lock()
+        self._syncing = threading.Condition()
+        self._busy = False
 
     @contextlib.contextmanager
     def _turn(self, op: str, timeout: float | None) -> Iterator[float]:
         """Wait for this handle's history op before, within ``timeout``; yields the deadline."""
-        budget = self.client.timeout if timeout is None else timeout
+        budget = _core.budget(self.client.timeout if timeout is None else timeout)
         deadline = time.monotonic() + budget
-        if not self._syncing.acquire(timeout=_core.lock_wait(budget)):
-            raise _core.queued_too_long(op, self.client.endpoint)
+        claimed = False
         try:
+            # The turn is claimed and released under ``with``, and released in
+            # ``finally``, so a KeyboardInterrupt at any point cannot keep it.
+            with self._syncing:
+                if not self._syncing.wait_for(lambda: not self._busy, _core.lock_wait(budget)):
+                    raise _core.queued_too_long(op, self.client.endpoint)
+                self._busy = claimed = True
             yield deadline
         finally:
-            self._syncing.release()
+            if claimed:
+                with self._syncing:
+                    self._busy = False
+                    self._syncing.notify()
 
     def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
         """Send a history op by delta, resending in full when the daemon asks to.
 
         History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called; the wait for the
-        one before counts against ``timeout``.
+        daemon applies them in the order they were called; ``timeout`` covers
+        the whole op: the wait for the one before, the call and any resend.
         """
         snapshot = list(messages)  # as it is now, for the resend too
         with self._turn(call.op, timeout) as deadline:
@@ -133,7 +142,9 @@ class Task(_TaskBase):
                 retry = self._delta.retry(call, snapshot, exc)
                 if retry is None:
                     raise
-                return self.client.call(retry, timeout=_core.left(deadline))
+                return self.client.call(
+                    retry, timeout=_core.left_for_resend(deadline, exc, self.client.endpoint)
+                )
 
     def plan(
         self,
@@ -345,7 +356,7 @@ class AsyncTask(_TaskBase):
     @contextlib.asynccontextmanager
     async def _turn(self, op: str, timeout: float | None) -> AsyncIterator[float]:
         """Wait for this handle's history op before, within ``timeout``; yields the deadline."""
-        budget = self.client.timeout if timeout is None else timeout
+        budget = _core.budget(self.client.timeout if timeout is None else timeout)
         deadline = time.monotonic() + budget
         loop = asyncio.get_running_loop()
         if self._syncing is None or self._syncing[0] is not loop:
@@ -365,8 +376,8 @@ class AsyncTask(_TaskBase):
         """Send a history op by delta, resending in full when the daemon asks to.
 
         History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called; the wait for the
-        one before counts against ``timeout``.
+        daemon applies them in the order they were called; ``timeout`` covers
+        the whole op: the wait for the one before, the call and any resend.
         """
         snapshot = list(messages)  # as it is now, for the resend too
         async with self._turn(call.op, timeout) as deadline:
@@ -378,7 +389,9 @@ class AsyncTask(_TaskBase):
                 retry = self._delta.retry(call, snapshot, exc)
                 if retry is None:
                     raise
-                return await self.client.call(retry, timeout=_core.left(deadline))
+                return await self.client.call(
+                    retry, timeout=_core.left_for_resend(deadline, exc, self.client.endpoint)
+                )
 
     async def plan(
         self,

@@ -117,6 +117,7 @@ class TaskActor:
         self.system = system
         self.task = task
         self.ephemeral = ephemeral
+        self._only_inspected = True  # every request so far was an inspect (see _become_ephemeral)
         self.files = TaskFiles(system.state_dir, task)
         self.state: engine.TaskState | None = None
         self.mailbox: deque[Envelope] = deque()
@@ -280,6 +281,8 @@ class TaskActor:
         try:
             if args.get("ephemeral") is True and not self.ephemeral:
                 self._become_ephemeral(state)
+            elif op != "inspect":
+                self._only_inspected = False
             if op == "inspect":
                 result: dict[str, Any] = {
                     "updates": state.dump_updates(),
@@ -318,18 +321,24 @@ class TaskActor:
     def _become_ephemeral(self, state: engine.TaskState) -> None:
         """Keep the task in memory only from now on, as a request asks, if nothing is lost.
 
-        A persistent actor started by a call that did not say (``inspect``, a
-        ``rollback``) for a task with nothing on disk is taken over; one that
-        holds state is not: that state would be neither written nor dropped.
+        An actor that so far only answered ``inspect`` (someone looked at an
+        ephemeral task after its idle eviction, say) for a task with nothing on
+        disk is taken over. Any other persistent task is in use as one, with
+        state or soon to have it, and is not.
 
         Raises:
-            ProtocolError: ``bad_request`` when the task has state of its own.
+            ProtocolError: ``bad_request`` when the task is in use as a persistent one.
         """
-        if state.deleted_range is not None or state.dump_updates() or self.dirty:
+        if (
+            not self._only_inspected
+            or state.deleted_range is not None
+            or state.dump_updates()
+            or self.dirty
+        ):
             raise proto.ProtocolError(
                 proto.ErrorCode.BAD_REQUEST,
-                f"task {self.task} is open as a persistent task with state; ephemeral applies "
-                "only to a task without any (close it first, or use another task id)",
+                f"task {self.task} is open as a persistent task; ephemeral applies only to "
+                "a new task (close it first, or use another task id)",
             )
         self.ephemeral = True
         if self._timer is not None:
