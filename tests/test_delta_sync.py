@@ -243,7 +243,7 @@ async def test_waiting_behind_a_slow_call_counts_against_the_timeout(tmp_path: P
             slow = asyncio.ensure_future(task.truncated_messages(history, timeout=3))
             await asyncio.sleep(0)
             started = time.monotonic()
-            with pytest.raises(RequestTimeoutError, match="previous history op"):
+            with pytest.raises(RequestTimeoutError, match="earlier calls on this task handle"):
                 await task.truncated_messages(history, timeout=0.3)
             assert time.monotonic() - started < 2.5
             with pytest.raises(RequestTimeoutError):

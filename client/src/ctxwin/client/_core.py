@@ -547,11 +547,10 @@ def left_for_resend(deadline: float, cause: CtxwinError, endpoint: str) -> float
     return remaining
 
 
-def queued_too_long(op: str, endpoint: str) -> RequestTimeoutError:
-    """The timeout of a history op that waited its whole time behind the one before."""
+def queued_too_long(op: str, endpoint: str, behind: str) -> RequestTimeoutError:
+    """The timeout of a call that waited its whole time behind earlier calls on ``behind``."""
     return RequestTimeoutError(
-        f"{op}: the previous history op of this task handle took the whole timeout",
-        endpoint=endpoint,
+        f"{op}: earlier calls on this {behind} took the whole timeout", endpoint=endpoint
     )
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
-import threading
 import time
 from types import TracebackType
 from typing import Any, TypeVar
@@ -51,6 +51,7 @@ from ._core import (
 )
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import Task
+from ._turns import Turns
 
 T = TypeVar("T")
 
@@ -100,7 +101,7 @@ class Client:
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[bytes] | None = None
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._turns = Turns()
         self._closed = False
 
     def __enter__(self) -> Client:
@@ -116,7 +117,7 @@ class Client:
 
     def close(self) -> None:
         """Close the socket (linger 0); later calls raise ClientClosedError."""
-        with self._lock:
+        with self._turns.take(None, RuntimeError):  # after the call in flight, if any
             self._closed = True
             self._drop_socket()
 
@@ -193,8 +194,10 @@ class Client:
         Raises:
             CtxwinError: the subclass for the error (see ``ctxwin.client``).
         """
-        with self._lock:
-            deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        budget = _core.budget(self.timeout if timeout is None else timeout)
+        deadline = time.monotonic() + budget
+        too_long = functools.partial(_core.queued_too_long, call.op, self.endpoint, "client")
+        with self._turns.take(_core.lock_wait(budget), too_long):
             attempt = 0
             while True:
                 reply = self._exchange(call, deadline)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, TypeVar
@@ -38,6 +38,7 @@ from ctxwin.proto import (
 from . import _core
 from ._core import UNSET, Call, CompactKeep, Messages, RangeArg, Strategy
 from ._errors import CtxwinError, InvalidTaskIdError
+from ._turns import Turns
 
 T = TypeVar("T")
 
@@ -102,28 +103,16 @@ class Task(_TaskBase):
     ) -> None:
         super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
-        self._syncing = threading.Condition()
-        self._busy = False
+        self._syncing = Turns()
 
     @contextlib.contextmanager
     def _turn(self, op: str, timeout: float | None) -> Iterator[float]:
         """Wait for this handle's history op before, within ``timeout``; yields the deadline."""
         budget = _core.budget(self.client.timeout if timeout is None else timeout)
         deadline = time.monotonic() + budget
-        claimed = False
-        try:
-            # The turn is claimed and released under ``with``, and released in
-            # ``finally``, so a KeyboardInterrupt at any point cannot keep it.
-            with self._syncing:
-                if not self._syncing.wait_for(lambda: not self._busy, _core.lock_wait(budget)):
-                    raise _core.queued_too_long(op, self.client.endpoint)
-                self._busy = claimed = True
+        too_long = functools.partial(_core.queued_too_long, op, self.client.endpoint, "task handle")
+        with self._syncing.take(_core.lock_wait(budget), too_long):
             yield deadline
-        finally:
-            if claimed:
-                with self._syncing:
-                    self._busy = False
-                    self._syncing.notify()
 
     def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
         """Send a history op by delta, resending in full when the daemon asks to.
@@ -366,7 +355,7 @@ class AsyncTask(_TaskBase):
             async with asyncio.timeout(None if math.isinf(budget) else budget):
                 await lock.acquire()
         except TimeoutError:
-            raise _core.queued_too_long(op, self.client.endpoint) from None
+            raise _core.queued_too_long(op, self.client.endpoint, "task handle") from None
         try:
             yield deadline
         finally:
