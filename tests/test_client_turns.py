@@ -81,3 +81,61 @@ def test_waiting_for_another_thread_s_call_counts_against_the_timeout(tmp_path: 
         assert time.monotonic() - started < 2.0
         slow.join()
         assert len(outcomes) == 1
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_a_waiter_leaving_on_an_interrupt_does_not_swallow_the_next_one_s_turn() -> None:
+    """With two waiters, an interrupt taking the first away still lets the second go at once."""
+    turns = Turns()
+    for _ in range(20):
+        release = threading.Event()
+        waited: list[float] = []
+
+        def holder(release: threading.Event) -> None:
+            with turns.take(None, RuntimeError):
+                release.wait()
+            os.kill(os.getpid(), signal.SIGINT)
+
+        def second(waited: list[float]) -> None:
+            started = time.monotonic()
+            with turns.take(5, RuntimeError):
+                waited.append(time.monotonic() - started)
+
+        first = threading.Thread(target=holder, args=(release,))
+        first.start()
+        while not turns.busy:
+            time.sleep(0.001)
+        other = threading.Thread(target=second, args=(waited,))
+        try:
+            threading.Timer(0.05, other.start).start()  # queued behind this thread
+            threading.Timer(0.1, release.set).start()
+            with turns.take(5, RuntimeError):
+                time.sleep(0.001)
+            first.join()
+        except Interrupted:
+            first.join()
+        other.join()
+        assert len(waited) == 1
+        assert waited[0] < 1.0, waited
+        assert not turns.busy
+
+
+def test_a_thread_that_asks_again_at_once_queues_behind_the_waiting() -> None:
+    """First come, first served: a busy loop on one thread cannot starve another's call."""
+    turns = Turns()
+    stop = threading.Event()
+
+    def hog() -> None:
+        while not stop.is_set():
+            with turns.take(None, RuntimeError):
+                time.sleep(0.0005)
+
+    thread = threading.Thread(target=hog)
+    thread.start()
+    try:
+        for _ in range(20):
+            with turns.take(0.5, TimeoutError):
+                pass
+    finally:
+        stop.set()
+        thread.join()
