@@ -457,11 +457,13 @@ class DeltaSync:
         self.sender.reset()
 
     def call(self, call: Call[T], messages: Messages) -> Call[T]:
-        """``call`` (built with no messages) for ``messages``, by delta when enabled."""
+        """``call`` (built with no messages) for ``messages``, by delta when enabled.
+
+        ``messages`` must stay as it is until the reply is in (its view is
+        rebuilt from it): task handles pass a copy taken when called.
+        """
         if not self.enabled:
             return _with_history(call, {"messages": _messages(messages)})
-        # The list as it is now: the caller may append to its own while the call is out.
-        messages = list(messages)
         history = self.sender.args_for(messages)
         sender, patches = self.sender, self.patches
 
@@ -528,7 +530,7 @@ def budget(timeout: float) -> float:
 
 
 def lock_wait(seconds: float) -> float | None:
-    """``seconds`` as a ``threading`` wait timeout (None: no limit)."""
+    """``seconds`` as a lock wait's timeout (None: no limit), ``threading`` or ``asyncio``."""
     return None if seconds > threading.TIMEOUT_MAX else seconds
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, TypeVar
@@ -352,7 +351,7 @@ class AsyncTask(_TaskBase):
             self._syncing = (loop, asyncio.Lock())  # a lock serves the loop it was used on
         lock = self._syncing[1]
         try:
-            async with asyncio.timeout(None if math.isinf(budget) else budget):
+            async with asyncio.timeout(_core.lock_wait(budget)):
                 await lock.acquire()
         except TimeoutError:
             raise _core.queued_too_long(op, self.client.endpoint, "task handle") from None

@@ -37,16 +37,15 @@ class LineLogger:
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._lock = threading.Lock()
-        self.dropped = 0
 
     def msg(self, message: str) -> None:
-        """Write ``message`` and a newline, flushed; count it as dropped if the stream fails."""
+        """Write ``message`` and a newline, flushed; drop it if the stream fails."""
         with self._lock:
             try:
                 self._stream.write(message + "\n")
                 self._stream.flush()
             except (OSError, ValueError):  # ValueError: the stream was closed
-                self.dropped += 1
+                pass
 
     debug = info = warning = warn = error = err = critical = exception = fatal = msg
 
