@@ -59,9 +59,9 @@ def test_text_counts_equal_tiktoken(text: str) -> None:
 
 def test_cached_and_cold_counts_are_equal(client: Client) -> None:
     """Counting the real corpus twice (the second from the cache) gives the same total."""
-    files = sorted(CORPUS.rglob("*.json"))
-    assert files, f"no corpus under {CORPUS}"
-    messages = json.loads(files[0].read_text())
+    path = CORPUS / "mra-api_conversation_history.json"
+    assert path.is_file(), f"no corpus conversation at {path}"
+    messages = json.loads(path.read_text())
     assert isinstance(messages, list)
     cold = client.count_tokens(messages)["tokens"]
     warm = client.count_tokens(messages)["tokens"]
