@@ -30,7 +30,7 @@ import structlog
 from ctxwin import engine, proto
 
 from ._ops import HISTORY_OPS, TaskContext, run_task_op, wants_budgeting
-from ._persist import TaskFiles, encode_history, encode_meta
+from ._persist import DEFAULT_DIALECT, Encoded, TaskFiles, TaskRecord, encode_task
 from ._tokens import TokenCounter
 
 __all__ = [
@@ -138,6 +138,7 @@ class TaskActor:
         # Delta sync and estimates: the history as last sent, kept while memory allows.
         self.history: engine.History | None = None
         self.calibration = engine.Calibration()
+        self.dialect = DEFAULT_DIALECT
         self._estimate: tuple[int, float] | None = None  # (estimate, ratio) of the last view
         self._calibrated_by: tuple[Any, ...] | None = None
         # The overrides of the last view patch sent, and its token (see _reuse_overrides).
@@ -188,15 +189,18 @@ class TaskActor:
             self.state = engine.TaskState(notices)
         else:
 
-            def build(updates: Any, deleted_range: list[int] | None) -> engine.TaskState:
-                if updates is None and deleted_range is None:
-                    return engine.TaskState(notices)
-                return engine.TaskState.load(updates, deleted_range, notices)
+            def build(record: TaskRecord) -> engine.TaskState:
+                if record.updates is None and record.deleted_range is None:
+                    state = engine.TaskState(notices)
+                else:
+                    state = engine.TaskState.load(record.updates, record.deleted_range, notices)
+                if record.calibration is not None:
+                    self.calibration.ratio, self.calibration.samples = record.calibration
+                self.dialect = record.dialect
+                return state
 
-            self.state = await anyio.to_thread.run_sync(
-                self.files.load, build, lambda: engine.TaskState(notices)
-            )
-            self.files.mark_current(*self._snapshot())
+            self.state = await anyio.to_thread.run_sync(self.files.load, build)
+            self.files.mark_current(self._snapshot())
         self._durable_revision = self._seen_revision = self.state.revision
         _log.info("actor_started", task=self.task, ephemeral=self.ephemeral)
 
@@ -454,10 +458,17 @@ class TaskActor:
 
     # -- persistence -------------------------------------------------------------
 
-    def _snapshot(self) -> tuple[bytes, bytes]:
+    def _snapshot(self) -> Encoded:
         state = self.state
         assert state is not None
-        return encode_history(state.dump_updates()), encode_meta(state.deleted_range)
+        calibration = self.calibration
+        record = TaskRecord(
+            state.dump_updates(),
+            state.deleted_range,
+            (calibration.ratio, calibration.samples) if calibration.samples else None,
+            self.dialect,
+        )
+        return encode_task(record)
 
     @property
     def dirty(self) -> bool:
@@ -466,7 +477,7 @@ class TaskActor:
             return False
         if self.state.revision != self._durable_revision:
             return True
-        return not self.files.is_current(*self._snapshot())
+        return not self.files.is_current(self._snapshot())
 
     def _changed(self) -> None:
         """Note a change of the state and arm the debounce timer (DESIGN.md "Persistence")."""
@@ -526,12 +537,12 @@ class TaskActor:
             state = self.state
             revision = state.revision
             taken_at = self.system.loop.time()
-            history, meta = self._snapshot()
-            if self.files.is_current(history, meta):
+            encoded = self._snapshot()
+            if self.files.is_current(encoded):
                 self._written(revision, taken_at)
                 return False
             try:
-                await anyio.to_thread.run_sync(self.files.write, history, meta)
+                await anyio.to_thread.run_sync(self.files.write, encoded)
             except OSError as exc:
                 self.system.counters.write_failures += 1
                 self._failures_in_row += 1
