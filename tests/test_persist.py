@@ -92,7 +92,7 @@ def _build(record: TaskRecord) -> Loaded:
 
 
 def test_task_files_round_trip_and_skip_unchanged_content(tmp_path: Path) -> None:
-    """Written files load back whole (calibration and dialect too); the same content again touches nothing."""
+    """Written files load back whole, calibration and dialect too; the same again writes nothing."""
     files = TaskFiles(tmp_path, "t1")
     encoded = encode_task(TaskRecord(OVERLAY, [2, 5], (1.25, 3), "anthropic"))
     assert files.write(encoded) is True
@@ -142,7 +142,7 @@ def test_an_export_older_than_its_authority_is_rewritten_by_the_next_write(tmp_p
 def test_a_directory_without_a_format_2_authority_is_imported(
     tmp_path: Path, meta: bytes | None
 ) -> None:
-    """context_history.json (and a format-1 range) load as the task; the next write adds the authority."""
+    """An export (and a format-1 range) load as the task; the next write adds the authority."""
     directory = tmp_path / "tasks" / "t1"
     directory.mkdir(parents=True)
     (directory / "context_history.json").write_bytes(json.dumps(OVERLAY).encode())
