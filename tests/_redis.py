@@ -23,7 +23,7 @@ __all__ = ["REDIS_SERVER", "RedisServer", "require_redis_server"]
 
 REDIS_SERVER = shutil.which("redis-server")
 _CI = bool(os.environ.get("CI") or os.environ.get("CTXWIN_CI"))
-_READY = b"Ready to accept connections"
+_READY = b"ready to accept connections"  # 7.0: "...at <path>"; 7.2+: "Ready ... unix"
 
 
 def require_redis_server() -> str:
@@ -107,7 +107,7 @@ class RedisServer:
                 for line in stdout:
                     log.write(line)
                     log.flush()
-                    if _READY in line:
+                    if _READY in line.lower():
                         ready.set()
             ready.set()
 

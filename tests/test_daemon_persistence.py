@@ -258,7 +258,7 @@ def test_kill_9_loop_never_leaves_partial_files_and_keeps_flushed_state(tmp_path
             assert meta["deleted_range"][1] >= ranged.acknowledged
             checked += 1
         if reader.acknowledged is not None:
-            updates = read_json(daemon.task_dir("reader") / "context_history.json")
+            updates = read_json(daemon.task_dir("reader") / "ctxwin.json")["updates"]
             # Each read but the last is replaced: reads(n) leaves n - 1 updated messages.
             assert len(updates) >= reader.acknowledged - 1
             checked += 1
