@@ -18,7 +18,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ctxwin import proto
-from ctxwin.daemon._server import _decode_request, _encode_result
 from ctxwin.engine import DEFAULT_NOTICES
 from tests._daemon import DaemonProcess, wait_until
 
@@ -708,6 +707,9 @@ def _codec_decode(body: bytes, limits: proto.Limits) -> tuple[int, str, dict[str
     return request.id, request.op, request.args
 
 
+_ENCODE_RESULT = proto.result_encoder()
+
+
 def _near(**changes: Any) -> bytes:
     """A well-formed ping envelope with ``changes`` (None drops the field)."""
     envelope: dict[str, Any] = {"v": proto.PROTOCOL_VERSION, "id": 7, "op": "ping", "args": {}}
@@ -729,18 +731,20 @@ def _near(**changes: Any) -> bytes:
 @example(_near(extra=1))
 @example(proto.pack([1, 7, "ping", {}]))
 @example(_near(args={"task": "t" * 100}))
-def test_the_servers_request_decoding_agrees_with_the_codec(body: bytes) -> None:
-    """The daemon's decoding of a request body accepts and refuses exactly as proto's."""
+def test_the_fast_request_decoding_agrees_with_the_general_one(body: bytes) -> None:
+    """proto's hot-path decoding of a request body accepts and refuses exactly as decode_request."""
     limits = proto.Limits(max_frame_bytes=64)
-    assert _outcome(_codec_decode, body, limits) == _outcome(_decode_request, body, limits)
+    assert _outcome(_codec_decode, body, limits) == _outcome(
+        proto.decode_request_parts, body, limits
+    )
 
 
 @given(
     st.integers(-(2**63), 2**64 - 1),
     st.dictionaries(st.text(max_size=8), st.one_of(_ODD, st.binary(max_size=8)), max_size=4),
 )
-def test_the_servers_result_encoding_is_the_codecs_byte_for_byte(
+def test_the_fast_result_encoding_is_the_general_ones_byte_for_byte(
     request_id: int, result: dict[str, Any]
 ) -> None:
     """A result reply encodes to exactly the bytes proto.encode_result gives."""
-    assert proto.encode_result(request_id, result) == _encode_result(request_id, result)
+    assert proto.encode_result(request_id, result) == _ENCODE_RESULT(request_id, result)

@@ -11,8 +11,15 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from ctxwin.daemon import TaskFiles, acquire_lock, write_atomic
-from ctxwin.daemon._persist import LockedError, TaskRecord, decode_record, encode_task
+from ctxwin.daemon._persist import (
+    LockedError,
+    TaskFiles,
+    TaskRecord,
+    acquire_lock,
+    decode_record,
+    encode_task,
+    write_atomic,
+)
 
 
 def listing(directory: Path) -> list[str]:

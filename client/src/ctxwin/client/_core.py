@@ -144,11 +144,6 @@ class Call(Generic[T_co]):
         return cast(T_co, result)
 
 
-def now_ms() -> int:
-    """Milliseconds since the epoch, the unit of every ``ts`` on the wire."""
-    return time.time_ns() // 1_000_000
-
-
 def _error_from_protocol(exc: ProtocolError) -> CtxwinError:
     error = error_for(exc.code.value, exc.message)
     error.local = True
@@ -179,7 +174,7 @@ def _messages(messages: Messages) -> list[Any]:
 
 
 def _ts(ts: int | None) -> int:
-    return now_ms() if ts is None else ts
+    return proto.now_ms() if ts is None else ts
 
 
 # One builder per wire op; the twins' methods call these and send the Call.

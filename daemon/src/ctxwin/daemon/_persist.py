@@ -34,6 +34,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
+from ctxwin import proto
+
 __all__ = [
     "DEFAULT_DIALECT",
     "FORMAT",
@@ -236,14 +238,7 @@ def _is_temp(name: str) -> bool:
 
 
 def _valid_range(value: object) -> bool:
-    if value is None:
-        return True
-    return (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
-        and value[0] == 2
-    )
+    return proto.deleted_range_error(value) is None
 
 
 class TaskFiles:

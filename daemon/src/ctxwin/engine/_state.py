@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ctxwin.proto import deleted_range_error
+
 from ._blocks import Message, text_of
 from ._budget import Budgeting, fit_range, largest_messages, view_origins
 from ._notices import DEFAULT_NOTICES, Notices
@@ -160,15 +162,12 @@ class CompactResult:
 
 
 def _check_range(value: object) -> list[int] | None:
-    if value is None:
-        return None
-    if (
-        not isinstance(value, list | tuple)
-        or len(value) != 2
-        or not all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
-    ):
-        raise CorruptStateError("a deleted range must be null or [start, end]")
-    return [value[0], value[1]]
+    if isinstance(value, tuple):
+        value = list(value)
+    problem = deleted_range_error(value)
+    if problem is not None:
+        raise CorruptStateError(f"a deleted range {problem}")
+    return None if value is None else [value[0], value[1]]  # type: ignore[index]
 
 
 class TaskState:
