@@ -328,6 +328,7 @@ class TaskActor:
     async def _close(self) -> dict[str, Any]:
         if not self.ephemeral:
             await self.flush()
+            await self.store.release()  # before the reply: the task is free once closed
         # Detach now: later requests for this task start a fresh actor.
         self.stopping = True
         self.system.detach(self)

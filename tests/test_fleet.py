@@ -1,0 +1,143 @@
+"""Fleet mode end to end: real daemons sharing a real redis-server, one owner per task."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from ctxwin import proto
+from ctxwin.daemon._persist import decode_record
+from tests._daemon import DaemonProcess, wait_until
+from tests._redis import RedisServer
+
+FIRST = [
+    {"role": "user", "content": [{"type": "text", "text": "Refactor the parser."}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "Reading it."}]},
+]
+
+
+def ok(reply: proto.Reply) -> dict[str, Any]:
+    """The result of a reply that must have succeeded."""
+    assert reply.ok, (reply.code, reply.message)
+    assert reply.result is not None
+    return reply.result
+
+
+def fleet_daemon(root: Path, redis: RedisServer, *extra: str) -> DaemonProcess:
+    """A daemon with the Redis store, its own state dir and endpoint under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    return DaemonProcess(root, "--state-store", redis.url, *extra)
+
+
+def stored(redis: RedisServer, task: str, prefix: str = "ctxwin") -> dict[str, Any] | None:
+    """The task's state as Redis holds it (read with a client of the test's own)."""
+    import redis as redis_sync
+
+    client = redis_sync.Redis(unix_socket_path=str(redis.socket))
+    try:
+        raw = client.get(f"{prefix}:{{{task}}}:state")
+    finally:
+        client.close()
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    decode_record(value)  # a whole, valid record
+    assert isinstance(value, dict)
+    return value
+
+
+def set_range(daemon: DaemonProcess, task: str, end: int) -> proto.Reply:
+    """One change: the task's deleted range becomes ``[2, end]``."""
+    args = {"task": task, "messages": FIRST, "deleted_range": [2, end]}
+    return daemon.call("truncated_messages", args)
+
+
+def test_one_owner_per_task_and_the_other_names_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """B answers owned_elsewhere naming A while A owns the task; once A closes it, B serves it."""
+    with (
+        fleet_daemon(tmp_path / "a", redis_server) as first,
+        fleet_daemon(tmp_path / "b", redis_server) as second,
+    ):
+        assert "fleet" in ok(first.call("ping"))["features"]
+        ok(set_range(first, "t", 5))
+        ok(first.call("flush", {"task": "t"}))
+        assert stored(redis_server, "t") is not None
+        assert (stored(redis_server, "t") or {})["deleted_range"] == [2, 5]
+        refused = set_range(second, "t", 6)
+        assert (refused.ok, refused.code, refused.owner) == (
+            False,
+            "owned_elsewhere",
+            first.endpoint,
+        )
+        shown = ok(first.call("inspect", {"task": "t"}))
+        assert (shown["store"], shown["owner"], shown["fence"]) == ("redis", first.endpoint, 1)
+        store = ok(first.call("stats"))["store"]
+        assert (store["kind"], store["owner"], store["leases"]) == ("redis", first.endpoint, 1)
+        assert ok(first.call("close", {"task": "t"}))["closed"] is True
+        ok(set_range(second, "t", 7))
+        shown = ok(second.call("inspect", {"task": "t"}))
+        assert (shown["deleted_range"], shown["owner"], shown["fence"]) == (
+            [2, 7],
+            second.endpoint,
+            2,
+        )
+
+
+def test_a_killed_owner_is_taken_over_after_the_ttl(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """kill -9 the owner: once its lease expires the other daemon serves every flushed change."""
+    first = fleet_daemon(tmp_path / "a", redis_server, "--lease-ttl-ms", "600")
+    first.start()
+    try:
+        ok(set_range(first, "t", 9))
+        ok(first.call("flush", {"task": "t"}))
+    finally:
+        first.kill()
+    with fleet_daemon(tmp_path / "b", redis_server, "--lease-ttl-ms", "600") as second:
+
+        def taken() -> bool:
+            reply = second.call("inspect", {"task": "t"})
+            return reply.ok
+
+        wait_until(taken, 10, "the dead owner's lease expires")
+        shown = ok(second.call("inspect", {"task": "t"}))
+        assert (shown["deleted_range"], shown["fence"]) == ([2, 9], 2)
+
+
+def test_a_write_refused_by_the_fence_drops_the_task(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """An owner whose lease another daemon took stops serving the task and never writes it again."""
+    with fleet_daemon(tmp_path / "a", redis_server, "--lease-ttl-ms", "60000") as first:
+        ok(set_range(first, "t", 3))
+        ok(first.call("flush", {"task": "t"}))
+        # Another daemon takes the task as if the lease had expired (its TTL, ended early).
+        asyncio.run(_take_over(redis_server, "t"))
+        reply = set_range(first, "t", 4)
+        assert reply.ok  # answered from memory: the loss is seen at the next write
+        flushed = first.call("flush", {"task": "t"})
+        assert (flushed.ok, flushed.code) == (False, "internal")
+        assert "another daemon" in (flushed.message or "")
+        wait_until(
+            lambda: set_range(first, "t", 5).code == "owned_elsewhere",
+            10,
+            "the daemon refers the task to its new owner",
+        )
+        value = stored(redis_server, "t") or {}
+        assert (value["deleted_range"], value["fence"]) == ([2, 3], 1)
+
+
+async def _take_over(redis_server: RedisServer, task: str) -> None:
+    from ctxwin.daemon._redis import RedisStore, Taken
+
+    other = RedisStore(redis_server.url, "tcp://other:1")
+    try:
+        await other.client.delete(other.keys(task)[0])
+        assert isinstance(await other.take(task), Taken)
+    finally:
+        await other.close()
