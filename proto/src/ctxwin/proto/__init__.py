@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._classify import is_context_window_error
+from ._clock import now_ms
 from ._codec import (
     DEFAULT_MAX_BYTES,
     Limits,
@@ -126,6 +127,7 @@ __all__ = [
     "is_context_window_error",
     "is_valid_task_id",
     "message_digest",
+    "now_ms",
     "pack",
     "resolve_endpoint",
     "unpack",
