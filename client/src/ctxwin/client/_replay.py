@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxwin.proto import DeletedRange, Model, Usage
+from ctxwin.proto import DeletedRange, Model, Usage, now_ms
 
-from ._core import now_ms
 from ._sync import Client
 from ._task import Task
 from ._usage import total_tokens, usage_from_metrics
