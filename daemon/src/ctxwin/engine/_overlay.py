@@ -26,6 +26,17 @@ def update_text(update: Update) -> str | None:
     return None
 
 
+def update_metadata(update: Update) -> list[Any]:
+    """An update's metadata: empty, or for a file mention ``[replaced_paths, all_paths]``."""
+    return update[3] if len(update) > 3 else []
+
+
+def replaced_paths(update: Update) -> list[str]:
+    """The paths a file-mention update has replaced so far (none for other updates)."""
+    metadata = update_metadata(update)
+    return list(metadata[0]) if metadata else []
+
+
 class CorruptStateError(ValueError):
     """Stored overlay data that does not have the on-disk shape of SPEC.md §1."""
 
