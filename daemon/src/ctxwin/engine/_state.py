@@ -315,21 +315,35 @@ class TaskState:
         limit = context_window_info(model).max_allowed_size
         trigger = None
         if not use_auto_condense:
-            trigger = self._trigger(messages, previous_request, limit, budgeting, ts)
+            trigger = self._trigger(
+                messages, previous_request, limit=limit, budgeting=budgeting, ts=ts
+            )
         range_updated = stalled = False
         if trigger is not None:
             range_updated, stalled = self._cut(
-                messages, trigger, limit, budgeting, reported=previous_request is not None
+                messages,
+                trigger,
+                limit=limit,
+                budgeting=budgeting,
+                reported=previous_request is not None,
             )
         view = self.truncated_messages(messages)
         if budgeting is None:
             return PrepareResult(self.deleted_range, range_updated, view, stalled)
-        return self._estimated(messages, view, limit, budgeting, range_updated, stalled)
+        return self._estimated(
+            messages,
+            view,
+            limit=limit,
+            budgeting=budgeting,
+            range_updated=range_updated,
+            stalled=stalled,
+        )
 
     def _trigger(
         self,
         messages: Sequence[Message],
         previous_request: Mapping[str, Any] | None,
+        *,
         limit: float,
         budgeting: Budgeting | None,
         ts: int | None,
@@ -351,9 +365,9 @@ class TaskState:
         self,
         messages: Sequence[Message],
         trigger: tuple[float, int],
+        *,
         limit: float,
         budgeting: Budgeting | None,
-        *,
         reported: bool,
     ) -> tuple[bool, bool]:
         """Optimise, then cut when that is not enough (SPEC.md §7; ``fit`` sizes the cut).
@@ -397,6 +411,7 @@ class TaskState:
         self,
         messages: Sequence[Message],
         view: list[Message],
+        *,
         limit: float,
         budgeting: Budgeting,
         range_updated: bool,
