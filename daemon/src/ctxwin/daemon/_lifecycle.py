@@ -67,6 +67,20 @@ def _make_private_dir(directory: Path, *, default: bool) -> None:
         os.chmod(directory, 0o700)
 
 
+def _take_lock(lock: Path, holder: str) -> int:
+    """Take a lock file for the daemon's life; ``holder`` says what another daemon holds it for.
+
+    Raises:
+        StartupError: another daemon holds it, or it cannot be created.
+    """
+    try:
+        return acquire_lock(lock)
+    except LockedError:
+        raise StartupError(f"another ctxwind is {holder} (lock {lock} is held)") from None
+    except OSError as exc:
+        raise StartupError(f"cannot create lock file {lock}: {exc}") from None
+
+
 @contextlib.contextmanager
 def _locks(config: Config) -> Iterator[list[Path]]:
     """Take the state dir's lock and one beside each ipc socket; remove stale sockets.
@@ -86,15 +100,9 @@ def _locks(config: Config) -> Iterator[list[Path]]:
             raise StartupError(f"state dir {config.state_dir} is not usable: {exc}") from None
         if not os.access(config.state_dir / "tasks", os.W_OK | os.X_OK):
             raise StartupError(f"state dir {config.state_dir} is not writable")
-        lock = config.state_dir / "ctxwind.lock"
-        try:
-            fds.append(acquire_lock(lock))
-        except LockedError:
-            raise StartupError(
-                f"another ctxwind is using the state dir {config.state_dir} (lock {lock} is held)"
-            ) from None
-        except OSError as exc:
-            raise StartupError(f"cannot create lock file {lock}: {exc}") from None
+        fds.append(
+            _take_lock(config.state_dir / "ctxwind.lock", f"using the state dir {config.state_dir}")
+        )
         default_dir = proto.default_runtime_dir()
         for endpoint in config.endpoints:
             path = proto.ipc_path(endpoint)
@@ -104,15 +112,7 @@ def _locks(config: Config) -> Iterator[list[Path]]:
                 _make_private_dir(path.parent, default=path.parent == default_dir)
             except OSError as exc:
                 raise StartupError(f"cannot create socket dir {path.parent}: {exc}") from None
-            lock = path.with_name(path.name + ".lock")
-            try:
-                fds.append(acquire_lock(lock))
-            except LockedError:
-                raise StartupError(
-                    f"another ctxwind is listening on {endpoint} (lock {lock} is held)"
-                ) from None
-            except OSError as exc:
-                raise StartupError(f"cannot create lock file {lock}: {exc}") from None
+            fds.append(_take_lock(path.with_name(path.name + ".lock"), f"listening on {endpoint}"))
             if path.exists() or path.is_symlink():
                 _log.info("stale_socket_removed", path=str(path))
                 path.unlink()
