@@ -141,3 +141,26 @@ async def _take_over(redis_server: RedisServer, task: str) -> None:
         assert isinstance(await other.take(task), Taken)
     finally:
         await other.close()
+
+
+def test_clients_follow_owned_elsewhere_once(tmp_path: Path, redis_server: RedisServer) -> None:
+    """A client of B asking for A's task is moved to A by itself, blocking and asyncio alike."""
+    from ctxwin.client import AsyncClient, Client
+
+    with (
+        fleet_daemon(tmp_path / "a", redis_server) as first,
+        fleet_daemon(tmp_path / "b", redis_server) as second,
+    ):
+        ok(set_range(first, "t", 4))
+        with Client(second.endpoint, timeout=10) as client:
+            shown = client.inspect("t")
+            assert (shown["deleted_range"], client.endpoint) == ([2, 4], first.endpoint)
+
+        async def asynchronous() -> tuple[Any, str]:
+            async with AsyncClient(second.endpoint, timeout=10) as client:
+                result = await client.truncated_messages("t", FIRST, deleted_range=[2, 6])
+                return result, client.endpoint
+
+        result, endpoint = asyncio.run(asynchronous())
+        assert (result["messages"], endpoint) == (FIRST, first.endpoint)
+        assert ok(first.call("inspect", {"task": "t"}))["deleted_range"] == [2, 6]

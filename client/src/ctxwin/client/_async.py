@@ -77,6 +77,9 @@ class AsyncClient:
         self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._retired: list[
+            tuple[zmq.asyncio.Socket, asyncio.Task[None]]
+        ] = []  # see _retire_socket
         self._ids = itertools.count(1)
         self._connecting: asyncio.Lock | None = None
         self._closed = False
@@ -117,8 +120,25 @@ class AsyncClient:
 
     # Transport.
 
+    def _retire_socket(self) -> None:
+        """Move to another endpoint: the old socket serves the calls in flight on it, then goes."""
+        if self._socket is not None and self._reader is not None:
+            self._retired.append((self._socket, self._reader))
+        elif self._socket is not None:
+            self._socket.close(linger=0)
+        self._socket = None
+        self._reader = None
+
+    def _close_retired(self) -> None:
+        for sock, reader in self._retired:
+            sock.close(linger=0)
+            if not reader.get_loop().is_closed():
+                reader.cancel()
+        self._retired.clear()
+
     def _drop_socket(self, reason: Exception | None = None) -> asyncio.Task[None] | None:
         """Close the socket, stop its reader, fail the calls still waiting on it."""
+        self._close_retired()
         reader, self._reader = self._reader, None
         if self._socket is not None:
             self._socket.close(linger=0)
@@ -205,6 +225,8 @@ class AsyncClient:
                 ) from None
         finally:
             self._pending.pop(request_id, None)
+            if self._retired and not self._pending:
+                self._close_retired()
             # Replies are matched by id, so a late one is dropped; once nothing
             # else is in flight, start over on a fresh socket as the blocking
             # client does, so nothing queued for a stuck peer lingers.
@@ -224,9 +246,17 @@ class AsyncClient:
         """
         deadline = time.monotonic() + _core.call_budget(call, timeout, self.timeout)
         attempt = 0
+        followed = False
         while True:
             reply = await self._exchange(call, deadline)
-            step = _core.outcome(call, reply, attempt, self.retry, deadline - time.monotonic())
+            remaining = deadline - time.monotonic()
+            step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
+            if isinstance(step, _core.Follow):
+                # The task's owner is another daemon: move this client to it.
+                followed = True
+                self._retire_socket()
+                self.endpoint = step.owner
+                continue
             if not isinstance(step, _core.Retry):
                 return step
             await asyncio.sleep(step.delay)
