@@ -10,7 +10,7 @@ from typing import Any
 from ctxwin import proto
 from ctxwin.daemon._persist import decode_record
 from tests._daemon import DaemonProcess, wait_until
-from tests._redis import RedisServer
+from tests._redis import RedisServer, require_redis_server
 
 FIRST = [
     {"role": "user", "content": [{"type": "text", "text": "Refactor the parser."}]},
@@ -164,3 +164,24 @@ def test_clients_follow_owned_elsewhere_once(tmp_path: Path, redis_server: Redis
         result, endpoint = asyncio.run(asynchronous())
         assert (result["messages"], endpoint) == (FIRST, first.endpoint)
         assert ok(first.call("inspect", {"task": "t"}))["deleted_range"] == [2, 6]
+
+
+def test_hand_over_under_chaos_keeps_one_writer() -> None:
+    """Owner paused past the TTL twice and killed once: fences and states only move forward."""
+    from bench.reliability import fleet
+
+    require_redis_server()
+    summary = fleet.run(pauses=2, kills=1, ttl_ms=500, flush_every=5, control=False, seed=3)
+    assert summary["passed"], summary
+    assert summary["writes_refused_by_fence"] >= 1, summary  # a stale owner did try
+    assert len(summary["fences_seen"]) >= 3, summary
+
+
+def test_the_same_chaos_without_the_fence_check_fails() -> None:
+    """Control: with Redis accepting every write, a resumed owner's stale state lands."""
+    from bench.reliability import fleet
+
+    require_redis_server()
+    summary = fleet.run(pauses=1, kills=0, ttl_ms=500, flush_every=5, control=True, seed=3)
+    assert not summary["passed"]
+    assert summary["state_went_back"], summary

@@ -50,7 +50,8 @@ class RedisTaskStore:
         self.lease: Lease | None = None
         self.deadline = 0.0
         self._current: bytes | None = None
-        self._fenced = False
+        self._fenced = False  # a write was refused: never write again
+        self._lost = False  # the renew was refused or came too late: serve no more
         self._released = asyncio.Event()
 
     def _encode(self, state: engine.TaskState, extras: TaskExtras) -> bytes:
@@ -136,7 +137,7 @@ class RedisTaskStore:
 
     def serving(self) -> bool:
         """Whether the lease is this daemon's for sure: not lost, local deadline ahead."""
-        return not self._fenced and self.parent.loop.time() < self.deadline
+        return not self._fenced and not self._lost and self.parent.loop.time() < self.deadline
 
     async def _renew_loop(self) -> None:
         lease = self.lease
@@ -153,12 +154,14 @@ class RedisTaskStore:
                 held = await self.redis.renew(lease)
             except StoreUnavailable as exc:
                 if loop.time() >= self.deadline:
+                    self._lost = True
                     self.on_lost(f"lease not renewed before its deadline: {exc}")
                     return
                 _log.warning("lease_renew_failed", task=self.task, error=str(exc))
                 continue
             if not held:
-                self._fenced = True
+                self._lost = True
+                # Its final write goes to the server, whose fence check refuses it.
                 self.on_lost("the lease was taken by another daemon")
                 return
             self.deadline = sent + self.parent.ttl_s
@@ -172,7 +175,7 @@ class RedisTaskStore:
         if self.lease is None or self._fenced:
             return
         try:
-            await self.redis.release(self.lease)
+            await self.redis.release(self.lease)  # compare-and-delete: a later owner's stays
         except StoreUnavailable as exc:
             _log.warning("lease_release_failed", task=self.task, error=str(exc))
 
