@@ -53,6 +53,8 @@ class RedisTaskStore:
         self._fenced = False  # a write was refused: never write again
         self._lost = False  # the renew was refused or came too late: serve no more
         self._released = asyncio.Event()
+        # A renew in flight while the lease is released could set it again: one at a time.
+        self._lease_lock = asyncio.Lock()
 
     def _encode(self, state: engine.TaskState, extras: TaskExtras) -> bytes:
         assert self.lease is not None
@@ -71,6 +73,12 @@ class RedisTaskStore:
             taken = await self.redis.take(self.task)
         except StoreUnavailable as exc:
             raise StoreUnavailableError(f"state store unavailable: {exc}") from None
+        if isinstance(taken, OwnedElsewhere) and taken.owner == self.parent.advertise:
+            # An earlier run of this daemon (killed) still holds it: free within the TTL.
+            raise StoreUnavailableError(
+                f"task {self.task} is still leased by an earlier run of this daemon "
+                f"(free within {self.parent.ttl_s:g} s)"
+            )
         if isinstance(taken, OwnedElsewhere):
             raise proto.ProtocolError(
                 proto.ErrorCode.OWNED_ELSEWHERE,
@@ -151,7 +159,10 @@ class RedisTaskStore:
                 return
             sent = loop.time()
             try:
-                held = await self.redis.renew(lease)
+                async with self._lease_lock:
+                    if self._released.is_set():
+                        return
+                    held = await self.redis.renew(lease)
             except StoreUnavailable as exc:
                 if loop.time() >= self.deadline:
                     self._lost = True
@@ -175,7 +186,8 @@ class RedisTaskStore:
         if self.lease is None or self._fenced:
             return
         try:
-            await self.redis.release(self.lease)  # compare-and-delete: a later owner's stays
+            async with self._lease_lock:
+                await self.redis.release(self.lease)  # compare-and-delete: a later owner's stays
         except StoreUnavailable as exc:
             _log.warning("lease_release_failed", task=self.task, error=str(exc))
 
