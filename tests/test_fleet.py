@@ -147,14 +147,14 @@ def test_clients_follow_owned_elsewhere_once(tmp_path: Path, redis_server: Redis
 
 
 def test_hand_over_under_chaos_keeps_one_writer() -> None:
-    """Owner paused past the TTL twice and killed once: fences and states only move forward."""
+    """Owner paused past the TTL and killed once: fences and states only move forward."""
     from bench.reliability import fleet
 
     require_redis_server()
-    summary = fleet.run(pauses=2, kills=1, ttl_ms=500, flush_every=5, control=False, seed=3)
+    summary = fleet.run(pauses=1, kills=1, ttl_ms=500, flush_every=5, control=False, seed=3)
     assert summary["passed"], summary
     assert summary["writes_refused_by_fence"] >= 1, summary  # a stale owner did try
-    assert len(summary["fences_seen"]) >= 3, summary
+    assert len(summary["fences_seen"]) >= 3, summary  # two hand-overs
 
 
 def test_the_same_chaos_without_the_fence_check_fails() -> None:
