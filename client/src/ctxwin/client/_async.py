@@ -58,7 +58,10 @@ class AsyncClient:
         CtxwinError: from every op method: the subclass for the daemon's error
             code (``BusyError`` once the retries are spent), or, before
             anything is sent, for arguments the daemon would refuse (``local``
-            set); ``RequestTimeoutError`` when no reply comes in time.
+            set); ``RequestTimeoutError`` when no reply comes in time;
+            ``DaemonUnavailableError`` at once when nothing listens at the
+            endpoint, or when the connection drops with a call in flight that
+            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent).
     """
 
     def __init__(

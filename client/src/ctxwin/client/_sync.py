@@ -49,7 +49,10 @@ class Client:
         CtxwinError: from every op method: the subclass for the daemon's error
             code (``BusyError`` once the retries are spent), or, before
             anything is sent, for arguments the daemon would refuse (``local``
-            set); ``RequestTimeoutError`` when no reply comes in time.
+            set); ``RequestTimeoutError`` when no reply comes in time;
+            ``DaemonUnavailableError`` at once when nothing listens at the
+            endpoint, or when the connection drops with a call in flight that
+            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent).
     """
 
     def __init__(
@@ -67,7 +70,7 @@ class Client:
         self.autostart = autostart
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[bytes] | None = None
-        self._monitor: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None  # set and cleared with _socket
         self._link = _core.Link()
         self._ids = itertools.count(1)
         self._turns = Turns()
@@ -120,7 +123,7 @@ class Client:
         """The socket and its monitor, made (and connected) if there are none."""
         if self._closed:
             raise ClientClosedError("the client is closed")
-        if self._socket is None:
+        if self._socket is None or self._monitor is None:
             if self.autostart:
                 _autostart.ensure_daemon(self.endpoint)
             sock = self._context.socket(zmq.DEALER)
@@ -135,7 +138,8 @@ class Client:
                 raise _core.connect_error(self.endpoint, exc) from None
             self._socket, self._monitor = sock, monitor
             self._link.fresh()
-        return self._socket, self._monitor  # type: ignore[return-value]  # set together
+            return sock, monitor
+        return self._socket, self._monitor
 
     def _catch_up(self) -> None:
         """Take the monitor's events so far into the link."""
