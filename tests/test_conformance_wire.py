@@ -76,12 +76,8 @@ def _write_initial(daemon: DaemonProcess, scenario: Scenario) -> None:
         (task_dir / "context_history.json").write_text(json.dumps(scenario.initial_updates))
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_scenario_over_the_wire(
-    scenario: Scenario, conformance_daemon: DaemonProcess, connection: Connection
-) -> None:
-    """The scenario's replies and overlays match, and after flush the file equals the overlay."""
-    _write_initial(conformance_daemon, scenario)
+def _run_steps(scenario: Scenario, connection: Connection) -> Any:
+    """Run the scenario's steps, checking replies and overlays; the overlay it ends with."""
     overlay = normalise_updates(scenario.initial_updates or [])
     for number, step in enumerate(scenario.steps):
         args = expand_args(step["args"], scenario.conversation)
@@ -94,6 +90,16 @@ def test_scenario_over_the_wire(
         if "expect_updates" in step or number == len(scenario.steps) - 1:
             inspected = connection.call("inspect", {"task": scenario.task})
             assert normalise_updates(inspected["updates"]) == overlay, f"step {number} overlay"
+    return overlay
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario_over_the_wire(
+    scenario: Scenario, conformance_daemon: DaemonProcess, connection: Connection
+) -> None:
+    """The scenario's replies and overlays match, and after flush the file equals the overlay."""
+    _write_initial(conformance_daemon, scenario)
+    overlay = _run_steps(scenario, connection)
     connection.call("flush", {"task": scenario.task})
     history = conformance_daemon.task_dir(scenario.task) / "context_history.json"
     on_disk: Any = json.loads(history.read_text()) if history.exists() else []
@@ -158,19 +164,8 @@ def test_scenario_with_the_redis_store(
     assert redis_client.get(key) is None, "scenario tasks must start empty"
     if scenario.initial_updates is not None:
         redis_client.set(key, encode_task(TaskRecord(scenario.initial_updates)).authority)
-    overlay = normalise_updates(scenario.initial_updates or [])
-    for number, step in enumerate(scenario.steps):
-        args = expand_args(step["args"], scenario.conversation)
-        result = redis_connection.call(step["op"], args)
-        for name, expected in step["expect"].items():
-            left, right = expected_value(expected, result.get(name))
-            assert left == right, f"step {number} ({step['op']}): {name}"
-        if "expect_updates" in step:
-            overlay = normalise_updates(step["expect_updates"])
-        if "expect_updates" in step or number == len(scenario.steps) - 1:
-            inspected = redis_connection.call("inspect", {"task": scenario.task})
-            assert normalise_updates(inspected["updates"]) == overlay, f"step {number} overlay"
-            assert inspected["store"] == "redis"
+    overlay = _run_steps(scenario, redis_connection)
+    assert redis_connection.call("inspect", {"task": scenario.task})["store"] == "redis"
     redis_connection.call("flush", {"task": scenario.task})
     raw = redis_client.get(key)
     stored: Any = json.loads(raw)["updates"] if raw is not None else []

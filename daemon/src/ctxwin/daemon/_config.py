@@ -406,6 +406,8 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         "max_bytes",
         "max_frames",
         "history_cache_mb",
+        "lease_ttl_ms",
+        "store_wait_replicas",
     ):
         raw = environ.get("CTXWIN_" + name.upper())
         if raw:
@@ -427,13 +429,6 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         raw = environ.get("CTXWIN_" + name.upper())
         if raw:
             layer[name] = raw
-    for name in ("lease_ttl_ms", "store_wait_replicas"):
-        raw = environ.get("CTXWIN_" + name.upper())
-        if raw:
-            try:
-                layer[name] = int(raw)
-            except ValueError:
-                raise ConfigError(f"{source}: CTXWIN_{name.upper()} must be an integer") from None
     raw = environ.get("CTXWIN_ALLOW_REMOTE")
     if raw:
         layer["allow_remote"] = raw.strip().lower() in ("1", "true", "yes", "on")
