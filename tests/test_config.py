@@ -150,3 +150,45 @@ def test_an_unreachable_default_config_path_is_no_config(tmp_path: Path) -> None
     config = load_config([], {"HOME": str(tmp_path), "XDG_CONFIG_HOME": unreachable})
     assert config.config_file is None
     assert config.debounce_ms == 250
+
+
+def test_the_state_store_settings_go_through_the_layers(tmp_path: Path) -> None:
+    """Store URL, password, prefix, TTL and advertise come from file, environment and flags."""
+    env = write_config(
+        tmp_path,
+        'state_store = "redis://db.example:6379/2"\nstate_store_password = "from-file"\n'
+        'store_prefix = "team"\nlease_ttl_ms = 4000\n',
+    )
+    env["CTXWIN_LEASE_TTL_MS"] = "5000"
+    config = load_config(
+        ["--state-store", "unix:///run/redis.sock", "--advertise", "tcp://10.0.0.1:7878"], env
+    )
+    assert (config.state_store, config.state_store_password, config.store_prefix) == (
+        "unix:///run/redis.sock",
+        "from-file",
+        "team",
+    )
+    assert (config.lease_ttl_ms, config.advertised) == (5000, "tcp://10.0.0.1:7878")
+    assert "from-file" not in repr(config)
+    env["CTXWIN_STATE_STORE_PASSWORD"] = "from-env"
+    assert load_config([], env).state_store_password == "from-env"
+    defaults = load_config([], {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "x")})
+    assert (defaults.state_store, defaults.lease_ttl_ms) == ("file:", 10_000)
+    assert defaults.advertised == defaults.endpoints[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--state-store", "redis://user:secret@db:6379/0"], "must not carry a password"),
+        (["--state-store", "postgres://db/0"], "state_store must be file:"),
+        (["--lease-ttl-ms", "10"], "lease_ttl_ms must be an integer from 100"),
+        (["--store-prefix", "a{b}"], "without braces"),
+    ],
+)
+def test_bad_state_store_settings_are_refused(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """A password in a flag, an unknown scheme, a tiny TTL or a braced prefix is refused."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(argv, {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)})

@@ -124,7 +124,8 @@ def assert_fault_handled(daemon: DaemonProcess, good: bytes, error: str) -> None
     assert ok(daemon.call("ping"))["pong"] is True
     assert ok(daemon.call("stats"))["write_failures"] >= 1
     assert (daemon.task_dir(TASK) / "context_history.json").read_bytes() == good
-    assert temp_files(daemon.task_dir(TASK)) == []
+    # A retry under way may hold a temp file for a moment; none may stay.
+    wait_until(lambda: temp_files(daemon.task_dir(TASK)) == [], 10, "no temp file remains")
     failures = events(daemon, "write_failed")
     assert failures
     assert (failures[-1]["task"], error in failures[-1]["error"]) == (TASK, True)

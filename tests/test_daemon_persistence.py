@@ -258,7 +258,7 @@ def test_kill_9_loop_never_leaves_partial_files_and_keeps_flushed_state(tmp_path
             assert meta["deleted_range"][1] >= ranged.acknowledged
             checked += 1
         if reader.acknowledged is not None:
-            updates = read_json(daemon.task_dir("reader") / "context_history.json")
+            updates = read_json(daemon.task_dir("reader") / "ctxwin.json")["updates"]
             # Each read but the last is replaced: reads(n) leaves n - 1 updated messages.
             assert len(updates) >= reader.acknowledged - 1
             checked += 1
@@ -299,3 +299,38 @@ def test_sigterm_finishes_requests_taken_and_flushes_them(tmp_path: Path) -> Non
         if ends:
             meta = read_json(daemon.task_dir(f"t{task}") / "ctxwin.json")
             assert meta["deleted_range"] == [2, max(ends)]
+
+
+def _calibrate(daemon: DaemonProcess, task: str, turns: int) -> None:
+    """Report usage 1.5x each estimate for ``turns`` turns."""
+    messages = [*FIRST, {"role": "user", "content": [{"type": "text", "text": "w " * 400}]}]
+    model = {"id": "m", "context_window": 64_000}
+    previous: dict[str, Any] | None = None
+    for turn in range(turns + 1):
+        args: dict[str, Any] = {"task": task, "messages": messages, "model": model}
+        args["estimate"] = True
+        if previous is not None:
+            args["previous_request"] = previous
+        result = ok(daemon.call("prepare_request", args))
+        raw = result["estimated_tokens"] / result["calibration"]
+        previous = {"ts": turn + 1, "tokens_in": round(raw * 1.5), "tokens_out": 10}
+
+
+def test_calibration_outlives_close_idle_eviction_and_restart(tmp_path: Path) -> None:
+    """A task's calibration is kept in its ctxwin.json: close, idle stop and restart keep it."""
+    with DaemonProcess(tmp_path, "--idle-timeout", "0.3") as daemon:
+        _calibrate(daemon, "closed", 3)
+        before = ok(daemon.call("inspect", {"task": "closed"}))["calibration"]
+        assert before["samples"] == 3
+        ok(daemon.call("close", {"task": "closed"}))
+        assert ok(daemon.call("inspect", {"task": "closed"}))["calibration"] == before
+        stored = read_json(daemon.task_dir("closed") / "ctxwin.json")["calibration"]
+        assert stored == before
+        _calibrate(daemon, "idle", 2)
+        wait_until(lambda: ok(daemon.call("stats"))["actors"] <= 1, 10, "the idle actors stop")
+        wait_until(
+            lambda: ok(daemon.call("stats"))["actors"] == 0, 10, "the inspected actor stops too"
+        )
+        assert ok(daemon.call("inspect", {"task": "idle"}))["calibration"]["samples"] == 2
+    with DaemonProcess(tmp_path) as daemon:
+        assert ok(daemon.call("inspect", {"task": "closed"}))["calibration"] == before

@@ -123,7 +123,7 @@ def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
         "pong": True,
         "version": proto.__version__,
         "proto": proto.PROTOCOL_VERSION,
-        "features": ["delta", "view_patch", "budgeting", "plan"],
+        "features": ["delta", "view_patch", "budgeting", "plan", "fleet"],
     }
 
 
@@ -142,8 +142,10 @@ def test_stats_counts_tasks_actors_and_requests(peer: Peer) -> None:
         "history_bytes",
         "calibrated_tasks",
         "calibration_median",
+        "store",
     } == set(stats)
     assert (1, 1, 0) == (stats["tasks"], stats["actors"], stats["write_failures"])
+    assert "file" == stats["store"]["kind"]
     assert (1, 0, None) == (
         stats["histories"],
         stats["calibrated_tasks"],
@@ -275,7 +277,13 @@ def test_task_ops_change_and_show_the_overlay(quiet_peer: Peer) -> None:
     on_disk = json.loads((daemon.task_dir(TASK) / "context_history.json").read_text())
     assert on_disk == inspected["updates"]
     meta = json.loads((daemon.task_dir(TASK) / "ctxwin.json").read_text())
-    assert meta == {"format": 1, "deleted_range": [2, 3]}
+    assert meta == {
+        "format": 2,
+        "dialect": "cline",
+        "deleted_range": [2, 3],
+        "calibration": None,
+        "updates": inspected["updates"],
+    }
     assert ok(peer.call("flush")) == {"flushed": 1}  # wire-sub's new range
     assert ok(peer.call("close", {"task": TASK})) == {"closed": True}
     assert ok(peer.call("stats"))["actors"] == 1  # wire-sub is still open

@@ -14,9 +14,10 @@ from structlog.testing import capture_logs
 from ctxwin.daemon._persist import (
     LockedError,
     TaskFiles,
+    TaskRecord,
     acquire_lock,
-    encode_history,
-    encode_meta,
+    decode_record,
+    encode_task,
     write_atomic,
 )
 
@@ -86,35 +87,95 @@ def test_a_zero_length_write_counts_as_a_full_disk(
     assert listing(tmp_path) == []
 
 
-def _empty() -> list[Any]:
-    return []
+Loaded = tuple[Any, list[int] | None, tuple[float, int] | None, str]
+
+OVERLAY = [[1, [0, [[0, [[5, "text", ["n"], []]]]]]]]
 
 
-def _build(updates: Any, deleted_range: list[int] | None) -> tuple[Any, list[int] | None]:
-    if updates is not None and not isinstance(updates, list):
+def _build(record: TaskRecord) -> Loaded:
+    if record.updates is not None and not isinstance(record.updates, list):
         raise ValueError("an overlay is a list")
-    return updates, deleted_range
+    return record.updates, record.deleted_range, record.calibration, record.dialect
 
 
 def test_task_files_round_trip_and_skip_unchanged_content(tmp_path: Path) -> None:
-    """Written files load back; writing the same content again touches nothing."""
+    """Written files load back whole, calibration and dialect too; the same again writes nothing."""
     files = TaskFiles(tmp_path, "t1")
-    history = encode_history([[1, [0, [[0, [[5, "text", ["n"], []]]]]]]])
-    meta = encode_meta([2, 5])
-    assert files.write(history, meta) is True
-    assert files.write(history, meta) is False
-    assert json.loads(files.meta_path.read_text()) == {"format": 1, "deleted_range": [2, 5]}
-    loaded = TaskFiles(tmp_path, "t1").load(_build, _empty)
-    assert loaded == (json.loads(history), [2, 5])
+    encoded = encode_task(TaskRecord(OVERLAY, [2, 5], (1.25, 3), "anthropic"))
+    assert files.write(encoded) is True
+    assert files.write(encoded) is False
+    authority = json.loads(files.meta_path.read_text())
+    assert authority == {
+        "format": 2,
+        "dialect": "anthropic",
+        "deleted_range": [2, 5],
+        "calibration": {"ratio": 1.25, "samples": 3},
+        "updates": OVERLAY,
+    }
+    assert json.loads(files.history_path.read_text()) == OVERLAY
+    loaded = TaskFiles(tmp_path, "t1").load(_build)
+    assert loaded == (OVERLAY, [2, 5], (1.25, 3), "anthropic")
+
+
+def test_the_authority_is_loaded_and_the_export_is_not_read(tmp_path: Path) -> None:
+    """With a format-2 ctxwin.json, a context_history.json from another state is ignored."""
+    files = TaskFiles(tmp_path, "t1")
+    files.write(encode_task(TaskRecord(OVERLAY, [2, 5])))
+    files.history_path.write_bytes(b"[]")  # an export from another (older) state
+    assert TaskFiles(tmp_path, "t1").load(_build) == (OVERLAY, [2, 5], None, "cline")
+
+
+def test_an_export_older_than_its_authority_is_rewritten_by_the_next_write(tmp_path: Path) -> None:
+    """A crash between the two renames leaves the export behind; the next write brings it level."""
+    files = TaskFiles(tmp_path, "t1")
+    files.write(encode_task(TaskRecord(OVERLAY, [2, 5])))
+    files.history_path.write_bytes(b"[]")  # the export of the state before
+    stale = files.meta_path.stat().st_mtime_ns - 10**9
+    os.utime(files.history_path, ns=(stale, stale))
+    again = TaskFiles(tmp_path, "t1")
+    loaded = encode_task(again.load(lambda record: record))
+    again.mark_current(loaded)
+    assert again.is_current(loaded) is True  # loading never writes
+    changed = encode_task(TaskRecord(OVERLAY, [2, 6]))
+    assert again.write(changed) is True
+    assert json.loads(again.history_path.read_text()) == OVERLAY
+    assert json.loads(again.meta_path.read_text())["deleted_range"] == [2, 6]
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [None, b'{"format": 1, "deleted_range": [2, 7]}', b'{"format": 1, "deleted_range": null}'],
+)
+def test_a_directory_without_a_format_2_authority_is_imported(
+    tmp_path: Path, meta: bytes | None
+) -> None:
+    """An export (and a format-1 range) load as the task; the next write adds the authority."""
+    directory = tmp_path / "tasks" / "t1"
+    directory.mkdir(parents=True)
+    (directory / "context_history.json").write_bytes(json.dumps(OVERLAY).encode())
+    expected_range = None
+    if meta is not None:
+        (directory / "ctxwin.json").write_bytes(meta)
+        expected_range = json.loads(meta)["deleted_range"]
+    files = TaskFiles(tmp_path, "t1")
+    record = files.load(lambda record: record)
+    assert (record.updates, record.deleted_range) == (OVERLAY, expected_range)
+    files.mark_current(encode_task(record))
+    assert files.write(encode_task(record)) is False  # loading never writes
+    changed = TaskRecord(OVERLAY, expected_range, (2.0, 1))
+    assert files.write(encode_task(changed)) is True
+    assert json.loads(files.meta_path.read_text())["format"] == 2
+    assert TaskFiles(tmp_path, "t1").load(_build) == (OVERLAY, expected_range, (2.0, 1), "cline")
 
 
 def test_stale_temp_files_are_removed_on_load(tmp_path: Path) -> None:
     """Temp files left by a killed writer are deleted when the task loads."""
     files = TaskFiles(tmp_path, "t1")
-    files.write(encode_history([]), encode_meta(None))
+    files.write(encode_task(TaskRecord()))
     (files.directory / ".context_history.json.123.4.tmp").write_bytes(b"[[1, ")
+    (files.directory / ".ctxwin.json.123.5.tmp").write_bytes(b'{"form')
     (files.directory / "notes.txt").write_bytes(b"kept")
-    TaskFiles(tmp_path, "t1").load(_build, _empty)
+    TaskFiles(tmp_path, "t1").load(_build)
     assert listing(files.directory) == ["context_history.json", "ctxwin.json", "notes.txt"]
 
 
@@ -123,8 +184,17 @@ def test_stale_temp_files_are_removed_on_load(tmp_path: Path) -> None:
     [
         ("context_history.json", b"[[1, [0"),
         ("context_history.json", b'{"a": 1}'),
+        ("ctxwin.json", b'{"format": 3, "deleted_range": null}'),
         ("ctxwin.json", b'{"format": 2, "deleted_range": null}'),
+        ("ctxwin.json", b'{"format": 2, "deleted_range": null, "updates": {"a": 1}}'),
+        ("ctxwin.json", b'{"format": 2, "deleted_range": null, "updates": [], "dialect": 5}'),
+        (
+            "ctxwin.json",
+            b'{"format": 2, "deleted_range": null, "updates": [], '
+            b'"calibration": {"ratio": -1, "samples": 2}}',
+        ),
         ("ctxwin.json", b'{"format": 1, "deleted_range": [3, 4]}'),
+        ("ctxwin.json", b"\x00\x01"),
     ],
 )
 def test_corrupt_files_are_set_aside_and_logged(tmp_path: Path, name: str, content: bytes) -> None:
@@ -133,8 +203,8 @@ def test_corrupt_files_are_set_aside_and_logged(tmp_path: Path, name: str, conte
     directory.mkdir(parents=True)
     (directory / name).write_bytes(content)
     with capture_logs() as logs:
-        loaded = TaskFiles(tmp_path, "t1").load(_build, _empty)
-    assert loaded == (None, None)
+        loaded = TaskFiles(tmp_path, "t1").load(_build)
+    assert loaded == (None, None, None, "cline")
     kept = [entry for entry in listing(directory) if entry.startswith(name + ".corrupt-")]
     assert len(kept) == 1
     assert (directory / kept[0]).read_bytes() == content
@@ -143,10 +213,31 @@ def test_corrupt_files_are_set_aside_and_logged(tmp_path: Path, name: str, conte
     ]
 
 
+def test_a_rejected_authority_falls_back_to_the_export(tmp_path: Path) -> None:
+    """An authority the engine rejects is set aside and the export is imported instead."""
+    directory = tmp_path / "tasks" / "t1"
+    directory.mkdir(parents=True)
+    (directory / "context_history.json").write_bytes(json.dumps(OVERLAY).encode())
+    (directory / "ctxwin.json").write_bytes(
+        b'{"format": 2, "deleted_range": [2, 4], "updates": {"not": "a list"}}'
+    )
+    with capture_logs() as logs:
+        loaded = TaskFiles(tmp_path, "t1").load(_build)
+    assert loaded == (OVERLAY, None, None, "cline")
+    assert [(log["event"], log["file"]) for log in logs] == [("corrupt_file", "ctxwin.json")]
+
+
 def test_a_missing_task_directory_loads_empty(tmp_path: Path) -> None:
     """A task never written starts from the empty state."""
-    assert TaskFiles(tmp_path, "new").load(_build, _empty) == []
+    assert TaskFiles(tmp_path, "new").load(_build) == (None, None, None, "cline")
     assert not (tmp_path / "tasks").exists()
+
+
+def test_records_round_trip_with_a_fence() -> None:
+    """decode_record reads back what encode_task wrote, fence included."""
+    record = TaskRecord(OVERLAY, None, (0.5, 1), "gemini")
+    authority = encode_task(record, fence=7).authority
+    assert decode_record(json.loads(authority)) == (record, 7)
 
 
 def test_a_lock_is_exclusive_until_released(tmp_path: Path) -> None:

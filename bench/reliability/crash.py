@@ -6,8 +6,8 @@ Usage (from the repository root)::
 
 ``--writers`` client processes each own one task and loop over steps
 ``i = 1, 2, ...``: ``rollback`` to ts 0 with ``deleted_range [2, 2 + i]``
-(rewrites ``ctxwin.json``), then ``apply_truncation_notice`` at ts ``i``
-(rewrites ``context_history.json``); the even-numbered writers also ``flush``
+(sets the range and removes the notice), then ``apply_truncation_notice`` at
+ts ``i`` (adds the notice again); the even-numbered writers also ``flush``
 every ``--flush-every`` steps, the odd ones never do, so that their changes
 reach the disk through the debouncer alone. Each acknowledged reply is
 recorded with its time. The daemon runs with its default debounce (250 ms, at
@@ -17,6 +17,10 @@ it answers, then started again.
 After every kill, for every task:
 
 - both files parse completely (no partial write ever visible);
+- the range and the overlay in ``ctxwin.json`` (the authority) come from one
+  state: its notice is absent or that of its range's step; the export
+  ``context_history.json`` is never ahead of it (its notice, if any, is no
+  later than the authority's step);
 - the step on disk ``m`` (from the deleted range) is at least the last step
   acknowledged by ``flush`` before the kill, and when equal, the history holds
   that step's notice;
@@ -24,8 +28,8 @@ After every kill, for every task:
   step; the age of the oldest lost change (kill time minus its acknowledgement)
   must stay within the debounce cap plus 100 ms (``--cap-ms``, 2100);
 - after the restart, ``inspect`` (which loads the task) never shows a step
-  behind the disk, and once the task is loaded no temp file and no set-aside
-  (corrupt) file remains.
+  behind the disk, and once the task is loaded no temp file of a killed
+  process and no set-aside (corrupt) file remains.
 
 At the end the daemon gets SIGTERM and everything acknowledged must be on disk.
 """
@@ -174,6 +178,7 @@ class DiskState:
     notice: int | None
     history: Any
     meta: Any
+    export_notice: int | None = None
 
 
 @dataclass
@@ -183,6 +188,7 @@ class Totals:
     cycles: int = 0
     checks: int = 0
     unparsable: list[str] = field(default_factory=list)
+    mixed_states: list[str] = field(default_factory=list)
     flushed_lost: list[str] = field(default_factory=list)
     inspect_mismatch: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
@@ -197,19 +203,31 @@ class Totals:
 
 
 def read_disk(directory: Path) -> DiskState | str:
-    """The task's files, or why they cannot be used."""
-    history: Any = []
-    meta: Any = {"deleted_range": None}
+    """The task's files (the authority's state, the export's notice), or why they cannot be used."""
+    export: Any = []
+    meta: Any = {"deleted_range": None, "updates": []}
     try:
         if (directory / HISTORY).exists():
-            history = json.loads((directory / HISTORY).read_bytes())
+            export = json.loads((directory / HISTORY).read_bytes())
         if (directory / META).exists():
             meta = json.loads((directory / META).read_bytes())
     except ValueError as exc:
         return f"{directory.name}: {exc}"
-    deleted = meta.get("deleted_range") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or meta.get("format", 2) != 2 or "updates" not in meta:
+        return f"{directory.name}: {META} is not a whole state: {sorted(meta)}"
+    history = meta["updates"]
+    deleted = meta.get("deleted_range")
     step = deleted[1] - 2 if isinstance(deleted, list) else 0
-    return DiskState(step, notice_step(history), history, meta)
+    return DiskState(step, notice_step(history), history, meta, notice_step(export))
+
+
+def one_state(disk: DiskState) -> str | None:
+    """Why the disk's range and overlay cannot come from one state, or None when they do."""
+    if disk.notice is not None and disk.notice != disk.step:
+        return f"authority: range of step {disk.step} beside the notice of step {disk.notice}"
+    if disk.export_notice is not None and disk.export_notice > disk.step:
+        return f"export: notice of step {disk.export_notice} ahead of the authority's {disk.step}"
+    return None
 
 
 def holds(disk: DiskState, ack: Ack) -> bool:
@@ -328,6 +346,8 @@ def run(
                     if isinstance(disk, str):
                         totals.unparsable.append(f"cycle {totals.cycles}: {disk}")
                         disk = DiskState(-1, None, None, None)
+                    elif (mixed := one_state(disk)) is not None:
+                        totals.mixed_states.append(f"cycle {totals.cycles}: {task}: {mixed}")
                     disks[task] = disk
                 daemon.start()
                 probe = Client(daemon.endpoint)
@@ -342,7 +362,12 @@ def run(
                                 f"cycle {totals.cycles}: {task} loaded step {shown_step} "
                                 f"< disk step {disks[task].step}"
                             )
-                        leftovers = temp_files(daemon.task_dir(task)) + [
+                        # A temp file of the running daemon is a write under way (the
+                        # writers go on); only one of a killed process is left over.
+                        own = f".{daemon.pid}."
+                        leftovers = [
+                            name for name in temp_files(daemon.task_dir(task)) if own not in name
+                        ] + [
                             name
                             for name in temp_files(daemon.task_dir(task), suffix="")
                             if ".corrupt-" in name
@@ -366,6 +391,8 @@ def run(
             if isinstance(final, str):
                 totals.unparsable.append(f"final: {final}")
                 continue
+            if (mixed := one_state(final)) is not None:
+                totals.mixed_states.append(f"final: {task}: {mixed}")
             # Changes acknowledged after the last kill: SIGTERM must have written them all.
             missing = [
                 ack
@@ -376,6 +403,7 @@ def run(
                 totals.final_missing.append(f"{task}: {len(missing)} changes after SIGTERM")
     passed = not (
         totals.unparsable
+        or totals.mixed_states
         or totals.inspect_mismatch
         or totals.flushed_lost
         or totals.leftovers
@@ -392,6 +420,7 @@ def run(
         "acknowledged_steps": totals.acked_steps,
         "acknowledged_flushes": totals.flushes_acked,
         "unparsable_files": totals.unparsable[:10],
+        "range_and_overlay_from_different_states": totals.mixed_states[:10],
         "flushed_but_lost": totals.flushed_lost[:10],
         "temp_or_corrupt_files_after_load": totals.leftovers[:10],
         "loaded_state_behind_disk": totals.inspect_mismatch[:10],

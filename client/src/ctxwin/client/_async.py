@@ -125,6 +125,15 @@ class AsyncClient:
 
     # Transport.
 
+    async def _move_to(self, endpoint: str, deadline: float) -> None:
+        """Use ``endpoint`` from now on, once the calls in flight on this socket are answered."""
+        waiting = [future for future in self._pending.values() if not future.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+        if self.endpoint != endpoint:
+            self._drop_socket()
+            self.endpoint = endpoint
+
     def _drop_socket(self, reason: Exception | None = None) -> list[asyncio.Task[None]]:
         """Close the socket, stop its readers, fail the calls still waiting on it."""
         tasks = [task for task in (self._reader, self._watcher) if task is not None]
@@ -277,13 +286,20 @@ class AsyncClient:
         """
         deadline = time.monotonic() + _core.call_budget(call, timeout, self.timeout)
         attempt = 0
+        followed = False
         while True:
             try:
                 reply = await self._exchange(call, deadline)
             except _core.Dropped:
                 _core.after_drop(call, self.endpoint)
                 continue
-            step = _core.outcome(call, reply, attempt, self.retry, deadline - time.monotonic())
+            remaining = deadline - time.monotonic()
+            step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
+            if isinstance(step, _core.Follow):
+                # The task's owner is another daemon: move this client to it.
+                followed = True
+                await self._move_to(step.owner, deadline)
+                continue
             if not isinstance(step, _core.Retry):
                 return step
             await asyncio.sleep(step.delay)

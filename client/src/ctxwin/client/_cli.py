@@ -221,7 +221,12 @@ def _stats(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -
     if args.json:
         _print_json(result, out)
     else:
-        _table(sorted(result.items()), ("counter", "value"), out)
+        rows = [
+            (f"{name}.{key}", value)
+            for name, item in result.items()
+            for key, value in (item.items() if isinstance(item, dict) else [("", item)])
+        ]
+        _table(sorted((name.rstrip("."), value) for name, value in rows), ("counter", "value"), out)
     return EXIT_OK
 
 
@@ -276,6 +281,13 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         + (f", {hidden_chars:,} chars" if hidden_chars is not None else "")
         + f"), {'unsaved changes' if result['dirty'] else 'saved'}\n"
     )
+    if "store" in result:
+        fence = result.get("fence")
+        out.write(
+            f"store {result['store']}, owner {result.get('owner') or '-'}"
+            + (f", fence {fence}" if fence is not None else "")
+            + "\n"
+        )
     calibration = result.get("calibration")
     if calibration is not None:
         held = result.get("history")

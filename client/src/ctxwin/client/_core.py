@@ -35,6 +35,7 @@ from ._errors import (
     BusyError,
     CtxwinError,
     DaemonUnavailableError,
+    OwnedElsewhereError,
     RequestTimeoutError,
     TooLargeError,
     error_for,
@@ -463,9 +464,21 @@ def reply_target(reply: Reply, pending: Collection[int]) -> int | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """Send the call again to the task's owner (``owned_elsewhere``), and stay with it."""
+
+    owner: str
+
+
 def outcome(
-    call: Call[T], reply: Reply, attempt: int, policy: RetryPolicy, remaining: float
-) -> T | Retry:
+    call: Call[T],
+    reply: Reply,
+    attempt: int,
+    policy: RetryPolicy,
+    remaining: float,
+    followed: bool = False,
+) -> T | Retry | Follow:
     """What to do with the reply to attempt number ``attempt`` of ``call``.
 
     Args:
@@ -474,9 +487,11 @@ def outcome(
         attempt: 0 for the first send, then 1, 2, ... for busy retries.
         policy: the busy back-off policy.
         remaining: seconds left of the call's timeout.
+        followed: whether this call already followed one ``owned_elsewhere``.
 
     Returns:
-        The typed result, or a :class:`Retry` telling how long to wait first.
+        The typed result, a :class:`Retry` telling how long to wait first, or
+        a :class:`Follow` naming the endpoint to send it to (once per call).
 
     Raises:
         CtxwinError: the subclass for the reply's error code (``BusyError``
@@ -489,4 +504,9 @@ def outcome(
         if attempt < policy.busy_retries and delay < remaining:
             return Retry(delay)
         raise BusyError(f"{call.op}: daemon still busy after {attempt + 1} attempt(s)")
+    if reply.code == ErrorCode.OWNED_ELSEWHERE.value:
+        # Refused before anything ran: safe to send again, to the owner it names.
+        if reply.owner and not followed:
+            return Follow(reply.owner)
+        raise OwnedElsewhereError(reply.message or "", owner=reply.owner)
     raise error_for(reply.code, reply.message)

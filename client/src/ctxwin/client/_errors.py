@@ -85,6 +85,20 @@ class ResyncRequiredError(_CodedError):
     code = ErrorCode.RESYNC_REQUIRED.value
 
 
+class OwnedElsewhereError(_CodedError):
+    """Another daemon owns the task (fleet mode); ``owner`` is its endpoint.
+
+    The client follows it once by itself; this is raised when the owner
+    refers the call on again, or named no endpoint.
+    """
+
+    code = ErrorCode.OWNED_ELSEWHERE.value
+
+    def __init__(self, message: str, code: str | None = None, owner: str | None = None) -> None:
+        super().__init__(message, code)
+        self.owner = owner
+
+
 class InternalError(_CodedError):
     """The daemon failed while handling the request."""
 
@@ -133,6 +147,7 @@ ERROR_CLASSES: dict[str, type[_CodedError]] = {
         TooLargeError,
         BusyError,
         ResyncRequiredError,
+        OwnedElsewhereError,
         InternalError,
     )
 }

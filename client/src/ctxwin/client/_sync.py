@@ -205,13 +205,21 @@ class Client:
         too_long = functools.partial(_core.queued_too_long, call.op, self.endpoint, "client")
         with self._turns.take(_core.lock_wait(budget), too_long):
             attempt = 0
+            followed = False
             while True:
                 try:
                     reply = self._exchange(call, deadline)
                 except _core.Dropped:
                     _core.after_drop(call, self.endpoint)
                     continue
-                step = _core.outcome(call, reply, attempt, self.retry, deadline - time.monotonic())
+                remaining = deadline - time.monotonic()
+                step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
+                if isinstance(step, _core.Follow):
+                    # The task's owner is another daemon: move this client to it.
+                    followed = True
+                    self._drop_socket()
+                    self.endpoint = step.owner
+                    continue
                 if not isinstance(step, _core.Retry):
                     return step
                 time.sleep(step.delay)

@@ -32,8 +32,9 @@ from ctxwin import engine, proto
 
 from ._kept import HistoryCache, KeptHistory
 from ._ops import HISTORY_OPS, run_task_op
+from ._persist import DEFAULT_DIALECT
 from ._schedule import FlushError, WriteSchedule
-from ._store import StateStore
+from ._store import StateStore, StoreUnavailableError, TaskExtras
 from ._tokens import TokenCounter
 
 __all__ = [
@@ -111,7 +112,9 @@ class TaskActor:
         self.task = task
         self.ephemeral = ephemeral
         self._only_inspected = True  # every request so far was an inspect (see _become_ephemeral)
-        self.store = system.store.open(task)
+        self.store = system.store.open(task, self._ownership_lost)
+        self.dialect = DEFAULT_DIALECT
+        self._lost: str | None = None  # why the task's ownership was lost, once it was
         self.state: engine.TaskState | None = None
         self.mailbox: deque[Envelope] = deque()
         self._wakeup = asyncio.Event()
@@ -173,19 +176,42 @@ class TaskActor:
         if self.ephemeral:
             self.state = engine.TaskState(self.system.notices)
         else:
-            self.state = await self.store.load()
-        self.writes.loaded(self.state.revision)
+            self.state, extras = await self.store.load()
+            if extras.calibration is not None:
+                calibration = self.kept.calibration
+                calibration.ratio, calibration.samples = extras.calibration
+            self.dialect = extras.dialect
+        self.writes.loaded(self._revision())
         _log.info("actor_started", task=self.task, ephemeral=self.ephemeral)
 
     async def on_stop(self) -> None:
-        """Make the state durable before the actor goes away."""
+        """Make the state durable before the actor goes away, then give up the task."""
         self.writes.cancel()
         if not self.ephemeral and self.state is not None:
             try:
                 await self.flush()
             except FlushError as exc:
-                self.system.final_flush_failures += 1
-                _log.error("final_flush_failed", task=self.task, error=str(exc))
+                if self._lost is None:
+                    self.system.final_flush_failures += 1
+                    _log.error("final_flush_failed", task=self.task, error=str(exc))
+                else:
+                    _log.warning(
+                        "unwritten_changes_dropped",
+                        task=self.task,
+                        reason=self._lost,
+                        error=str(exc),
+                    )
+        if not self.ephemeral:
+            await self.store.release()
+
+    def _ownership_lost(self, reason: str) -> None:
+        """The store lost the task's lease: stop serving it now (the store refuses its writes)."""
+        if self._lost is not None:
+            return
+        self._lost = reason
+        _log.warning("ownership_lost", task=self.task, reason=reason)
+        self.system.detach(self)  # later requests start a fresh actor, which asks the store
+        self.stop()
 
     def on_failure(self, exc: BaseException) -> None:
         """Log an unexpected failure of the actor itself."""
@@ -233,7 +259,11 @@ class TaskActor:
             envelope = self.mailbox.popleft()
             if envelope.reply is None:
                 continue
-            if failure is not None:
+            if isinstance(failure, proto.ProtocolError):
+                envelope.reply.set_exception(failure)  # owned_elsewhere, say
+            elif isinstance(failure, StoreUnavailableError):
+                envelope.reply.set_exception(BusyError(f"task {self.task}: {failure}"))
+            elif failure is not None:
                 envelope.reply.set_exception(
                     FlushError(f"task {self.task} failed to start: {failure}")
                     if self.state is None
@@ -251,6 +281,12 @@ class TaskActor:
         assert isinstance(envelope.op, str)
         op, args, reply = envelope.op, envelope.args, envelope.reply
         try:
+            if not self.ephemeral and not self.store.serving():
+                # The lease may have passed to another daemon: answer nothing more from here.
+                self._ownership_lost("lease not renewed in time")
+                raise ActorStoppedError(
+                    f"task {self.task}: this daemon's lease on it lapsed; send the request again"
+                )
             if args.get("ephemeral") is True and not self.ephemeral:
                 self._become_ephemeral(state)
             elif op != "inspect":
@@ -283,6 +319,7 @@ class TaskActor:
             "dirty": self.dirty,
             "calibration": {"ratio": calibration.ratio, "samples": calibration.samples},
             "history": self.kept.kept_messages(),
+            **self.store.describe(),
         }
 
     async def _flush_op(self) -> dict[str, Any]:
@@ -291,6 +328,7 @@ class TaskActor:
     async def _close(self) -> dict[str, Any]:
         if not self.ephemeral:
             await self.flush()
+            await self.store.release()  # before the reply: the task is free once closed
         # Detach now: later requests for this task start a fresh actor.
         self.stopping = True
         self.system.detach(self)
@@ -326,12 +364,18 @@ class TaskActor:
     # -- persistence -------------------------------------------------------------
 
     def _revision(self) -> int:
+        """Grows with every change of what is stored: the state, or a calibration sample."""
         assert self.state is not None
-        return self.state.revision
+        return self.state.revision + self.kept.calibration.samples
+
+    def _extras(self) -> TaskExtras:
+        calibration = self.kept.calibration
+        pair = (calibration.ratio, calibration.samples) if calibration.samples else None
+        return TaskExtras(pair, self.dialect)
 
     async def _save(self) -> bool:
         assert self.state is not None
-        return await self.store.save(self.state)
+        return await self.store.save(self.state, self._extras())
 
     def _changed(self) -> None:
         if not self.ephemeral:
@@ -342,9 +386,9 @@ class TaskActor:
         """Whether the state has changes that are not durable yet."""
         if self.ephemeral or self.state is None:
             return False
-        if self.state.revision != self.writes.durable_revision:
+        if self._revision() != self.writes.durable_revision:
             return True
-        return not self.store.is_current(self.state)
+        return not self.store.is_current(self.state, self._extras())
 
     async def flush(self) -> bool:
         """Write the current state unless it is durable already.

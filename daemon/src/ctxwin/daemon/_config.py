@@ -73,6 +73,14 @@ class Config:
         log_format: ``json``, ``console``, or None to choose automatically.
         log_level: lowest level logged.
         notices: notice texts that replace the engine's defaults, by field name.
+        state_store: ``file:`` (the state dir) or a Redis URL (``redis://host:port/db``,
+            ``rediss://...``, ``unix:///path/redis.sock``): fleet mode.
+        state_store_password: the Redis password (config file or
+            ``CTXWIN_STATE_STORE_PASSWORD`` only, never a flag).
+        store_prefix: first part of every Redis key (for a shared server).
+        lease_ttl_ms: lifetime of a task's lease in Redis; renewed every third.
+        store_wait_replicas: replicas a Redis write waits for (``WAIT``; 0: none).
+        advertise: the endpoint other daemons name as this one's (default: the first bound).
         config_file: the file that was read, if any.
     """
 
@@ -90,7 +98,18 @@ class Config:
     log_format: str | None = None
     log_level: str = "info"
     notices: Mapping[str, str] = field(default_factory=dict)
+    state_store: str = "file:"
+    state_store_password: str | None = field(default=None, repr=False)
+    store_prefix: str = "ctxwin"
+    lease_ttl_ms: int = 10_000
+    store_wait_replicas: int = 0
+    advertise: str | None = None
     config_file: Path | None = None
+
+    @property
+    def advertised(self) -> str:
+        """The endpoint other daemons name as this one's."""
+        return self.advertise or self.endpoints[0]
 
     @property
     def limits(self) -> proto.Limits:
@@ -228,6 +247,35 @@ def _parser() -> argparse.ArgumentParser:
     add("--allow-remote", action="store_true", help="allow TCP endpoints beyond loopback")
     add("--log-format", choices=_LOG_FORMATS, help="json or console (default: automatic)")
     add("--log-level", choices=_LOG_LEVELS, help=f"lowest level logged ({_default('log_level')})")
+    add(
+        "--state-store",
+        metavar="URL",
+        help="file: (the state dir; default) or redis://host:port/db, rediss://..., "
+        "unix:///path/redis.sock (fleet mode; the password only in the config file or "
+        "CTXWIN_STATE_STORE_PASSWORD)",
+    )
+    add(
+        "--store-prefix",
+        metavar="PREFIX",
+        help=f"first part of every Redis key ({_default('store_prefix')})",
+    )
+    add(
+        "--lease-ttl-ms",
+        type=int,
+        metavar="MS",
+        help=f"lifetime of a task's lease in Redis ({_default('lease_ttl_ms')})",
+    )
+    add(
+        "--store-wait-replicas",
+        type=int,
+        metavar="N",
+        help="replicas each Redis write waits for (WAIT; 0)",
+    )
+    add(
+        "--advertise",
+        metavar="ENDPOINT",
+        help="endpoint other daemons give clients for tasks this one owns (the first bound)",
+    )
     return parser
 
 
@@ -300,8 +348,46 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
                     )
                 notices[key] = _check_str(f"notices.{key}", text, source)
             values["notices"] = notices
+        elif name == "state_store":
+            values[name] = _check_store_url(_check_str(name, value, source), source)
+        elif name == "state_store_password":
+            if source == "command line":
+                raise ConfigError("the state store password is never a flag")
+            values[name] = _check_str(name, value, source)
+        elif name in ("store_prefix", "advertise"):
+            text = _check_str(name, value, source)
+            if not text or any(char in text for char in "{}\n "):
+                raise ConfigError(f"{source}: {name} must be non-empty, without braces or spaces")
+            values[name] = text
+        elif name == "lease_ttl_ms":
+            values[name] = _check_int(name, value, source, 100, 3_600_000)
+        elif name == "store_wait_replicas":
+            values[name] = _check_int(name, value, source, 0, 64)
         elif name != "config":
             raise ConfigError(f"{source}: unknown setting {name!r}")
+
+
+_STORE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _check_store_url(url: str, source: str) -> str:
+    """A state store URL: ``file:`` or a Redis URL; a flag never carries a password."""
+    if url in ("file:", "file"):
+        return "file:"
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in _STORE_SCHEMES or not rest:
+        raise ConfigError(
+            f"{source}: state_store must be file: or a redis://, rediss:// or unix:// URL, "
+            f"got {url!r}"
+        )
+    userinfo, at, _ = rest.rpartition("@")
+    if at and ":" in userinfo and source == "command line":
+        raise ConfigError(
+            "command line: --state-store must not carry a password (anyone can read a "
+            "command line): set state_store_password in the config file or "
+            "CTXWIN_STATE_STORE_PASSWORD"
+        )
+    return url
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -320,6 +406,8 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         "max_bytes",
         "max_frames",
         "history_cache_mb",
+        "lease_ttl_ms",
+        "store_wait_replicas",
     ):
         raw = environ.get("CTXWIN_" + name.upper())
         if raw:
@@ -334,6 +422,10 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         except ValueError:
             raise ConfigError(f"{source}: CTXWIN_IDLE_TIMEOUT must be a number") from None
     for name in ("encoding", "log_format", "log_level"):
+        raw = environ.get("CTXWIN_" + name.upper())
+        if raw:
+            layer[name] = raw
+    for name in ("state_store", "state_store_password", "store_prefix", "advertise"):
         raw = environ.get("CTXWIN_" + name.upper())
         if raw:
             layer[name] = raw

@@ -1,11 +1,19 @@
-"""Durable task files: atomic writes, loading, corrupt files set aside, lock files.
+"""Durable task files: one authority, a compatible export, corrupt files set aside, locks.
 
 A task lives in ``<state_dir>/tasks/<task_id>/``:
 
-- ``context_history.json``: the overlay in the on-disk form of SPEC.md §1,
-  exactly ``json.dumps`` of the engine's ``dump_updates()``, so an existing
-  task directory of that format works as is;
-- ``ctxwin.json``: what that format lacks, ``{"format": 1, "deleted_range": ...}``.
+- ``ctxwin.json``: the authority, the task's whole state in one file, replaced
+  atomically as a unit: ``{"format": 2, "dialect": ..., "deleted_range": ...,
+  "calibration": {"ratio": ..., "samples": ...} | null, "updates": ...}``, where
+  ``updates`` is the overlay in the on-disk form of SPEC.md §1;
+- ``context_history.json``: the compatible export, exactly ``json.dumps`` of
+  the engine's ``dump_updates()``, written after the authority. It is read only
+  to import a task directory that has no ctxwin file, or an old one
+  (``{"format": 1, "deleted_range": ...}``, which carried the range alone).
+
+A crash between the two renames leaves an export one state behind the
+authority; the authority alone is loaded, so a range and an overlay always
+come from one state.
 
 Every function here blocks; the daemon runs them in worker threads.
 """
@@ -16,34 +24,41 @@ import errno
 import fcntl
 import itertools
 import json
+import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
 from ctxwin import proto
 
 __all__ = [
+    "DEFAULT_DIALECT",
     "FORMAT",
     "HISTORY_FILE",
     "META_FILE",
+    "Encoded",
     "LockedError",
     "TaskFiles",
+    "TaskRecord",
     "acquire_lock",
+    "decode_record",
     "encode_history",
-    "encode_meta",
+    "encode_task",
     "fsync_dir",
     "write_atomic",
 ]
 
 HISTORY_FILE = "context_history.json"
 META_FILE = "ctxwin.json"
-FORMAT = 1
-"""Version of ``ctxwin.json``."""
+FORMAT = 2
+"""Version of ``ctxwin.json`` (1: the deleted range alone, beside the history file)."""
+_OLD_FORMAT = 1
+DEFAULT_DIALECT = "cline"
 
 _TEMP_SUFFIX = ".tmp"
 _temp_ids = itertools.count()
@@ -52,14 +67,112 @@ _log = structlog.get_logger("ctxwin.daemon.persist")
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class TaskRecord:
+    """A task's whole stored state, in the form every store keeps.
+
+    Attributes:
+        updates: the overlay in on-disk form (``dump_updates()``), or None for none.
+        deleted_range: the deleted range, or None.
+        calibration: ``(ratio, samples)`` of the task's calibration, or None when
+            it has no sample.
+        dialect: the task's message dialect, stored as given.
+    """
+
+    updates: Any = None
+    deleted_range: list[int] | None = None
+    calibration: tuple[float, int] | None = None
+    dialect: str = DEFAULT_DIALECT
+
+    @property
+    def empty(self) -> bool:
+        """Whether the record holds nothing a new task would not."""
+        return (
+            self.updates is None
+            and self.deleted_range is None
+            and self.calibration is None
+            and self.dialect == DEFAULT_DIALECT
+        )
+
+
+class Encoded(NamedTuple):
+    """A record's bytes: the authority (``ctxwin.json``) and the export."""
+
+    authority: bytes
+    export: bytes
+
+
 def encode_history(updates: object) -> bytes:
     """``context_history.json`` content for an overlay in on-disk form."""
     return json.dumps(updates).encode("utf-8")
 
 
-def encode_meta(deleted_range: list[int] | None) -> bytes:
-    """``ctxwin.json`` content for a deleted range."""
-    return json.dumps({"format": FORMAT, "deleted_range": deleted_range}).encode("utf-8")
+def _calibration_map(calibration: tuple[float, int] | None) -> dict[str, Any] | None:
+    if calibration is None:
+        return None
+    return {"ratio": calibration[0], "samples": calibration[1]}
+
+
+def encode_task(record: TaskRecord, fence: int | None = None) -> Encoded:
+    """The authority and export bytes of a record.
+
+    The overlay is encoded once and spliced into the authority as its last
+    member. ``fence`` (the Redis store's fencing token of the writer) is
+    added to the authority when given.
+    """
+    export = encode_history(record.updates if record.updates is not None else [])
+    head: dict[str, Any] = {
+        "format": FORMAT,
+        "dialect": record.dialect,
+        "deleted_range": record.deleted_range,
+        "calibration": _calibration_map(record.calibration),
+    }
+    if fence is not None:
+        head["fence"] = fence
+    prefix = json.dumps(head).encode("utf-8")
+    return Encoded(prefix[:-1] + b', "updates": ' + export + b"}", export)
+
+
+def _valid_calibration(value: object) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict) or set(value) != {"ratio", "samples"}:
+        return False
+    ratio, samples = value["ratio"], value["samples"]
+    return (
+        isinstance(ratio, int | float)
+        and not isinstance(ratio, bool)
+        and math.isfinite(ratio)
+        and ratio > 0
+        and isinstance(samples, int)
+        and not isinstance(samples, bool)
+        and samples >= 0
+    )
+
+
+def decode_record(value: object) -> tuple[TaskRecord, int | None]:
+    """The record (and the fence, when stored) of a parsed format-2 authority.
+
+    Raises:
+        ValueError: not a format-2 authority (the message names no content).
+    """
+    if not isinstance(value, dict) or value.get("format") != FORMAT:
+        raise ValueError("not a format 2 ctxwin.json")
+    dialect = value.get("dialect", DEFAULT_DIALECT)
+    calibration = value.get("calibration")
+    fence = value.get("fence")
+    if (
+        not _valid_range(value.get("deleted_range"))
+        or not _valid_calibration(calibration)
+        or not isinstance(dialect, str)
+        or not dialect
+        or "updates" not in value
+        or not (fence is None or (isinstance(fence, int) and not isinstance(fence, bool)))
+    ):
+        raise ValueError("unexpected content")
+    pair = None if calibration is None else (float(calibration["ratio"]), calibration["samples"])
+    record = TaskRecord(value["updates"], value.get("deleted_range"), pair, dialect)
+    return record, fence
 
 
 def fsync_dir(directory: Path) -> None:
@@ -124,19 +237,8 @@ def _is_temp(name: str) -> bool:
     )
 
 
-@dataclass
-class LoadResult:
-    """What was found on disk for one task.
-
-    Attributes:
-        updates: the parsed ``context_history.json``, or None when absent.
-        deleted_range: the stored range, or None.
-        corrupt: files that did not parse and were renamed aside (new names).
-    """
-
-    updates: Any = None
-    deleted_range: list[int] | None = None
-    corrupt: list[str] = field(default_factory=list)
+def _valid_range(value: object) -> bool:
+    return proto.deleted_range_error(value) is None
 
 
 class TaskFiles:
@@ -151,8 +253,9 @@ class TaskFiles:
         self.task = task
         self.tasks_dir = state_dir / "tasks"
         self.directory = self.tasks_dir / task
-        self._history_bytes: bytes | None = None
-        self._meta_bytes: bytes | None = None
+        self._durable: Encoded | None = None  # the content that is durable
+        self._on_disk: Encoded | None = None  # what each file holds (b"": not that content)
+        self._loaded = "import"  # how load() found the task: authority, stale_export, import
 
     @property
     def history_path(self) -> Path:
@@ -181,7 +284,7 @@ class TaskFiles:
         _log.error("corrupt_file", task=self.task, file=name, moved_to=target.name, reason=reason)
         return target.name
 
-    def _read_json(self, name: str, result: LoadResult) -> tuple[bool, Any]:
+    def _read_json(self, name: str, corrupt: list[str]) -> tuple[bool, Any]:
         path = self.directory / name
         try:
             raw = path.read_bytes()
@@ -190,19 +293,25 @@ class TaskFiles:
         try:
             return True, json.loads(raw)
         except (ValueError, RecursionError) as exc:
-            result.corrupt.append(self.set_aside(name, f"not JSON: {type(exc).__name__}"))
+            corrupt.append(self.set_aside(name, f"not JSON: {type(exc).__name__}"))
             return False, None
 
-    def load(self, build: Callable[[Any, list[int] | None], T], empty: Callable[[], T]) -> T:
+    def _import(self, deleted_range: list[int] | None, corrupt: list[str]) -> TaskRecord:
+        """The record of a directory without a format-2 authority: the export and a range."""
+        found, updates = self._read_json(HISTORY_FILE, corrupt)
+        return TaskRecord(updates if found else None, deleted_range)
+
+    def load(self, build: Callable[[TaskRecord], T]) -> T:
         """Read the task's files and build its state.
 
-        Stale temp files of an interrupted write are removed first. A file that
-        does not parse, or that ``build`` rejects, is renamed aside and logged,
-        and the task starts from what is left.
+        Stale temp files of an interrupted write are removed first. The
+        authority is read when it is there; the export only when it is not
+        (or is of format 1). A file that does not parse, or that ``build``
+        rejects, is renamed aside and logged, and the task starts from what
+        is left (a rejected authority: the export, imported).
 
         Args:
-            build: makes the state from (parsed updates or None, deleted range).
-            empty: makes an empty state.
+            build: makes the state from a record (an empty one for a new task).
 
         Returns:
             The state.
@@ -210,52 +319,88 @@ class TaskFiles:
         Raises:
             OSError: the directory cannot be read.
         """
-        result = LoadResult()
+        self._durable = self._on_disk = None
+        self._loaded = "import"
+        corrupt: list[str] = []
         if not self.directory.is_dir():
-            return empty()
+            self._loaded = "authority"  # nothing stored: an empty state is what is there
+            return build(TaskRecord())
         for entry in os.listdir(self.directory):
             if _is_temp(entry):
                 try:
                     os.unlink(self.directory / entry)
                 except OSError:
                     pass
-        found_meta, meta = self._read_json(META_FILE, result)
+        found_meta, meta = self._read_json(META_FILE, corrupt)
+        record: TaskRecord | None = None
+        deleted_range: list[int] | None = None
         if found_meta:
-            if (
-                not isinstance(meta, dict)
-                or meta.get("format") != FORMAT
-                or proto.deleted_range_error(meta.get("deleted_range")) is not None
-            ):
-                result.corrupt.append(self.set_aside(META_FILE, "unexpected content"))
+            if isinstance(meta, dict) and meta.get("format") == _OLD_FORMAT:
+                if _valid_range(meta.get("deleted_range")) and set(meta) <= {
+                    "format",
+                    "deleted_range",
+                }:
+                    deleted_range = meta.get("deleted_range")
+                else:
+                    corrupt.append(self.set_aside(META_FILE, "unexpected content"))
             else:
-                result.deleted_range = meta.get("deleted_range")
-        found_history, updates = self._read_json(HISTORY_FILE, result)
-        if found_history:
-            result.updates = updates
+                try:
+                    record = decode_record(meta)[0]
+                except ValueError as exc:
+                    corrupt.append(self.set_aside(META_FILE, str(exc)))
+        if record is not None:
+            try:
+                state = build(record)
+            except Exception as exc:  # whatever the engine rejects the file with
+                # The type only: a message could quote the file's (conversation) text.
+                corrupt.append(self.set_aside(META_FILE, f"rejected: {type(exc).__name__}"))
+            else:
+                self._loaded = "authority" if self._export_in_step() else "stale_export"
+                return state
+        record = self._import(deleted_range, corrupt)
         try:
-            state = build(result.updates, result.deleted_range)
-        except Exception as exc:  # whatever the engine rejects the file with
-            if not found_history:
+            return build(record)
+        except Exception as exc:
+            if record.updates is None:
                 raise
-            # The type only: a message could quote the file's (conversation) text.
-            reason = f"rejected: {type(exc).__name__}"
-            result.corrupt.append(self.set_aside(HISTORY_FILE, reason))
-            state = build(None, result.deleted_range)
-        self._history_bytes = None
-        self._meta_bytes = None
-        return state
+            corrupt.append(self.set_aside(HISTORY_FILE, f"rejected: {type(exc).__name__}"))
+            return build(TaskRecord(None, deleted_range))
 
-    def mark_current(self, history: bytes, meta: bytes) -> None:
-        """Record that the files on disk hold this content (after loading)."""
-        self._history_bytes = history
-        self._meta_bytes = meta
+    def _export_in_step(self) -> bool:
+        """Whether the export was renamed after the authority (as every whole write does)."""
+        try:
+            export = self.history_path.stat().st_mtime_ns
+            authority = self.meta_path.stat().st_mtime_ns
+        except OSError:
+            return False
+        return export >= authority
 
-    def is_current(self, history: bytes, meta: bytes) -> bool:
-        """Whether the last written (or loaded) content equals this content."""
-        return history == self._history_bytes and meta == self._meta_bytes
+    def mark_current(self, encoded: Encoded) -> None:
+        """Record that this content, as just loaded, is durable.
 
-    def write(self, history: bytes, meta: bytes) -> bool:
-        """Make both files durable with this content; skips a file already written as is.
+        Loading never writes. What is on disk may still differ from the
+        content: an imported directory has no format-2 authority yet, and an
+        export older than its authority (a crash between the two renames) is
+        behind. The first write after a change brings both files level.
+        """
+        self._durable = encoded
+        if self._loaded == "authority":
+            self._on_disk = encoded
+        elif self._loaded == "stale_export":
+            self._on_disk = Encoded(encoded.authority, b"")
+        else:
+            self._on_disk = Encoded(b"", encoded.export)
+
+    def is_current(self, encoded: Encoded) -> bool:
+        """Whether this content is durable (was last written or loaded)."""
+        return encoded == self._durable
+
+    def write(self, encoded: Encoded) -> bool:
+        """Make the task's files hold this content: the authority first, then the export.
+
+        The authority alone makes the state durable; a crash before the
+        export's rename leaves the export one state behind, never the
+        authority. A file already holding its bytes is skipped.
 
         Returns:
             Whether anything was written.
@@ -263,21 +408,22 @@ class TaskFiles:
         Raises:
             OSError: a write failed; what was durable before stays so.
         """
-        wrote = False
+        if encoded == self._durable:
+            return False
         if not self.directory.is_dir():
             self.tasks_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.directory.mkdir(mode=0o700, exist_ok=True)
             fsync_dir(self.tasks_dir)
             fsync_dir(self.tasks_dir.parent)
-        if meta != self._meta_bytes:
-            write_atomic(self.directory, META_FILE, meta)
-            self._meta_bytes = meta
-            wrote = True
-        if history != self._history_bytes:
-            write_atomic(self.directory, HISTORY_FILE, history)
-            self._history_bytes = history
-            wrote = True
-        return wrote
+        on_disk = self._on_disk
+        if on_disk is None or encoded.authority != on_disk.authority:
+            # Until the export is written too, the export on disk is unknown.
+            self._on_disk = None
+            write_atomic(self.directory, META_FILE, encoded.authority)
+        if on_disk is None or encoded.export != on_disk.export:
+            write_atomic(self.directory, HISTORY_FILE, encoded.export)
+        self._durable = self._on_disk = encoded
+        return True
 
 
 class LockedError(RuntimeError):

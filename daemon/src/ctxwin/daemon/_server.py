@@ -43,9 +43,11 @@ from ctxwin import engine, proto
 from ._accept import FD_RESERVE, MIN_CLIENTS, AcceptGate, soft_open_files_limit
 from ._actors import ActorStoppedError, ActorSystem, BusyError, Counters
 from ._config import Config
+from ._fleet import RedisStateStore
 from ._ops import run_free_op
+from ._redis import RedisStore, redis_available
 from ._schedule import FlushError
-from ._store import FileStore
+from ._store import FileStore, StateStore
 from ._tokens import TokenCounter
 
 __all__ = ["DaemonStatistics", "Server", "StartupError"]
@@ -100,6 +102,7 @@ class DaemonStatistics:
         history_bytes: their encoded size (the cap is ``--history-cache-mb``).
         calibrated_tasks: running tasks whose estimates have been calibrated.
         calibration_median: the median of their ratios (reported/estimated).
+        store: the state store: ``kind`` (file or redis) and what it shows of itself.
     """
 
     tasks: int
@@ -112,6 +115,7 @@ class DaemonStatistics:
     history_bytes: int = 0
     calibrated_tasks: int = 0
     calibration_median: float | None = None
+    store: dict[str, Any] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The wire result map."""
@@ -126,6 +130,7 @@ class DaemonStatistics:
             "history_bytes": self.history_bytes,
             "calibrated_tasks": self.calibrated_tasks,
             "calibration_median": self.calibration_median,
+            "store": self.store,
         }
 
 
@@ -133,7 +138,10 @@ def _error_reply(exc: BaseException, request_id: int | None, op: str) -> bytes:
     """Encode the error reply for an exception raised while handling a request."""
     if isinstance(exc, proto.ProtocolError):
         return proto.encode_error(
-            request_id if exc.request_id is None else exc.request_id, exc.code, exc.message
+            request_id if exc.request_id is None else exc.request_id,
+            exc.code,
+            exc.message,
+            exc.owner,
         )
     if isinstance(exc, BusyError | ActorStoppedError):
         return proto.encode_error(request_id, proto.ErrorCode.BUSY, str(exc))
@@ -197,7 +205,7 @@ class Server:
         self.in_flight = 0
         self._quiet = asyncio.Event()
         self.system = ActorSystem(
-            store=FileStore(config.state_dir, notices),
+            store=self._make_store(config, notices),
             notices=notices,
             mailbox_size=config.mailbox_size,
             debounce_ms=config.debounce_ms,
@@ -224,6 +232,35 @@ class Server:
         self._reading = False
         self._outbox: list[tuple[list[bytes], bytes]] = []
         self._routes = self._build_routes()
+
+    def _make_store(self, config: Config, notices: engine.Notices) -> StateStore:
+        """The file store, or the Redis one for a Redis ``state_store`` URL.
+
+        Raises:
+            StartupError: the Redis store is asked for without the ``redis`` extra.
+        """
+        if config.state_store == "file:":
+            return FileStore(config.state_dir, notices, config.advertised)
+        if not redis_available():
+            raise StartupError(
+                "--state-store is a Redis URL but the redis package is missing: "
+                "pip install 'ctxwin[redis]'"
+            )
+        # Test mode only (the hand-over proofs): an audit list, or no fence check at all.
+        test = set(os.environ.get("CTXWIN_STORE_TEST", "").split(","))
+        ttl_s = config.lease_ttl_ms / 1000
+        redis = RedisStore(
+            config.state_store,
+            config.advertised,
+            password=config.state_store_password,
+            prefix=config.store_prefix,
+            lease_ttl_ms=config.lease_ttl_ms,
+            wait_replicas=config.store_wait_replicas,
+            timeout_s=max(0.2, min(2.0, ttl_s / 3)),
+            audit="audit" in test,
+            fence_check="no-fence-check" not in test,
+        )
+        return RedisStateStore(redis, notices, self.spawn)
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -576,6 +613,7 @@ class Server:
             history_bytes=counts["history_bytes"],
             calibrated_tasks=counts["calibrated_tasks"],
             calibration_median=counts["calibration_median"],
+            store=self.system.store.describe(),
         )
 
     async def shutdown(self) -> bool:
@@ -590,6 +628,7 @@ class Server:
             while self.in_flight > 0:
                 self._quiet.clear()
                 await self._quiet.wait()
+        await self.system.store.close()
         return self.system.final_flush_failures == 0 and not self.system.actors
 
 

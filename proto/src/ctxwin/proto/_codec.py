@@ -196,27 +196,26 @@ def result_encoder() -> Callable[[int, dict[str, Any]], bytes]:
     return encode
 
 
-def encode_error(request_id: int | None, code: ErrorCode | str, message: str) -> bytes:
-    """Encode an error reply body."""
-    return pack(
-        {
-            "v": PROTOCOL_VERSION,
-            "id": request_id,
-            "ok": False,
-            "error": {"code": str(code), "message": message},
-        }
-    )
+def encode_error(
+    request_id: int | None, code: ErrorCode | str, message: str, owner: str | None = None
+) -> bytes:
+    """Encode an error reply body (``owner`` goes in the error map of ``owned_elsewhere``)."""
+    error: dict[str, Any] = {"code": str(code), "message": message}
+    if owner is not None:
+        error["owner"] = owner
+    return pack({"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": error})
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A decoded reply: ``result`` when ``ok``, else ``code`` and ``message``."""
+    """A decoded reply: ``result`` when ``ok``, else ``code``, ``message`` (and ``owner``)."""
 
     id: int | None
     ok: bool
     result: dict[str, Any] | None = None
     code: str | None = None
     message: str | None = None
+    owner: str | None = None
 
 
 def decode_reply(body: bytes, limits: Limits | None = None) -> Reply:
@@ -239,6 +238,11 @@ def decode_reply(body: bytes, limits: Limits | None = None) -> Reply:
     error = value.get("error")
     if not isinstance(error, dict):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "reply 'error' must be a map")
+    owner = error.get("owner")
     return Reply(
-        request_id, False, code=str(error.get("code")), message=str(error.get("message", ""))
+        request_id,
+        False,
+        code=str(error.get("code")),
+        message=str(error.get("message", "")),
+        owner=owner if isinstance(owner, str) else None,
     )

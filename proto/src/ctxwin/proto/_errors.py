@@ -15,6 +15,7 @@ class ErrorCode(StrEnum):
     TOO_LARGE = "too_large"
     BUSY = "busy"
     RESYNC_REQUIRED = "resync_required"
+    OWNED_ELSEWHERE = "owned_elsewhere"
     INTERNAL = "internal"
 
 
@@ -25,13 +26,21 @@ class ProtocolError(Exception):
         code: the error code to answer with.
         message: a human-readable reason, safe to log (no conversation text).
         request_id: the request's ``id`` when it could be read, else None.
+        owner: for ``owned_elsewhere``, the endpoint of the daemon that owns the task.
     """
 
-    def __init__(self, code: ErrorCode, message: str, request_id: int | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        request_id: int | None = None,
+        owner: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.request_id = request_id
+        self.owner = owner
 
     def __repr__(self) -> str:
         return f"ProtocolError({self.code.value!r}, {self.message!r})"

@@ -56,6 +56,7 @@ class StatsResult(TypedDict):
     history_bytes: NotRequired[int]
     calibrated_tasks: NotRequired[int]
     calibration_median: NotRequired[float | None]
+    store: NotRequired[dict[str, Any]]
 
 
 class ContextWindowInfoResult(TypedDict):
@@ -182,6 +183,9 @@ class InspectResult(TypedDict):
     dirty: bool
     calibration: NotRequired[dict[str, float]]
     history: NotRequired[int | None]
+    store: NotRequired[str]
+    owner: NotRequired[str]
+    fence: NotRequired[int | None]
 
 
 class FlushResult(TypedDict):

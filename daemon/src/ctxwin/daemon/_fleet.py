@@ -1,0 +1,245 @@
+"""Fleet mode: the task store on Redis, one owning daemon per task (see ``_redis.py``).
+
+A task's store takes the lease when its actor starts (``load``): another
+daemon's live lease is answered with ``owned_elsewhere`` naming its
+endpoint. While the actor runs, the lease is renewed every third of its TTL;
+the task is served only while the local deadline (the send time of the last
+successful renew plus the TTL, which the server's expiry can only follow) has
+not passed. A renew the server refuses, or a write refused by the fence,
+means another daemon owns the task: the actor is told (``on_lost``), drops
+the task from memory and this store never writes it again. The actor's final
+write on stop is followed by the release (compare-and-delete).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+import structlog
+
+from ctxwin import engine, proto
+
+from ._persist import TaskRecord, decode_record, encode_task
+from ._redis import Fenced, Lease, OwnedElsewhere, RedisStore, StoreUnavailable
+from ._store import StoreError, StoreUnavailableError, TaskExtras, build_state, record_of
+
+__all__ = ["RedisStateStore", "RedisTaskStore"]
+
+_log = structlog.get_logger("ctxwin.daemon.fleet")
+
+
+class RedisTaskStore:
+    """One task in Redis, owned by this daemon while its actor runs.
+
+    Args:
+        parent: the daemon's Redis state store.
+        task: the task id.
+        on_lost: called once with the reason when ownership is lost.
+    """
+
+    def __init__(self, parent: RedisStateStore, task: str, on_lost: Callable[[str], None]) -> None:
+        self.parent = parent
+        self.redis = parent.redis
+        self.task = task
+        self.on_lost = on_lost
+        self.lease: Lease | None = None
+        self.deadline = 0.0
+        self._current: bytes | None = None
+        self._fenced = False  # a write was refused: never write again
+        self._lost = False  # the renew was refused or came too late: serve no more
+        self._released = asyncio.Event()
+        # A renew in flight while the lease is released could set it again: one at a time.
+        self._lease_lock = asyncio.Lock()
+
+    def _encode(self, state: engine.TaskState, extras: TaskExtras) -> bytes:
+        assert self.lease is not None
+        return encode_task(record_of(state, extras), fence=self.lease.fence).authority
+
+    async def load(self) -> tuple[engine.TaskState, TaskExtras]:
+        """Take the task's lease, then read its state.
+
+        Raises:
+            ProtocolError: ``owned_elsewhere`` with the owner's endpoint.
+            StoreUnavailableError: the store cannot be reached.
+        """
+        loop = self.parent.loop
+        sent = loop.time()
+        try:
+            taken = await self.redis.take(self.task)
+        except StoreUnavailable as exc:
+            raise StoreUnavailableError(f"state store unavailable: {exc}") from None
+        if isinstance(taken, OwnedElsewhere) and taken.owner == self.parent.advertise:
+            # An earlier run of this daemon (killed) still holds it: free within the TTL.
+            raise StoreUnavailableError(
+                f"task {self.task} is still leased by an earlier run of this daemon "
+                f"(free within {self.parent.ttl_s:g} s)"
+            )
+        if isinstance(taken, OwnedElsewhere):
+            raise proto.ProtocolError(
+                proto.ErrorCode.OWNED_ELSEWHERE,
+                f"task {self.task} is served by the daemon at {taken.owner}; send it there",
+                owner=taken.owner,
+            )
+        self.lease = taken.lease
+        self.deadline = sent + self.parent.ttl_s
+        self.parent.owned[self.task] = self
+        self.parent.spawn(self._renew_loop)
+        record = TaskRecord()
+        if taken.state is not None:
+            try:
+                record = decode_record(json.loads(taken.state))[0]
+                state = build_state(record, self.parent.notices)
+            except Exception as exc:  # a value this daemon cannot read: keep it aside
+                await self._set_aside(f"{type(exc).__name__}")
+                record = TaskRecord()
+                state = build_state(record, self.parent.notices)
+        else:
+            state = build_state(record, self.parent.notices)
+        extras = TaskExtras(record.calibration, record.dialect)
+        # What is stored is current as loaded, whatever fence wrote it (and an empty
+        # new task has nothing to write).
+        self._current = self._encode(state, extras)
+        return state, extras
+
+    async def _set_aside(self, reason: str) -> None:
+        state_key = self.redis.keys(self.task)[2]
+        aside = f"{state_key}.corrupt-{int(time.time() * 1000)}"
+        try:
+            await self.redis.client.rename(state_key, aside)
+        except Exception as exc:
+            _log.error("corrupt_state_kept", task=self.task, error=type(exc).__name__)
+        _log.error("corrupt_state", task=self.task, moved_to=aside, reason=reason)
+
+    async def save(self, state: engine.TaskState, extras: TaskExtras) -> bool:
+        """Write the state with this lease's fence unless it is stored as is.
+
+        Raises:
+            StoreError: another daemon owns the task (never written again), or
+                the store refused or could not be reached (retried).
+        """
+        if self._fenced or self.lease is None:
+            raise StoreError(f"task {self.task}: another daemon owns it; not written")
+        data = self._encode(state, extras)
+        if data == self._current:
+            return False
+        try:
+            await self.redis.write(self.lease, data)
+        except Fenced as exc:
+            self._fenced = True
+            _log.error("write_fenced", task=self.task, fence=self.lease.fence, reason=str(exc))
+            self.on_lost(str(exc))
+            raise StoreError(str(exc)) from None
+        except StoreUnavailable as exc:
+            raise StoreUnavailableError(str(exc)) from None
+        self._current = data
+        return True
+
+    def is_current(self, state: engine.TaskState, extras: TaskExtras) -> bool:
+        """Whether this content is what was last loaded or written."""
+        return self.lease is not None and self._encode(state, extras) == self._current
+
+    def serving(self) -> bool:
+        """Whether the lease is this daemon's for sure: not lost, local deadline ahead."""
+        return not self._fenced and not self._lost and self.parent.loop.time() < self.deadline
+
+    async def _renew_loop(self) -> None:
+        lease = self.lease
+        assert lease is not None
+        loop = self.parent.loop
+        interval = self.parent.ttl_s / 3
+        while not self._released.is_set():
+            with anyio.move_on_after(interval):
+                await self._released.wait()
+            if self._released.is_set() or self._fenced:
+                return
+            sent = loop.time()
+            try:
+                async with self._lease_lock:
+                    if self._released.is_set():
+                        return
+                    held = await self.redis.renew(lease)
+            except StoreUnavailable as exc:
+                if loop.time() >= self.deadline:
+                    self._lost = True
+                    self.on_lost(f"lease not renewed before its deadline: {exc}")
+                    return
+                _log.warning("lease_renew_failed", task=self.task, error=str(exc))
+                continue
+            if not held:
+                self._lost = True
+                # Its final write goes to the server, whose fence check refuses it.
+                self.on_lost("the lease was taken by another daemon")
+                return
+            self.deadline = sent + self.parent.ttl_s
+
+    async def release(self) -> None:
+        """Stop renewing and delete the lease if it is still this daemon's (once)."""
+        if self._released.is_set():
+            return
+        self._released.set()
+        self.parent.owned.pop(self.task, None)
+        if self.lease is None or self._fenced:
+            return
+        try:
+            async with self._lease_lock:
+                await self.redis.release(self.lease)  # compare-and-delete: a later owner's stays
+        except StoreUnavailable as exc:
+            _log.warning("lease_release_failed", task=self.task, error=str(exc))
+
+    def describe(self) -> dict[str, Any]:
+        """The store, this daemon as owner, and the lease's fence."""
+        return {
+            "store": "redis",
+            "owner": self.parent.advertise,
+            "fence": None if self.lease is None else self.lease.fence,
+        }
+
+
+class RedisStateStore:
+    """Every task's state in one Redis server, leased task by task.
+
+    Args:
+        redis: the connection and scripts.
+        notices: notice texts for loaded states.
+        spawn: starts a coroutine function in the daemon's task group.
+    """
+
+    features: tuple[str, ...] = ("fleet",)
+
+    def __init__(
+        self,
+        redis: RedisStore,
+        notices: engine.Notices,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
+    ) -> None:
+        self.redis = redis
+        self.notices = notices
+        self.spawn = spawn
+        self.loop = asyncio.get_running_loop()
+        self.ttl_s = redis.lease_ttl_ms / 1000
+        self.advertise = redis.advertise
+        self.owned: dict[str, RedisTaskStore] = {}
+
+    def open(self, task: str, on_lost: Callable[[str], None]) -> RedisTaskStore:
+        """The store of one task (nothing is asked of Redis until ``load``)."""
+        return RedisTaskStore(self, task, on_lost)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``stats`` shows: kind, URL without password, prefix, TTL, owner, leases held."""
+        return {
+            "kind": "redis",
+            "url": self.redis.description,
+            "prefix": self.redis.prefix,
+            "lease_ttl_ms": self.redis.lease_ttl_ms,
+            "owner": self.advertise,
+            "leases": len(self.owned),
+        }
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self.redis.close()

@@ -1,0 +1,166 @@
+"""The Redis store's leases and fenced writes, against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxwin.daemon._persist import TaskRecord, decode_record, encode_task
+from ctxwin.daemon._redis import (
+    Fenced,
+    Lease,
+    OwnedElsewhere,
+    RedisStore,
+    StoreUnavailable,
+    Taken,
+)
+from tests._redis import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def store(server: RedisServer, name: str, **options: object) -> RedisStore:
+    """A store for a daemon advertised as ``name``."""
+    return RedisStore(server.url, f"tcp://{name}:7878", **options)  # type: ignore[arg-type]
+
+
+async def take(redis: RedisStore, task: str) -> Taken:
+    """Take a task that must be free."""
+    taken = await redis.take(task)
+    assert isinstance(taken, Taken), taken
+    return taken
+
+
+async def test_keys_share_one_hash_tag_under_the_prefix(redis_server: RedisServer) -> None:
+    """Every key of a task carries ``{task}`` and the configured prefix."""
+    redis = store(redis_server, "a", prefix="team7")
+    try:
+        assert redis.keys("t-1") == (
+            "team7:{t-1}:lease",
+            "team7:{t-1}:fence",
+            "team7:{t-1}:state",
+            "team7:{t-1}:audit",
+        )
+    finally:
+        await redis.close()
+
+
+async def test_a_lease_excludes_others_until_released(redis_server: RedisServer) -> None:
+    """A second daemon sees the owner's endpoint; after release it takes the next fence."""
+    first, second = store(redis_server, "a"), store(redis_server, "b")
+    try:
+        taken = await take(first, "t")
+        assert (taken.lease.fence, taken.state) == (1, None)
+        assert await second.take("t") == OwnedElsewhere("tcp://a:7878")
+        assert await second.owner_of("t") == "tcp://a:7878"
+        assert await second.release(Lease("t", 1, b"tcp://b:7878 x\n1")) is False
+        assert await first.release(taken.lease) is True
+        assert await second.owner_of("t") is None
+        again = await take(second, "t")
+        assert again.lease.fence == 2
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_writes_are_fenced(redis_server: RedisServer) -> None:
+    """Once another daemon took the task, the earlier owner's write is refused, changing nothing."""
+    first, second = store(redis_server, "a"), store(redis_server, "b")
+    try:
+        old = await take(first, "t")
+        state = encode_task(TaskRecord([], [2, 5]), fence=old.lease.fence).authority
+        await first.write(old.lease, state)
+        await expire(second, "t")
+        new = await take(second, "t")
+        assert new.state == state  # the state is read after the fence moved
+        with pytest.raises(Fenced, match="fence 1 refused"):
+            await first.write(old.lease, b"stale")
+        assert await second.read_state("t") == state
+        newer = encode_task(TaskRecord([], [2, 9]), fence=new.lease.fence).authority
+        await second.write(new.lease, newer)
+        record, fence = decode_record(json.loads(await second.read_state("t") or b""))
+        assert (record.deleted_range, fence) == ([2, 9], 2)
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def expire(redis: RedisStore, task: str) -> None:
+    """End the task's lease as its TTL would (deleted on the server)."""
+    assert await redis.client.delete(redis.keys(task)[0]) == 1
+
+
+async def test_a_control_store_without_the_fence_check_lets_a_stale_write_through(
+    redis_server: RedisServer,
+) -> None:
+    """With the check off (test mode) the same stale write is accepted: the check refuses it."""
+    first = store(redis_server, "a", fence_check=False, audit=True)
+    second = store(redis_server, "b", audit=True)
+    try:
+        old = await take(first, "t")
+        await expire(second, "t")
+        new = await take(second, "t")
+        await second.write(new.lease, b"new")
+        await first.write(old.lease, b"stale")
+        assert await second.read_state("t") == b"stale"
+        audit = await second.client.lrange(second.keys("t")[3], 0, -1)
+        assert audit == [b"2\nnew", b"1\nstale"]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_renew_extends_and_fails_once_taken_over(redis_server: RedisServer) -> None:
+    """Renew keeps the lease, re-takes an expired one nobody took, and fails after a takeover."""
+    first, second = store(redis_server, "a"), store(redis_server, "b")
+    try:
+        lease = (await take(first, "t")).lease
+        assert await first.renew(lease) is True
+        await expire(first, "t")
+        assert await first.renew(lease) is True  # expired, fence unmoved: set again
+        assert await second.take("t") == OwnedElsewhere("tcp://a:7878")
+        await expire(first, "t")
+        await take(second, "t")
+        assert await first.renew(lease) is False
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_the_state_survives_kill_9_by_the_append_only_file(redis_server: RedisServer) -> None:
+    """A write acknowledged before redis-server is killed with -9 is there after its restart."""
+    redis = store(redis_server, "a")
+    try:
+        lease = (await take(redis, "t")).lease
+        await redis.write(lease, b"durable")
+        redis_server.kill()
+        with pytest.raises(StoreUnavailable):
+            await redis.write(lease, b"lost")
+        redis_server.start()
+        assert await redis.read_state("t") == b"durable"
+        await redis.write(lease, b"after")  # the same lease writes on, once the server is back
+        assert await redis.read_state("t") == b"after"
+    finally:
+        await redis.close()
+
+
+async def test_wait_for_replicas_says_how_many_answered(redis_server: RedisServer) -> None:
+    """With no replica, a write that must wait for one is refused with the count."""
+    redis = store(redis_server, "a", wait_replicas=1, wait_timeout_ms=10)
+    try:
+        lease = (await take(redis, "t")).lease
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+            await redis.write(lease, b"x")
+    finally:
+        await redis.close()
+
+
+async def test_an_unreachable_store_is_a_clear_error(tmp_path: object) -> None:
+    """A socket nobody listens on fails quickly with the reason, not a hang."""
+    redis = RedisStore("unix:///nonexistent/redis.sock", "tcp://a:1", timeout_s=0.5)
+    try:
+        with pytest.raises(StoreUnavailable, match="take t"):
+            await redis.take("t")
+    finally:
+        await redis.close()
