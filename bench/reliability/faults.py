@@ -104,7 +104,7 @@ def _as_nobody(root: Path) -> Iterator[Daemon]:
     with scratch("ctxwin-eacces-", owner=NOBODY) as own:
         # HOME stays root's otherwise, whose config dir that uid may not even stat.
         home = {"HOME": str(own / "run"), "XDG_CONFIG_HOME": str(own / "run")}
-        yield Daemon(own, env=home, prefix=as_uid(NOBODY))
+        yield Daemon(own, env=home, prefix=as_uid(NOBODY, own / "stage"))
 
 
 @contextlib.contextmanager
