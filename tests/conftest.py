@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -9,6 +10,32 @@ import pytest
 
 from tests._daemon import DaemonProcess
 from tests._redis import RedisServer, require_redis_server
+
+_PRIVATE_DIRS = ("XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")
+_own: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point the user's runtime, state, config and cache dirs at a private temp dir.
+
+    Set before any test runs and inherited by every daemon and client the tests
+    start, so nothing reads the user's ctxwin config or leaves a socket or
+    state in their real directories (a desktop session sets XDG_RUNTIME_DIR),
+    and no test talks to the user's own daemon through $CTXWIN_ENDPOINT.
+    """
+    root = Path(tempfile.mkdtemp(prefix="ctxwin-tests-"))
+    _own.append(root)
+    for name in _PRIVATE_DIRS:
+        path = root / name.lower()
+        path.mkdir(mode=0o700)
+        os.environ[name] = str(path)
+    os.environ.pop("CTXWIN_ENDPOINT", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the private dirs of :func:`pytest_configure`."""
+    while _own:
+        shutil.rmtree(_own.pop(), ignore_errors=True)
 
 
 @pytest.fixture

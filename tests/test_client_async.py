@@ -77,7 +77,7 @@ async def test_task_ops(client: AsyncClient) -> None:
     assert (await client.rollback(task, 0))["removed"] >= 1
     assert (await client.flush(task))["flushed"] >= 0
     assert (await client.flush())["flushed"] >= 0
-    assert {"closed": True} == await client.close_task(task)
+    assert {"closed": True, "loaded": True} == await client.close_task(task)
 
 
 async def test_async_task_handle(client: AsyncClient) -> None:
@@ -96,7 +96,7 @@ async def test_async_task_handle(client: AsyncClient) -> None:
     assert (await task.rollback(1))["removed"] >= 1
     assert [] == (await task.inspect())["updates"]
     assert (await task.flush())["flushed"] >= 0
-    assert {"closed": True} == await task.close()
+    assert {"closed": True, "loaded": True} == await task.close()
 
 
 async def test_many_requests_in_flight_on_one_socket(client: AsyncClient) -> None:

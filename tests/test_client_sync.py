@@ -111,7 +111,7 @@ def test_subagent_compaction_is_ephemeral(client: Client) -> None:
     result = client.compact_subagent("sync-sub", conversation(10), ephemeral=True)
     assert result["compacted"] is True
     assert result["deleted_range"] is not None
-    assert {"closed": True} == client.close_task("sync-sub")
+    assert {"closed": True, "loaded": True} == client.close_task("sync-sub")
 
 
 def test_notice_compact_condensed_rollback_flush_close(client: Client) -> None:
@@ -128,7 +128,7 @@ def test_notice_compact_condensed_rollback_flush_close(client: Client) -> None:
     assert [2, 5] == client.inspect(task)["deleted_range"]
     assert client.flush(task)["flushed"] >= 0
     assert client.flush()["flushed"] >= 0
-    assert {"closed": True} == client.close_task(task)
+    assert {"closed": True, "loaded": True} == client.close_task(task)
 
 
 def test_count_tokens_of_messages_and_text(client: Client) -> None:
@@ -153,7 +153,7 @@ def test_task_handle_binds_the_task_id(client: Client) -> None:
     assert task.rollback(1)["removed"] >= 1
     assert task.inspect()["updates"] == []
     assert task.flush()["flushed"] >= 0
-    assert {"closed": True} == task.close()
+    assert {"closed": True, "loaded": True} == task.close()
 
 
 def test_daemon_errors_map_to_their_classes(client: Client) -> None:

@@ -272,7 +272,7 @@ def test_task_ops_change_and_show_the_overlay(quiet_peer: Peer) -> None:
     notice = [10, "text", [DEFAULT_NOTICES.truncation], []]
     assert inspected["updates"] == [[1, [0, [[0, [notice]]]]]]
     assert inspected["deleted_range"] == [2, 3]
-    assert ok(peer.call("flush", {"task": TASK})) == {"flushed": 1}
+    assert ok(peer.call("flush", {"task": TASK})) == {"flushed": 1, "loaded": True}
     assert ok(peer.call("inspect", {"task": TASK}))["dirty"] is False
     on_disk = json.loads((daemon.task_dir(TASK) / "context_history.json").read_text())
     assert on_disk == inspected["updates"]
@@ -285,7 +285,7 @@ def test_task_ops_change_and_show_the_overlay(quiet_peer: Peer) -> None:
         "updates": inspected["updates"],
     }
     assert ok(peer.call("flush")) == {"flushed": 1}  # wire-sub's new range
-    assert ok(peer.call("close", {"task": TASK})) == {"closed": True}
+    assert ok(peer.call("close", {"task": TASK})) == {"closed": True, "loaded": True}
     assert ok(peer.call("stats"))["actors"] == 1  # wire-sub is still open
 
 
@@ -316,9 +316,9 @@ def test_ephemeral_tasks_never_write(peer: Peer, daemon: DaemonProcess) -> None:
         )
     )
     assert ok(peer.call("inspect", {"task": "eph"}))["dirty"] is False
-    assert ok(peer.call("flush", {"task": "eph"})) == {"flushed": 0}
+    assert ok(peer.call("flush", {"task": "eph"})) == {"flushed": 0, "loaded": True}
     assert ok(peer.call("flush")) == {"flushed": 0}
-    assert ok(peer.call("close", {"task": "eph"})) == {"closed": True}
+    assert ok(peer.call("close", {"task": "eph"})) == {"closed": True, "loaded": True}
     assert not daemon.task_dir("eph").exists()
     assert ok(peer.call("inspect", {"task": "eph"}))["updates"] == []
 
@@ -588,7 +588,7 @@ def test_requests_queued_behind_close_get_an_error_not_silence(peer: Peer) -> No
         peer.send(request_id, "truncated_messages", args)
     replies = {reply.id: reply for reply in (peer.recv() for _ in range(5))}
     assert sorted(r for r in replies if r is not None) == [1, 2, 3, 4, 5]
-    assert ok(replies[1]) == {"closed": True}
+    assert ok(replies[1]) == {"closed": True, "loaded": True}
     for request_id in range(2, 6):
         reply = replies[request_id]
         assert reply.ok or reply.code == "busy"

@@ -36,7 +36,7 @@ def test_the_quick_start_has_sync_and_async_code() -> None:
 
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index: int) -> None:
-    """Each block runs to completion with the endpoint taken from $CTXWIN_ENDPOINT."""
+    """Each block runs with the endpoint from $CTXWIN_ENDPOINT and prints the same when rerun."""
     code = python_blocks(README.read_text())[index]
     env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
     run = subprocess.run(
@@ -49,3 +49,12 @@ def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index:
     )
     assert 0 == run.returncode, run.stderr
     assert run.stdout
+    again = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert (0, run.stdout) == (again.returncode, again.stdout), "a second run prints the same"

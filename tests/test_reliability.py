@@ -64,7 +64,7 @@ def test_the_daemon_runs_as_the_uid_setpriv_gives_it() -> None:
     needs("setpriv")
     with scratch("ctxwin-uid-", owner=NOBODY) as root:
         home = {"HOME": str(root / "run"), "XDG_CONFIG_HOME": str(root / "run")}
-        daemon = Daemon(root, env=home, prefix=as_uid(NOBODY))
+        daemon = Daemon(root, env=home, prefix=as_uid(NOBODY, root / "stage"))
         daemon.start()
         try:
             status = Path(f"/proc/{daemon.pid}/status").read_text()

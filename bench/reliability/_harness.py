@@ -14,11 +14,12 @@ import resource
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ class Daemon(DaemonProcess):
     Args:
         root: directory holding ``run/``, ``state/`` and the log.
         extra_args: more ``ctxwind`` flags.
-        env: environment additions.
+        env: environment additions; a value of None removes the variable.
         preexec_fn: run in the child before exec (e.g. ``setrlimit``).
         prefix: a wrapper command that execs the daemon in place (``setpriv``,
             ``capsh``), so the process id stays the daemon's.
@@ -69,12 +70,16 @@ class Daemon(DaemonProcess):
         self,
         root: Path,
         *extra_args: str,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         preexec_fn: Callable[[], None] | None = None,
         prefix: Sequence[str] = (),
         default_endpoint: bool = False,
     ) -> None:
-        super().__init__(root, *extra_args, env=env, preexec_fn=preexec_fn)
+        added = {name: value for name, value in (env or {}).items() if value is not None}
+        super().__init__(root, *extra_args, env=added, preexec_fn=preexec_fn)
+        for name, value in (env or {}).items():
+            if value is None:  # before the default endpoint is read from the environment
+                self.env.pop(name, None)
         self.prefix = list(prefix)
         self.default_endpoint = default_endpoint
         if default_endpoint:
@@ -339,9 +344,86 @@ def scratch(prefix: str, owner: int | None = None) -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def as_uid(uid: int) -> list[str]:
-    """A ``setpriv`` prefix that runs a command as ``uid`` with no supplementary groups."""
+def as_uid(uid: int, stage: Path) -> list[str]:
+    """A prefix that runs a command as ``uid`` with no supplementary groups (``setpriv``).
+
+    The command is this checkout's Python, so the other uid must be able to
+    reach the checkout. When a directory above it is closed to others (a 0700
+    ``mktemp -d`` folder or home), the command runs in a mount namespace of
+    its own where that directory is an open tmpfs holding only the path down
+    to the checkout (:func:`open_path_prefix`); nothing changes outside it.
+
+    Args:
+        uid: the uid to run as.
+        stage: an empty directory ``as_uid`` may use as a mount point (the
+            caller's scratch dir, say); created when missing.
+    """
+    return [*open_path_prefix(REPO, stage), *_setpriv(uid)]
+
+
+def _setpriv(uid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def closed_dirs(path: Path) -> list[Path]:
+    """``path`` and the directories above it that other users cannot enter, deepest first."""
+    return [
+        directory
+        for directory in (path, *path.parents)
+        if not directory.stat().st_mode & stat.S_IXOTH
+    ]
+
+
+_OPEN_PATH = r"""
+set -e
+stage=$1; shift
+n=0
+while [ "$1" != "--" ]; do
+    closed=$1; child=$2; shift 2
+    n=$((n + 1))
+    mkdir -p "$stage/$n"
+    mount --rbind "$closed/$child" "$stage/$n"
+    mount -t tmpfs -o mode=0755,size=1m ctxwin-open-path "$closed"
+    mkdir "$closed/$child"
+    mount --rbind "$stage/$n" "$closed/$child"
+done
+shift
+exec "$@"
+"""
+
+
+def open_path_prefix(path: Path, stage: Path) -> list[str]:
+    """A prefix that makes ``path`` reachable by every uid for one command, or ``[]``.
+
+    Each directory above ``path`` that others cannot enter is covered, in a
+    private mount namespace (``unshare --mount``, which execs in place, so the
+    process id stays the command's), by a 0755 tmpfs holding one bind mount:
+    the directory on the way to ``path``. ``path`` itself must be open.
+    """
+    closed = [directory for directory in closed_dirs(path) if directory != path]
+    if not closed:
+        return []
+    if path in closed_dirs(path):
+        raise ValueError(f"{path} itself is closed to other users")
+    stage.mkdir(parents=True, exist_ok=True)
+    pairs: list[str] = []
+    for directory in closed:  # deepest first: its bind mount goes inside the next cover
+        child = path.relative_to(directory).parts[0]
+        pairs += [str(directory), child]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        _OPEN_PATH,
+        "open-path",
+        str(stage),
+        *pairs,
+        "--",
+    ]
 
 
 DAC_CAPS = ("cap_dac_override", "cap_dac_read_search", "cap_fowner")

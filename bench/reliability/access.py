@@ -110,14 +110,14 @@ def check_default_ipc(root: Path, layout: str, wait: float = 1.0) -> IpcOutcome:
     """
     base = root / layout
     base.mkdir(mode=0o755)
-    env = {"HOME": str(base), "XDG_CONFIG_HOME": str(base)}
+    env: dict[str, str | None] = {"HOME": str(base), "XDG_CONFIG_HOME": str(base)}
     if layout == "xdg":
         env["XDG_RUNTIME_DIR"] = str(base)
     else:
+        # Removed before the daemon's endpoint is worked out: never the caller's own dir.
+        env["XDG_RUNTIME_DIR"] = None
         env["TMPDIR"] = str(base)
     daemon = Daemon(root, env=env, default_endpoint=True)
-    if layout == "tmpdir":
-        daemon.env.pop("XDG_RUNTIME_DIR", None)
     # A directory left with wide bits must be tightened before the socket appears in it.
     daemon.runtime_dir.mkdir(mode=0o755)
     daemon.runtime_dir.chmod(0o755)
@@ -132,7 +132,7 @@ def check_default_ipc(root: Path, layout: str, wait: float = 1.0) -> IpcOutcome:
         finally:
             client.close()
         probe = subprocess.run(
-            [*as_uid(NOBODY), sys.executable, "-c", _PROBE, socket_path, str(wait)],
+            [*as_uid(NOBODY, root / "stage"), sys.executable, "-c", _PROBE, socket_path, str(wait)],
             capture_output=True,
             text=True,
             timeout=30,
@@ -183,11 +183,12 @@ def check_foreign_dir(root: Path) -> ForeignDirOutcome:
     base.chmod(0o1777)
     daemon = Daemon(
         root / "foreign-daemon",
-        env={"TMPDIR": str(base), "XDG_CONFIG_HOME": str(root)},
+        # Without XDG_RUNTIME_DIR (removed before the endpoint is worked out) the
+        # default socket goes under TMPDIR.
+        env={"TMPDIR": str(base), "XDG_CONFIG_HOME": str(root), "XDG_RUNTIME_DIR": None},
         default_endpoint=True,
     )
     (root / "foreign-daemon").mkdir()
-    daemon.env.pop("XDG_RUNTIME_DIR", None)
     daemon.runtime_dir.mkdir()
     os.chown(daemon.runtime_dir, NOBODY, NOBODY)
     daemon.runtime_dir.chmod(0o777)

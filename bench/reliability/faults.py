@@ -104,7 +104,7 @@ def _as_nobody(root: Path) -> Iterator[Daemon]:
     with scratch("ctxwin-eacces-", owner=NOBODY) as own:
         # HOME stays root's otherwise, whose config dir that uid may not even stat.
         home = {"HOME": str(own / "run"), "XDG_CONFIG_HOME": str(own / "run")}
-        yield Daemon(own, env=home, prefix=as_uid(NOBODY))
+        yield Daemon(own, env=home, prefix=as_uid(NOBODY, own / "stage"))
 
 
 @contextlib.contextmanager
@@ -309,7 +309,7 @@ def run_fault(fault: Fault, root: Path) -> Outcome:
 def _scenario(fault: Fault, daemon: Daemon, client: Client, outcome: Outcome) -> None:
     directory = daemon.task_dir(TASK)
     client.ok("truncated_messages", {"task": TASK, "messages": MESSAGES, "deleted_range": [2, 3]})
-    assert client.ok("flush", {"task": TASK}) == {"flushed": 1}
+    assert client.ok("flush", {"task": TASK}) == {"flushed": 1, "loaded": True}
     good = snapshot(directory)
     with Pinger(daemon.endpoint) as pinger:
         with fault.inject(daemon):

@@ -5,14 +5,15 @@ with the previous request's usage), sends them to the model, and records the
 answer. The model here is simulated: it refuses prompts above a size with the
 kind of error providers send when a request does not fit the context window.
 The agent recognises that error (``is_context_window_error``), compacts the
-task (``compact`` with ``keep="quarter"``) and retries once.
+task (``compact`` with ``keep="quarter"``, keeping the task itself in the first
+user message: ``keep_task=True``) and retries once.
 
 Half-way, the agent hands a side question to a subagent: an ephemeral task
 (kept in the daemon's memory only) on the same daemon and the same client.
 
 Run it next to a running daemon::
 
-    python client/examples/agent_loop.py [--endpoint ENDPOINT]
+    .venv/bin/python client/examples/agent_loop.py [--endpoint ENDPOINT]   (from a checkout)
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def run_turn(task: Task, history: list[dict[str, Any]], previous: Usage | None) 
     except ProviderError as error:
         if not is_context_window_error(error):
             raise
-        compacted = task.compact(history, "quarter")
+        compacted = task.compact(history, "quarter", keep_task=True)
         print(
             f"[{task.id}] context window exceeded ({error.message}); "
             f"compacted to range {compacted['deleted_range']}"

@@ -1,12 +1,14 @@
 """``ctxwin``: operate a running ``ctxwind`` from the command line.
 
 Exit codes: 0 ok, 1 the daemon answered with an error, 2 usage error,
-3 the daemon is not reachable.
+3 the daemon is not reachable, 141 the reader of the output went away.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -20,16 +22,22 @@ from ctxwin import proto
 from . import _autostart
 from ._core import DEFAULT_TIMEOUT
 from ._errors import CtxwinError, DaemonUnavailableError
+from ._page import inspect_page, page_problem, replay_page
 from ._plot import plot, plot_problem
 from ._replay import (
+    USAGE_MODES,
     ReplayReport,
     ReplayTurn,
+    Variant,
     chars_of,
     default_model,
     load_history,
+    message_tokens,
     parse_updates,
     replay,
     text_of,
+    usage_line,
+    view_state,
 )
 from ._sync import Client
 
@@ -37,6 +45,8 @@ EXIT_OK = 0
 EXIT_DAEMON_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a writer stopped by SIGPIPE (128 + 13): the reader left early."""
 
 _PROBE_TIMEOUT = 5.0
 
@@ -78,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxwin",
         description="Operate a running ctxwind (the ctxwin context-window daemon).",
-        epilog="Exit codes: 0 ok, 1 daemon error, 2 usage error, 3 daemon not reachable.",
+        epilog=(
+            "Exit codes: 0 ok, 1 daemon error, 2 usage error, 3 daemon not reachable, "
+            "141 output reader gone."
+        ),
     )
     parser.add_argument(
         "--endpoint",
@@ -109,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="the task's api_conversation_history.json, to compute what the overlay saves",
+    )
+    inspect.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE.html",
+        help="with --messages: write a page of the conversation as the model now receives it",
     )
 
     flush = commands.add_parser(
@@ -162,10 +181,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-turn", action="store_true", help="list every turn's estimate, not a sample"
     )
     play.add_argument(
+        "--usage",
+        choices=USAGE_MODES,
+        default="auto",
+        help=(
+            "each turn's usage: as recorded in the file, the daemon's estimate of ctxwin's "
+            "own view, or auto (default): recorded while ctxwin's view is the recorded "
+            "run's, estimated from the first turn it differs"
+        ),
+    )
+    play.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE.html",
+        help="write a page: tokens per turn, the events, and what the model saw on each turn",
+    )
+    play.add_argument(
         "--plot",
         type=Path,
         metavar="FILE.png",
-        help="draw tokens per turn, the budget and truncations (needs ctxwin-client[plot])",
+        help="draw tokens per turn and the cuts (needs matplotlib: pip install './client[plot]')",
     )
     play.add_argument(
         "--progress",
@@ -226,11 +261,22 @@ def _stats(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -
             for name, item in result.items()
             for key, value in (item.items() if isinstance(item, dict) else [("", item)])
         ]
-        _table(sorted((name.rstrip("."), value) for name, value in rows), ("counter", "value"), out)
+        _table(
+            sorted(
+                (name.rstrip("."), f"{value:.3f}" if isinstance(value, float) else value)
+                for name, value in rows
+            ),
+            ("counter", "value"),
+            out,
+        )
     return EXIT_OK
 
 
 def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.html is not None:
+        problem = page_problem(args.html) if args.messages else "--html needs --messages FILE"
+        if problem is not None:
+            raise UsageError(problem)
     history = _load(args.messages) if args.messages else None
     result = client.inspect(args.task)
     overlay = parse_updates(result["updates"])
@@ -273,6 +319,10 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         "overlay_chars_saved": sum(saved_values) if history is not None else None,
         "dirty": result["dirty"],
     }
+    if args.html is not None and history is not None:
+        _inspect_page(client, args, history, rows, result)
+        if not args.json:
+            out.write(f"page written to {args.html}\n")
     if args.json:
         _print_json({**result, "summary": summary, "blocks": rows}, out)
         return EXIT_OK
@@ -326,13 +376,38 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
     return EXIT_OK
 
 
+def _inspect_page(
+    client: Client,
+    args: argparse.Namespace,
+    history: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    result: Any,
+) -> None:
+    """Write the page of the task as the model receives it now (``inspect --html``)."""
+    view = client.truncated_messages(args.task, history)["messages"]
+    variants: list[Variant] = []
+    state = view_state(
+        history, view, result["deleted_range"], parse_updates(result["updates"]), variants
+    )
+    counts = message_tokens(client, history, variants)
+    page = inspect_page(args.task, history, state, variants, counts, rows)
+    try:
+        args.html.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
+
+
 def _flush(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     result = client.flush(args.task)
     if args.json:
         _print_json(result, out)
+    elif args.task and result.get("loaded") is False:
+        out.write(f"task {args.task}: not loaded, nothing to write\n")
+    elif args.task:
+        written = "written to disk" if result["flushed"] else "nothing new to write"
+        out.write(f"task {args.task}: {written}\n")
     else:
-        what = f"task {args.task}" if args.task else "all tasks"
-        out.write(f"flushed {what}: {result['flushed']}\n")
+        out.write(f"flushed all tasks: {result['flushed']} written\n")
     return EXIT_OK
 
 
@@ -352,8 +427,10 @@ def _close(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -
     result = client.close_task(args.task)
     if args.json:
         _print_json(result, out)
+    elif result.get("loaded") is False:
+        out.write(f"task {args.task}: was not loaded, nothing to close\n")
     else:
-        out.write(f"task {args.task}: closed {result['closed']}\n")
+        out.write(f"task {args.task}: closed (written first unless ephemeral)\n")
     return EXIT_OK
 
 
@@ -367,27 +444,52 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 
 class _Bar:
-    """A one-line progress bar redrawn on stderr."""
+    """A one-line progress bar redrawn on stderr, never wider than the terminal.
 
-    def __init__(self, stream: TextIO, width: int = 30) -> None:
+    Args:
+        stream: where to draw.
+        columns: the terminal's width (default: ``$COLUMNS``, else the
+            stream's terminal, else 80).
+    """
+
+    def __init__(self, stream: TextIO, columns: int | None = None) -> None:
         self.stream = stream
-        self.width = width
+        self.columns = columns or _columns(stream)
 
     def __call__(self, done: int, total: int, deleted_range: Any) -> None:
-        filled = self.width * done // max(total, 1)
-        self.stream.write(
-            f"\rreplay [{'#' * filled}{'.' * (self.width - filled)}] "
-            f"{done}/{total} turns, range {_range(deleted_range)}   "
-        )
+        tail = f" {done}/{total} turns, range {_range(deleted_range)}"
+        room = self.columns - 1  # the last column would wrap on some terminals
+        width = min(30, room - len("replay []") - len(tail))
+        if width >= 5:
+            filled = width * done // max(total, 1)
+            line = f"replay [{'#' * filled}{'.' * (width - filled)}]{tail}"
+        else:
+            line = f"replay{tail}"
+        self.stream.write("\r" + line[:room].ljust(room))
         if done >= total:
             self.stream.write("\n")
         self.stream.flush()
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        return max(int(os.environ["COLUMNS"]), 10)
+    except (KeyError, ValueError):
+        pass
+    try:
+        return max(os.get_terminal_size(stream.fileno()).columns, 10)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return 80
 
 
 def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     history = _load(args.file)
     if args.plot is not None:
         problem = plot_problem(args.plot)  # before the replay, not after it
+        if problem is not None:
+            raise UsageError(problem)
+    if args.html is not None:
+        problem = page_problem(args.html)
         if problem is not None:
             raise UsageError(problem)
     model = default_model(history, args.model_window)
@@ -397,21 +499,40 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         model["provider"] = args.provider
     task_id = args.task or f"replay-{os.getpid()}-{time.time_ns() // 1_000_000}"
     show = args.progress if args.progress is not None else err.isatty()
-    report = replay(
-        client,
-        history,
-        model,
-        task_id=task_id,
-        ephemeral=not args.keep,
-        file=str(args.file),
-        progress=_Bar(err) if show else None,
-    )
+    bar = _Bar(err) if show else None
+    try:
+        report = replay(
+            client,
+            history,
+            model,
+            task_id=task_id,
+            ephemeral=not args.keep,
+            file=str(args.file),
+            progress=bar,
+            usage=args.usage,
+        )
+    except BaseException:
+        if bar is not None:
+            err.write("\n")
+        if not args.keep:  # a failed replay leaves no task behind either
+            with contextlib.suppress(CtxwinError):
+                client.close_task(task_id, timeout=min(args.timeout, _PROBE_TIMEOUT))
+        raise
     if not args.keep:
         client.close_task(task_id)
     if args.json:
         _print_json({**report.as_dict(), "task": task_id}, out)
     else:
         _write_report(report, task_id, out, args.per_turn)
+    if args.html is not None:
+        counts = message_tokens(client, history, report.variants)
+        try:
+            args.html.write_text(replay_page(report, history, counts), encoding="utf-8")
+        except OSError as exc:
+            err.write(f"ctxwin: --html: cannot write {args.html}: {exc}\n")
+            return EXIT_USAGE
+        if not args.json:
+            out.write(f"page written to {args.html}\n")
     if args.plot is not None:
         try:
             plot(report, args.plot)
@@ -433,7 +554,8 @@ def _sampled(rows: list[ReplayTurn], events: set[int], every: int) -> list[Repla
 
 
 def _write_turns(report: ReplayReport, out: TextIO, every: int) -> None:
-    rows = _sampled(report.per_turn, {event.turn for event in report.events}, every)
+    marked = {event.turn for event in report.events} | set(report.over_window)
+    rows = _sampled(report.per_turn, marked, every)
     _table(
         [
             (
@@ -443,12 +565,33 @@ def _write_turns(report: ReplayReport, out: TextIO, every: int) -> None:
                 "-" if row.reported is None else f"{row.reported:,}",
                 "-" if not row.reported else f"{row.estimated / row.reported:.2f}",
                 f"{row.calibration:.3f}",
+                _SOURCES.get(row.source, row.source)
+                + (" (over window)" if row.turn in report.over_window else ""),
             )
             for row in rows
         ],
-        ("turn", "sent", "estimated", "reported", "est/rep", "calibration"),
+        ("turn", "sent", "estimated", "reported", "est/rep", "calibration", "usage"),
         out,
     )
+
+
+_SOURCES = {"recorded": "recorded", "counted": "counted", "estimated": "estimated", "none": "-"}
+
+
+def _saved(value: int) -> str:
+    """A saving; a negative one is marked (see the footnote :func:`_write_report` adds)."""
+    return f"{value:,}" if value >= 0 else f"{value:,}*"
+
+
+def _turn_list(turns: Sequence[int]) -> str:
+    """``1-3, 7, 9-10`` for [1, 2, 3, 7, 9, 10]."""
+    spans: list[list[int]] = []
+    for turn in turns:
+        if spans and turn == spans[-1][1] + 1:
+            spans[-1][1] = turn
+        else:
+            spans.append([turn, turn])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: bool = False) -> None:
@@ -457,35 +600,51 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
         f"replayed {report.turns} turns of {report.file} ({report.messages} messages) "
         f"as task {task_id}\n"
         f"model {report.model.get('id')}: window {report.context_window:,}, "
-        f"max allowed {report.max_allowed_size:,}; usage from {report.usage_source}; "
-        f"peak {report.peak_tokens:,} tokens\n"
+        f"max allowed {report.max_allowed_size:,}; peak {report.peak_tokens:,} input tokens\n"
+        f"{usage_line(report)}\n"
     )
+    negative = False
     if report.events:
-        _table(
-            [
+        rows = []
+        for event in report.events:
+            negative = negative or event.chars_saved < 0 or event.tokens_saved < 0
+            rows.append(
                 (
                     event.turn,
                     event.message,
                     event.kind,
                     _range(event.deleted_range) if event.kind == "truncation" else "-",
                     event.removed_messages if event.kind == "truncation" else "-",
-                    f"{event.chars_saved:,}",
-                    f"{event.tokens_saved:,}",
+                    _saved(event.chars_saved),
+                    _saved(event.tokens_saved),
                 )
-                for event in report.events
-            ],
-            ("turn", "sent", "event", "range", "removed", "chars saved", "tokens saved"),
-            out,
+            )
+        _table(
+            rows, ("turn", "sent", "event", "range", "removed", "chars saved", "tokens saved"), out
         )
     else:
         out.write("no truncation or optimisation happened\n")
+    if negative:
+        out.write("* negative: the notice is longer than the text it replaced\n")
     out.write(
         f"{totals['truncations']} truncation(s) removing {totals['messages_removed']} messages, "
-        f"{totals['optimisations']} optimisation(s); saved {totals['chars_saved']:,} chars, "
-        f"{totals['tokens_saved']:,} tokens\n"
+        f"{totals['optimisations']} optimisation(s); saved {_saved(totals['chars_saved'])} "
+        f"chars, {_saved(totals['tokens_saved'])} tokens\n"
         f"final range {_range(report.final_range)}; the last request sent "
         f"{report.last_request_messages} of {report.messages} messages\n"
     )
+    if report.over_window:
+        worst = max(
+            (row for row in report.per_turn if row.turn in report.over_window),
+            key=lambda row: row.estimated,
+        )
+        out.write(
+            f"over the {report.context_window:,}-token window (the model would refuse): "
+            f"{len(report.over_window)} request(s), "
+            f"{'turn' if len(report.over_window) == 1 else 'turns'} "
+            f"{_turn_list(report.over_window)}; "
+            f"largest {worst.estimated:,} estimated tokens at turn {worst.turn}\n"
+        )
     if report.per_turn:
         every = 1 if per_turn else max(1, len(report.per_turn) // 20)
         out.write(
@@ -527,7 +686,7 @@ def main(
         err: where errors go (default: stderr).
 
     Returns:
-        0 ok, 1 daemon error, 2 usage error, 3 daemon not reachable.
+        0 ok, 1 daemon error, 2 usage error, 3 daemon not reachable, 141 reader gone.
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -543,7 +702,16 @@ def main(
     try:
         with Client(endpoint, timeout=args.timeout) as client:
             client.ping(timeout=min(args.timeout, _PROBE_TIMEOUT))
-            return COMMANDS[args.command](client, args, out, err)
+            code = COMMANDS[args.command](client, args, out, err)
+            out.flush()  # here, so that a reader gone away is seen here
+            return code
+    except BrokenPipeError:
+        # `ctxwin ... | head`: the reader has what it wanted. Stop writing quietly;
+        # at exit Python would flush stdout again and print a second traceback.
+        if out is sys.stdout:
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except DaemonUnavailableError as exc:
         return _unreachable(endpoint, exc.message, err)
     except UsageError as exc:

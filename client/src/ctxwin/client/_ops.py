@@ -301,14 +301,20 @@ def apply_truncation_notice(
     messages: Messages,
     *,
     ts: int | None = None,
+    keep_task: bool | None = None,
     ephemeral: bool | None = None,
     timeout: float | None = None,
 ) -> Call[ApplyTruncationNoticeResult]:
-    """``apply_truncation_notice`` (SPEC.md §5; ``ts`` defaults to now)."""
+    """``apply_truncation_notice`` (SPEC.md §5; ``ts`` defaults to now).
+
+    ``keep_task=True`` adds only the notice in message 1 and leaves the task,
+    the first user message, as it is (by default it is replaced too).
+    """
     return build(
         "apply_truncation_notice",
         {"task": task, "messages": copy_messages(messages), "ts": _ts(ts)},
         timeout,
+        keep_task=keep_task,
         ephemeral=ephemeral,
     )
 
@@ -319,14 +325,20 @@ def compact(
     keep: CompactKeep = "quarter",
     *,
     ts: int | None = None,
+    keep_task: bool | None = None,
     ephemeral: bool | None = None,
     timeout: float | None = None,
 ) -> Call[CompactResult]:
-    """``compact``: force a cut (``quarter`` after a context-window error) (SPEC.md §8)."""
+    """``compact``: force a cut (``quarter`` after a context-window error) (SPEC.md §8).
+
+    ``keep_task=True`` leaves the task, the first user message, as it is; by
+    default (SPEC.md §5) it is replaced by a notice asking the model to carry on.
+    """
     return build(
         "compact",
         {"task": task, "messages": copy_messages(messages), "keep": keep, "ts": _ts(ts)},
         timeout,
+        keep_task=keep_task,
         ephemeral=ephemeral,
     )
 

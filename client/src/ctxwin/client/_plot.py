@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ._replay import ReplayReport
 
-PLOT_EXTRA = "pip install 'ctxwin-client[plot]'"
+PLOT_EXTRA = "pip install './client[plot]' (from a checkout of ctxwin), or pip install matplotlib"
 
 
 def plot_problem(path: Path) -> str | None:

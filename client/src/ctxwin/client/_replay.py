@@ -6,6 +6,13 @@ far and the previous request's usage to ``prepare_request`` and sends what
 comes back. The replay does the same and records every event that changed
 what the model would see: a truncation (the deleted range grew) or an
 optimisation (stale duplicate file reads replaced, SPEC.md §6).
+
+The usage handed to each next turn is the one recorded in the file only while
+it describes the request ctxwin would make: the recorded run sent its own view,
+so once ctxwin's view differs (a cut, a replaced read, a repaired tool pair)
+the usage of that turn is the daemon's calibrated estimate of ctxwin's view
+instead (``usage="auto"``). An estimate fed back leaves the calibration where
+it was, so only turns whose views agree calibrate.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ctxwin.proto import (
     DeletedRange,
@@ -30,12 +37,25 @@ from ctxwin.proto import (
 from ._errors import BadReplyError
 from ._sync import Client
 from ._task import Task
-from ._usage import total_tokens, usage_from_metrics
+from ._usage import usage_from_metrics
 
 Progress = Callable[[int, int, DeletedRange], None]
 """Called after each turn with (turns done, turns in all, current range)."""
 
+UsageMode = Literal["recorded", "estimated", "auto"]
+"""Where each turn's usage comes from: the file, the daemon's estimate, or the file while
+ctxwin's view is the recorded run's and the estimate after."""
+
+USAGE_MODES: tuple[UsageMode, ...] = ("auto", "recorded", "estimated")
+
 _NOTICE_EDIT = 0
+_CUT_SIGN = 0.99
+"""A recorded prompt under 99% of the one before, though the conversation only grew,
+means the recorded run cut its own view (provider counts do not shrink otherwise)."""
+
+NOTICE = "notice"
+FILE_READ = "file read replaced"
+REPAIRED = "tool pair repaired"
 
 
 @dataclass(slots=True)
@@ -71,9 +91,20 @@ class ReplayTurn:
         turn: 1-based request number.
         sent: messages in the request's view.
         estimated: the daemon's calibrated estimate of the view's tokens.
-        reported: the request's reported input tokens (from the answer's
-            metrics, else counted), or None for the last turn with no answer.
+        reported: the reported input tokens of this view (the file's metrics
+            while ctxwin's view is the recorded run's, else counted), or None:
+            no answer follows, or the recorded figure belongs to another view.
         calibration: the task's ratio of reported to estimated tokens then.
+        recorded: the input tokens the file records for this request (of the
+            recorded run's view), or None.
+        usage: the input tokens handed to the next turn as this request's usage.
+        source: where ``usage`` came from: ``recorded``, ``counted``,
+            ``estimated``, or ``none`` (no answer follows).
+        agrees: ctxwin sent the whole conversation as the recorded run did: no
+            message hidden or edited (a repaired tool pair that keeps every
+            recorded block still agrees).
+        view: the index of this turn's view in :attr:`ReplayReport.views`.
+        messages: the history's length at this request (what the view was made of).
     """
 
     turn: int
@@ -81,6 +112,41 @@ class ReplayTurn:
     estimated: int
     reported: int | None
     calibration: float
+    recorded: int | None = None
+    usage: int | None = None
+    source: str = "none"
+    agrees: bool = True
+    view: int = 0
+    messages: int = 0
+
+
+@dataclass(slots=True)
+class ViewState:
+    """What a turn's view does to the history: its range and the messages it alters.
+
+    Attributes:
+        deleted_range: the range in effect.
+        altered: history index -> index into :attr:`ReplayReport.variants` of
+            the message as the view holds it, for each message the view changed.
+    """
+
+    deleted_range: DeletedRange
+    altered: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Variant:
+    """A message as a view altered it.
+
+    Attributes:
+        index: its history index.
+        kinds: what changed it (:data:`NOTICE`, :data:`FILE_READ`, :data:`REPAIRED`).
+        message: the message as sent.
+    """
+
+    index: int
+    kinds: list[str]
+    message: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -99,6 +165,12 @@ class ReplayReport:
     final_range: DeletedRange = None
     peak_tokens: int = 0
     last_request_messages: int = 0
+    usage_mode: str = "recorded"
+    estimated_from: int | None = None
+    over_window: list[int] = field(default_factory=list)
+    differs: str | None = None
+    views: list[ViewState] = field(default_factory=list)
+    variants: list[Variant] = field(default_factory=list)
 
     def totals(self) -> dict[str, int]:
         """Counts and savings summed over the events."""
@@ -113,10 +185,24 @@ class ReplayReport:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-able data."""
-        data = asdict(self)
+        """The report as plain JSON-able data (the altered messages themselves left out)."""
+        data = {
+            name: getattr(self, name)
+            for name in self.__dataclass_fields__
+            if name not in ("events", "per_turn", "views", "variants")
+        }
+        data["events"] = [asdict(event) for event in self.events]
+        data["per_turn"] = [asdict(turn) for turn in self.per_turn]
+        data["views"] = [
+            {"deleted_range": view.deleted_range, "altered": sorted(view.altered)}
+            for view in self.views
+        ]
         data["totals"] = self.totals()
         return data
+
+    def view_of(self, turn: ReplayTurn) -> ViewState:
+        """The view state a turn was sent with."""
+        return self.views[turn.view]
 
 
 def load_history(path: Path) -> list[dict[str, Any]]:
@@ -233,6 +319,7 @@ def replay(
     ephemeral: bool = True,
     file: str = "",
     progress: Progress | None = None,
+    usage: UsageMode = "auto",
 ) -> ReplayReport:
     """Send ``history`` to the daemon turn by turn and record what changed.
 
@@ -244,6 +331,11 @@ def replay(
         ephemeral: keep the task in memory only (the default).
         file: the file name, for the report.
         progress: called after each turn.
+        usage: each turn's usage: ``recorded`` (the file's, else counted),
+            ``estimated`` (the daemon's calibrated estimate of ctxwin's view),
+            or ``auto``: recorded while ctxwin's view is the whole
+            conversation, as the recorded run sent it, estimated from the
+            first turn it is not.
 
     Returns:
         The report.
@@ -262,6 +354,7 @@ def replay(
         context_window=int(info["context_window"]),
         max_allowed_size=info["max_allowed_size"],
         usage_source="metrics.tokens" if has_metrics else "count_tokens",
+        usage_mode=usage,
     )
     task = Task(client, task_id, ephemeral=ephemeral)
     start = task.inspect()
@@ -269,8 +362,11 @@ def replay(
     overlay = parse_updates(start["updates"])
     clock = now_ms()
     previous: Usage | None = None
+    agrees = True
+    last_recorded = 0
     for turn, end in enumerate(points, start=1):
         sent = task.prepare_request(history[:end], model, previous_request=previous, estimate=True)
+        view = sent["messages"]
         new_range = sent["deleted_range"]
         if new_range != deleted_range and new_range is not None:
             first = deleted_range[1] + 1 if deleted_range else 2
@@ -295,24 +391,123 @@ def replay(
         if event is not None:
             report.events.append(event)
         overlay = now
-        answer = history[end] if end < len(history) else None
-        previous = _usage_after(client, answer, sent["messages"], clock + turn)
-        if previous is not None:
-            report.peak_tokens = max(report.peak_tokens, total_tokens(previous))
-        report.per_turn.append(
-            ReplayTurn(
-                turn=turn,
-                sent=len(sent["messages"]),
-                estimated=sent.get("estimated_tokens", 0),
-                reported=None if previous is None else input_tokens(previous),
-                calibration=sent.get("calibration", 1.0),
+        state = view_state(history, view, deleted_range, overlay, report.variants)
+        if not report.views or report.views[-1] != state:
+            report.views.append(state)
+        if agrees and not (
+            len(view) == end
+            and all(
+                _keeps_content(history[index], report.variants[number].message)
+                for index, number in state.altered.items()
             )
+        ):
+            agrees = False
+            report.differs = f"from turn {turn} ctxwin's view hides or edits messages"
+        estimated = sent.get("estimated_tokens", 0)
+        calibration = sent.get("calibration", 1.0)
+        row = ReplayTurn(
+            turn=turn,
+            sent=len(view),
+            estimated=estimated,
+            reported=None,
+            calibration=calibration,
+            agrees=agrees,
+            view=len(report.views) - 1,
+            messages=end,
         )
-        report.last_request_messages = len(sent["messages"])
+        answer = history[end] if end < len(history) else None
+        previous, row.source = _usage_after(client, answer, view, clock + turn)
+        if previous is not None:
+            # A counted usage is of ctxwin's own view; a recorded one of the recorded run's.
+            of_this_view = row.source == "counted" or agrees
+            if row.source == "recorded":
+                row.recorded = input_tokens(previous)
+                if agrees and 0 < row.recorded < last_recorded * _CUT_SIGN:
+                    # The conversation only grew: the recorded run's view lost messages.
+                    agrees = row.agrees = of_this_view = False
+                    report.differs = (
+                        f"from turn {turn} the recorded run sent less: its prompt fell "
+                        f"from {last_recorded:,} to {row.recorded:,} tokens"
+                    )
+                last_recorded = row.recorded or last_recorded
+            if of_this_view:
+                row.reported = input_tokens(previous)
+            if usage == "estimated" or (usage == "auto" and not of_this_view):
+                previous = _estimated_usage(client, answer, previous, estimated, calibration)
+                row.source = "estimated"
+                if report.estimated_from is None:
+                    report.estimated_from = turn
+            row.usage = input_tokens(previous)
+        view_tokens = row.reported if row.reported is not None else estimated
+        report.peak_tokens = max(report.peak_tokens, view_tokens)
+        if view_tokens > report.context_window:
+            report.over_window.append(turn)
+        report.per_turn.append(row)
+        report.last_request_messages = len(view)
         if progress is not None:
             progress(turn, len(points), deleted_range)
     report.final_range = deleted_range
     return report
+
+
+def view_state(
+    history: Sequence[Mapping[str, Any]],
+    view: Sequence[Mapping[str, Any]],
+    deleted_range: DeletedRange,
+    overlay: Overlay,
+    variants: list[Variant],
+) -> ViewState:
+    """How ``view`` (a view of ``history``, SPEC.md §4) differs from the history.
+
+    Messages the view changed are added to ``variants`` once each (an equal
+    variant of the same message is reused).
+    """
+    state = ViewState(None if deleted_range is None else list(deleted_range))
+    keep = deleted_range[1] + 1 if deleted_range and len(view) >= 2 else 2
+    for position, message in enumerate(view):
+        index = position if position < 2 else keep + position - 2
+        original = history[index] if index < len(history) else None
+        if message is original or message == original or original is None:
+            continue
+        kinds: list[str] = []
+        edits = {edit for (at, _), (edit, texts) in overlay.items() if at == index and texts}
+        if edits:
+            kinds.append(NOTICE if _NOTICE_EDIT in edits else FILE_READ)
+        if not edits or with_overlay(original, index, overlay) != message:
+            kinds.append(REPAIRED)
+        for number, variant in enumerate(variants):
+            if variant.index == index and variant.message == message:
+                state.altered[index] = number
+                break
+        else:
+            variants.append(Variant(index, kinds, dict(message)))
+            state.altered[index] = len(variants) - 1
+    return state
+
+
+def _keeps_content(original: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
+    """Whether ``sent`` holds every block of ``original`` (a repair that only added or moved).
+
+    A tool pair repair that adds a missing-result stub, or puts results first,
+    leaves the recorded run's content in the request: its usage still
+    describes ctxwin's view, give or take the stub's few tokens.
+    """
+    before, after = original.get("content"), sent.get("content")
+    if not isinstance(before, list) or not isinstance(after, list):
+        return before == after
+    return all(block in after for block in before)
+
+
+def _estimated_usage(
+    client: Client,
+    answer: Mapping[str, Any] | None,
+    recorded: Usage,
+    estimated: int,
+    calibration: float,
+) -> Usage:
+    """The usage the request of ctxwin's own view would have had, by the daemon's estimate."""
+    out = _tokens(client, [answer]) if answer is not None else 0
+    return Usage(ts=recorded["ts"], tokens_in=estimated, tokens_out=round(out * calibration))
 
 
 def _optimisation(
@@ -364,17 +559,22 @@ def _usage_after(
     answer: Mapping[str, Any] | None,
     sent: Sequence[Mapping[str, Any]],
     fallback_ts: int,
-) -> Usage | None:
-    """The usage of the request just made: from the answer's metrics, else counted."""
+) -> tuple[Usage | None, str]:
+    """The usage of the request just made and its source.
+
+    From the answer's metrics (``recorded``), else counted over the view sent
+    (``counted``); ``none`` when no answer follows.
+    """
     if answer is None or answer.get("role") != "assistant":
-        return None
+        return None, "none"
     ts = answer.get("ts")
     ts = ts if isinstance(ts, int) and not isinstance(ts, bool) and ts >= 0 else fallback_ts
     metrics = answer.get("metrics")
     tokens = metrics.get("tokens") if isinstance(metrics, Mapping) else None
     if isinstance(tokens, Mapping):
-        return usage_from_metrics(tokens, ts=ts)
-    return Usage(ts=ts, tokens_in=_tokens(client, sent), tokens_out=_tokens(client, [answer]))
+        return usage_from_metrics(tokens, ts=ts), "recorded"
+    counted = Usage(ts=ts, tokens_in=_tokens(client, sent), tokens_out=_tokens(client, [answer]))
+    return counted, "counted"
 
 
 def input_tokens(usage: Usage) -> int:
@@ -383,6 +583,38 @@ def input_tokens(usage: Usage) -> int:
         (usage.get("tokens_in") or 0)
         + (usage.get("cache_writes") or 0)
         + (usage.get("cache_reads") or 0)
+    )
+
+
+def usage_line(report: ReplayReport) -> str:
+    """Where the usage handed to each turn came from, in a sentence."""
+    mode = f"--usage {report.usage_mode}"
+    if report.usage_source == "count_tokens":
+        if report.usage_mode == "estimated":
+            return f"usage: the daemon's estimate of ctxwin's own view on every turn ({mode})"
+        return f"usage: counted with count_tokens over the view ctxwin sent ({mode})"
+    if report.usage_mode == "estimated":
+        return (
+            "usage: the daemon's estimate of ctxwin's own view on every turn, "
+            f"not the file's metrics.tokens ({mode})"
+        )
+    if report.differs is None:
+        return (
+            "usage: recorded in the file (metrics.tokens); ctxwin sent the recorded "
+            f"run's view on every turn ({mode})"
+        )
+    if report.usage_mode == "recorded":
+        return (
+            f"usage: recorded in the file (metrics.tokens) on every turn ({mode}); but "
+            f"{report.differs}, so the figures from there on are of a view ctxwin did not send"
+        )
+    start = report.estimated_from or report.turns
+    recorded = f"turns 1-{start - 1}" if start > 2 else "turn 1"
+    return (
+        f"usage: recorded in the file (metrics.tokens) for {recorded}, while ctxwin's view "
+        f"was the recorded run's; {report.differs}, so from there on each turn's usage is "
+        f"the daemon's estimate of ctxwin's own view, calibrated on the recorded turns only "
+        f"({mode})"
     )
 
 
@@ -399,3 +631,21 @@ def default_model(history: Sequence[Mapping[str, Any]], window: int | None) -> M
     if window is not None:
         model["context_window"] = window
     return model
+
+
+@dataclass(slots=True)
+class TokenCounts:
+    """Tokens of each history message and of each altered variant (``count_tokens``)."""
+
+    messages: list[int]
+    variants: list[int]
+
+
+def message_tokens(
+    client: Client, history: Sequence[Mapping[str, Any]], variants: Sequence[Variant]
+) -> TokenCounts:
+    """Count every message of ``history`` and every variant, one message at a time."""
+    return TokenCounts(
+        [_tokens(client, [message]) for message in history],
+        [_tokens(client, [variant.message]) for variant in variants],
+    )

@@ -323,7 +323,7 @@ class TaskActor:
         }
 
     async def _flush_op(self) -> dict[str, Any]:
-        return {"flushed": int(await self.flush())}
+        return {"flushed": int(await self.flush()), "loaded": True}
 
     async def _close(self) -> dict[str, Any]:
         if not self.ephemeral:
@@ -333,7 +333,7 @@ class TaskActor:
         self.stopping = True
         self.system.detach(self)
         self._closed = True
-        return {"closed": True}
+        return {"closed": True, "loaded": True}
 
     def _become_ephemeral(self, state: engine.TaskState) -> None:
         """Keep the task in memory only from now on, as a request asks, if nothing is lost.

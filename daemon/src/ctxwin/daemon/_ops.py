@@ -165,11 +165,13 @@ def _compact_subagent(state: engine.TaskState, args: Args, context: TaskContext 
 def _apply_truncation_notice(
     state: engine.TaskState, args: Args, context: TaskContext | None
 ) -> Result:
-    return {"changed": state.apply_truncation_notice(args["ts"], args["messages"])}
+    keep_task = bool(args.get("keep_task", False))
+    return {"changed": state.apply_truncation_notice(args["ts"], args["messages"], keep_task)}
 
 
 def _compact(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    return state.compact(args["messages"], args["keep"], args["ts"]).wire()
+    keep_task = bool(args.get("keep_task", False))
+    return state.compact(args["messages"], args["keep"], args["ts"], keep_task).wire()
 
 
 def _condensed(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:

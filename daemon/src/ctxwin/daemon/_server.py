@@ -16,8 +16,10 @@ when an ipc ``accept()`` fails with EMFILE.
 
 Results the table in DESIGN.md leaves open: ``flush`` answers
 ``{"flushed": n}``, the number of tasks written by this call (0 when all were
-durable already; ephemeral tasks never count); ``close`` answers
-``{"closed": true}`` (also for a task that was not loaded); ``stats.tasks``
+durable already; ephemeral tasks never count), and for one task also
+``loaded``: whether the daemon had it loaded (false: nothing to write); ``close``
+answers ``{"closed": true, "loaded": ...}`` (``loaded`` false for a task that
+was not loaded, so there was nothing to close); ``stats.tasks``
 counts the distinct task ids served since start, ``stats.actors`` the actors
 running now. Requests queued behind a ``close`` of the same task, or on an
 actor that stops, are answered ``busy`` (send again).
@@ -537,7 +539,7 @@ class Server:
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
     ) -> dict[str, Any] | None:
         if self.system.get(task) is None:
-            return {"closed": True}  # nothing loaded: nothing to start an actor for
+            return {"closed": True, "loaded": False}  # nothing loaded: nothing to close
         return self._to_actor(envelope, request_id, op, args, task)
 
     def _should_compact(
@@ -589,12 +591,12 @@ class Server:
             return None
         stopping = self.system.stopping_actor(task)
         if stopping is None:
-            reply.set_result({"flushed": 0})
+            reply.set_result({"flushed": 0, "loaded": False})
             return None
 
         async def wait_for_stop() -> None:
             await stopping.done.wait()
-            reply.set_result({"flushed": 0})
+            reply.set_result({"flushed": 0, "loaded": True})  # it flushed as it stopped
 
         self.spawn(wait_for_stop)
         return None

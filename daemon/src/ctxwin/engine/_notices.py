@@ -18,12 +18,12 @@ class Notices:
 
     truncation: str = (
         "[ctxwin] Earlier turns of this conversation were removed to keep it within the "
-        "model's context window. The original task above is kept as it was. Give the most "
-        "weight to the latest messages when deciding what to do next."
+        "model's context window. Give the most weight to the latest messages when "
+        "deciding what to do next."
     )
     duplicate_file_read: str = (
         "[ctxwin] This copy of the file's content was removed to save context; a later read "
-        "of the same file in this conversation holds its current content."
+        "of the same file in this conversation holds a newer copy."
     )
     first_user: str = "[ctxwin] Please continue helping the user with the task."
     missing_result: str = "[ctxwin] The result of this tool call is missing from the conversation."

@@ -258,10 +258,16 @@ class TaskState:
         self.overlay.append(0, EDIT_UNDEFINED, 0, [ts, "text", [self.notices.first_user], []])
         return True
 
-    def apply_truncation_notice(self, ts: int, messages: Sequence[Message]) -> bool:
-        """Both notices of SPEC.md §5; True when either was added."""
+    def apply_truncation_notice(
+        self, ts: int, messages: Sequence[Message], keep_task: bool = False
+    ) -> bool:
+        """Both notices of SPEC.md §5; True when either was added.
+
+        With ``keep_task`` only the message-1 notice: the task in message 0 stays as it is.
+        """
         changed = self.add_truncation_notice(ts)
-        changed = self.add_first_user_replacement(ts, messages) or changed
+        if not keep_task:
+            changed = self.add_first_user_replacement(ts, messages) or changed
         if changed:
             self._changed()
         return changed
@@ -510,11 +516,16 @@ class TaskState:
         self.deleted_range = proposed
         return SubagentResult(True, self.deleted_range, self.truncated_messages(messages))
 
-    def compact(self, messages: Sequence[Message], keep: Keep, ts: int) -> CompactResult:
-        """Force a cut: after a context-window error (quarter) or a summary (none) (§8)."""
+    def compact(
+        self, messages: Sequence[Message], keep: Keep, ts: int, keep_task: bool = False
+    ) -> CompactResult:
+        """Force a cut: after a context-window error (quarter) or a summary (none) (§8).
+
+        ``keep_task`` leaves the first user message (the task) as it is (SPEC.md §5).
+        """
         before = self.revision
         self.deleted_range = next_truncation_range(messages, self._deleted_range, keep)
-        self.apply_truncation_notice(ts, messages)
+        self.apply_truncation_notice(ts, messages, keep_task)
         return CompactResult(self.deleted_range, self.revision != before)
 
     def condensed(self, messages: Sequence[Message]) -> list[int] | None:

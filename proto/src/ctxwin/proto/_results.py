@@ -189,15 +189,24 @@ class InspectResult(TypedDict):
 
 
 class FlushResult(TypedDict):
-    """``flush``: answered once the data is durable."""
+    """``flush``: answered once the data is durable.
+
+    ``loaded`` (with a task): whether the daemon had the task loaded; false
+    means there was nothing to write (a task never opened, or already unloaded).
+    """
 
     flushed: int
+    loaded: NotRequired[bool]
 
 
 class CloseResult(TypedDict):
-    """``close``: the task's actor is stopped (its state flushed first)."""
+    """``close``: the task's actor is stopped (its state flushed first).
+
+    ``loaded``: whether the task was loaded; false means there was nothing to close.
+    """
 
     closed: bool
+    loaded: NotRequired[bool]
 
 
 class CountTokensResult(TypedDict):

@@ -231,6 +231,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "strategy": _one_of(STRATEGY_VALUES),
     "proactive": _check_bool,
     "estimate": _check_bool,
+    "keep_task": _check_bool,
 }
 
 
@@ -302,9 +303,12 @@ OPS: dict[str, OpSpec] = {
         _history_op("optimize_file_reads", ("task", "ts"), ("deleted_range",)),
         _history_op("optimize_file_reads_in_memory", ("task", "ts"), ("deleted_range",)),
         _history_op("compact_subagent", ("task",), ("deleted_range",)),
-        _history_op("apply_truncation_notice", ("task", "ts")),
+        _history_op("apply_truncation_notice", ("task", "ts"), ("keep_task",)),
         _history_op(
-            "compact", ("task", "keep", "ts"), checks={"keep": _one_of(COMPACT_KEEP_VALUES)}
+            "compact",
+            ("task", "keep", "ts"),
+            ("keep_task",),
+            checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
         ),
         _history_op("condensed", ("task",)),
         OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN)),

@@ -1,0 +1,192 @@
+"""The ``--html`` page of a corpus replay, loaded in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwin.client._replay import chars_of, load_history
+from tests._daemon import DaemonProcess
+from tests._png import read_png
+from tests.test_cli import CORPUS, run
+
+pytestmark = pytest.mark.skipif(
+    not CORPUS.exists(), reason="the shared corpus is not next to the checkout"
+)
+
+
+@pytest.fixture
+def browser() -> str:
+    """The browser, or a skip (a failure in CI, where .ci/run installs it)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CTXWIN_CI") == "1":
+            pytest.fail("chromium is missing: .ci/run should have installed Debian's chromium")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return found
+
+
+def _browse(browser: str, profile: Path, url: str, *action: str) -> str:
+    """Run headless Chromium on ``url`` with no network use; its stdout."""
+    argv = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *action,
+        url,
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
+    assert 0 == done.returncode, done.stderr[-2000:]
+    return done.stdout
+
+
+class _Dom(HTMLParser):
+    """What a test reads back from the rendered page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown: list[tuple[int, str | None]] = []  # (index, variant) of visible messages
+        self.fold: str | None = None
+        self.fold_hidden = True
+        self.events: list[list[str]] = []
+        self.summary = ""
+        self._into: str | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        classes = (found.get("class") or "").split()
+        if tag == "li" and "msg" in classes and "hidden" not in found:
+            self.shown.append((int(found["data-i"] or -1), found.get("data-v")))
+        elif tag == "li" and found.get("id") == "fold":
+            self.fold_hidden = "hidden" in found
+        elif tag == "span" and found.get("id") in ("fold-text", "view-summary"):
+            self._into = found["id"]
+        elif tag == "tr" and "event" in classes:
+            self._row = []
+        elif tag == "td" and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "span":
+            self._into = None
+        elif tag == "td" and self._row is not None and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.events.append(self._row)
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._into == "fold-text":
+            self.fold = (self.fold or "") + data
+        elif self._into == "view-summary":
+            self.summary += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+class _Loads(HTMLParser):
+    """Every reference in a page's markup and styles that a browser would fetch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+        self._style = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._style = tag == "style"
+        if tag in ("link", "img", "iframe", "object", "embed", "base"):
+            self.found.append(f"<{tag}>")
+        for name, value in attrs:
+            if name in ("src", "srcset", "poster", "action") or (
+                name == "href" and not (value or "").startswith("#")
+            ):
+                self.found.append(f"{tag} {name}={value}")
+
+    def handle_data(self, data: str) -> None:
+        if self._style and ("url(" in data or "@import" in data):
+            self.found.append("a style that fetches")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._style = False
+
+
+def _external(text: str) -> list[str]:
+    loads = _Loads()
+    loads.feed(text)
+    return loads.found
+
+
+def _dom(text: str) -> _Dom:
+    dom = _Dom()
+    dom.feed(text)
+    return dom
+
+
+def test_the_page_shows_each_turn_as_the_model_received_it(
+    browser: str, daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Chromium shows the events and, per turn, the kept messages and one line per dropped range."""
+    page = tmp_path / "report.html"
+    code, out, err = run(
+        "--endpoint", daemon.endpoint, "replay", str(CORPUS), "--model-window", "200000",
+        "--json", "--html", str(page),
+    )  # fmt: skip
+    assert 0 == code, err
+    report: dict[str, Any] = json.loads(out)
+    text = page.read_text(encoding="utf-8")
+    assert len(text.encode()) < 4_000_000, "a 1.5 MB conversation makes a page of a few MB"
+    assert [] == _external(text), "the page loads nothing"
+    history = load_history(CORPUS)
+    profile = tmp_path / "profile"
+
+    # The last turn, selected by default.
+    dom = _dom(_browse(browser, profile, page.as_uri(), "--dump-dom"))
+    expected_events = [(str(e["turn"]), e["kind"]) for e in report["events"]]
+    expected_events += [(str(turn), "over window") for turn in report["over_window"]]
+    assert sorted(expected_events) == sorted((row[0], row[1]) for row in dom.events)
+    last = report["final_range"][1]
+    dropped = sum(chars_of(history[index].get("content")) for index in range(2, last + 1))
+    assert not dom.fold_hidden
+    assert dom.fold is not None
+    assert dom.fold.startswith(f"messages 2-{last} dropped, {dropped:,} characters")
+    assert [0, 1, *range(last + 1, len(history))] == [index for index, _ in dom.shown]
+    assert dom.summary.startswith(f"{len(history) - last + 1} of {len(history)} messages sent")
+
+    # An earlier turn, picked by the page's own script from the address.
+    first_cut = next(e for e in report["events"] if e["kind"] == "truncation")
+    before = report["per_turn"][first_cut["turn"] - 2]
+    dom = _dom(_browse(browser, profile, f"{page.as_uri()}#turn={before['turn']}", "--dump-dom"))
+    assert dom.fold_hidden
+    assert list(range(before["messages"])) == [index for index, _ in dom.shown]
+    repaired = {int(index) for index, variant in dom.shown if variant is not None}
+    assert repaired, "the corpus's tool calls without results are shown repaired"
+
+    # What a person sees: not a blank page.
+    picture = tmp_path / "report.png"
+    _browse(browser, profile, page.as_uri(), "--window-size=1000,800", f"--screenshot={picture}")
+    width, height, rows = read_png(picture.read_bytes())
+    assert (1000, 800) == (width, height)
+    step = len(rows[0]) // width
+    pixels = [row[x : x + 3] for row in rows[::4] for x in range(0, len(row), step * 4)]
+    background = max(set(pixels), key=pixels.count)
+    assert sum(pixel != background for pixel in pixels) > len(pixels) // 10
+    assert len(set(pixels)) > 50, "text, cards and the chart in many colours"
+    blue = [p for p in pixels if p[2] > 180 and p[0] < 120 and p[1] < 160]
+    assert len(blue) > 20, "the estimate's blue line is drawn"
