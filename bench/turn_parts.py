@@ -31,16 +31,20 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 from bench._conversation import build_conversation
 from bench.turns import BIG_MODEL, CORPUS, WINDOWS, UsageModel
 from ctxwin import engine, proto
-from ctxwin.client import Client, _core
-from ctxwin.daemon._actors import ActorSystem, Counters, TaskActor, _view_patch
+from ctxwin.client import Client, _core, _ops
+from ctxwin.daemon._actors import ActorSystem, Counters
+from ctxwin.daemon._kept import HistoryCache, KeptHistory, _view_patch
 from ctxwin.daemon._ops import run_task_op
-from ctxwin.daemon._server import _decode_request, _encode_result
+from ctxwin.daemon._store import FileStore
+from ctxwin.daemon._tokens import TokenCounter
+
+_decode_request = proto.decode_request_parts
+_encode_result = proto.result_encoder()
 
 Message = dict[str, Any]
 SYNC = "daemon: kept history brought in step (History.apply: digests, caches)"
@@ -80,10 +84,8 @@ class Loopback:
         self.client = Client("ipc:///nonexistent/turn-parts.sock")  # never connects
         self.handle = self.client.task("turn-parts")
         self.state = engine.TaskState()
-        self.history: engine.History | None = None
-        # What TaskActor._reuse_overrides reads and writes.
-        self.actor = SimpleNamespace(
-            _sent_overrides=None, _patch_token=None, _patch_serial=0, _patch_salt=b"\0" * 8
+        self.kept = KeptHistory(
+            task="turn-parts", cache=HistoryCache(1 << 40), tokens=TokenCounter("cl100k_base")
         )
         self.limits = proto.Limits()
         self.ids = 0
@@ -92,7 +94,7 @@ class Loopback:
         self, messages: list[Message], previous: proto.Usage | None
     ) -> tuple[list[Message], _core.Call[Any], bytes]:
         snapshot = list(messages)
-        call = _core.prepare_request(
+        call = _ops.prepare_request(
             self.handle.id, (), self.model, previous_request=previous, ephemeral=None
         )
         delta = self.handle._delta.call(call, snapshot)
@@ -100,15 +102,10 @@ class Loopback:
         return snapshot, delta, _core.encode(delta, self.ids)
 
     def sync(self, args: dict[str, Any]) -> engine.History:
-        """The actor's ``_sync_history`` for a handle's requests."""
-        if "append" in args:
-            assert self.history is not None
-            self.history.apply(args["base"], args["base_digest"], args["append"])
-        elif self.history is not None:
-            self.history.replace(args["messages"])
-        else:
-            self.history = engine.History(args["messages"])
-        return self.history
+        """The kept history's ``_sync`` for a handle's requests."""
+        history = self.kept._sync(args)
+        assert history is not None
+        return history
 
     def engine_call(self, history: engine.History, args: dict[str, Any]) -> dict[str, Any]:
         return run_task_op(self.state, "prepare_request", {**args, "messages": history.messages})
@@ -118,9 +115,7 @@ class Loopback:
     ) -> dict[str, Any]:
         patch = _view_patch(result["messages"], history.messages, self.state.deleted_range)
         assert patch is not None
-        reused = TaskActor._reuse_overrides(
-            cast(TaskActor, self.actor), patch, args.get("patch_base")
-        )
+        reused = self.kept._reuse_overrides(patch, args.get("patch_base"))
         answer = {key: value for key, value in result.items() if key != "messages"}
         answer["patch"] = reused
         return answer
@@ -150,7 +145,16 @@ def actor_hop(repeat: int) -> dict[str, float]:
 
         with tempfile.TemporaryDirectory() as temp:
             system = ActorSystem(
-                Path(temp), engine.DEFAULT_NOTICES, 64, 500, 2000, 600, spawn, Counters()
+                store=FileStore(Path(temp), engine.DEFAULT_NOTICES),
+                notices=engine.DEFAULT_NOTICES,
+                mailbox_size=64,
+                debounce_ms=500,
+                debounce_max_ms=2000,
+                idle_timeout=600,
+                spawn=spawn,
+                counters=Counters(),
+                tokens=TokenCounter("cl100k_base"),
+                history_cache_bytes=1 << 30,
             )
             actor = system.actor_for("hop", ephemeral=True)
             hops: list[float] = []
@@ -227,15 +231,18 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     kept = loop.sync(args)
     result = loop.engine_call(kept, args)
     assert not result["range_updated"], "pick a turn that does not cut"
-    saved = dict(vars(loop.actor))
+    saved = {
+        name: getattr(loop.kept, name) for name in ("_sent_overrides", "_patch_token", "_patch_serial")
+    }
     answer = loop.patch(result, kept, args)
     reply_body = _encode_result(request_id, answer)
     handle = loop.handle
     sender = handle._delta.sender
-    base_call = _core.prepare_request(handle.id, (), model, previous_request=previous)
+    base_call = _ops.prepare_request(handle.id, (), model, previous_request=previous)
 
     def reset_actor() -> None:
-        vars(loop.actor).update(saved)
+        for name, value in saved.items():
+            setattr(loop.kept, name, value)
 
     def sync_and_engine() -> None:
         loop.engine_call(loop.sync(args), args)
@@ -245,7 +252,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
         loop.patch(result, kept, args)
 
     def take_turn() -> None:
-        with handle._turn("prepare_request", None):
+        with handle._turn(base_call):
             pass
 
     def client_call_turn() -> None:
@@ -263,8 +270,8 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     pieces: dict[str, Callable[[], object]] = {
         "client: handle turn taken and released (_turn, Turns.take)": take_turn,
         "client: list copy of the history (snapshot)": lambda: list(history),
-        "client: request built and checked without messages (_core.prepare_request)": lambda: (
-            _core.prepare_request(handle.id, (), model, previous_request=previous)
+        "client: request built and checked without messages (_ops.prepare_request)": lambda: (
+            _ops.prepare_request(handle.id, (), model, previous_request=previous)
         ),
         "client: prefix scan + digests of the rechecked tail (args_for)": lambda: sender.args_for(
             snapshot
