@@ -53,7 +53,8 @@ ENGINE = "daemon: engine prepare_request on the kept history (view built on the 
 DECODE = "client: reply decoded (decode_reply)"
 DECODE_FINISH = "client: reply decoded, then finished"
 FINISH = "client: view rebuilt + sent recorded (finish: PatchReceiver.apply, DeltaSender.sent)"
-SENT = "client: of which the record of what was sent (DeltaSender.sent)"
+SENDING = "client: new messages hashed while the reply is awaited (Call.sending)"
+SENT = "client: the record of what was sent, hashing it all itself (DeltaSender.sent alone)"
 
 
 def timed_all(
@@ -128,6 +129,8 @@ class Loopback:
         return _encode_result(request_id, self.patch(result, history, args))
 
     def finish(self, call: _core.Call[Any], reply_body: bytes) -> dict[str, Any]:
+        if call.sending is not None:
+            call.sending()  # as the transport does, once the request is out
         reply = _core.decode([reply_body])
         assert reply is not None
         return cast(dict[str, Any], _core.outcome(call, reply, 0, self.client.retry, 30.0))
@@ -232,7 +235,8 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     result = loop.engine_call(kept, args)
     assert not result["range_updated"], "pick a turn that does not cut"
     saved = {
-        name: getattr(loop.kept, name) for name in ("_sent_overrides", "_patch_token", "_patch_serial")
+        name: getattr(loop.kept, name)
+        for name in ("_sent_overrides", "_patch_token", "_patch_serial")
     }
     answer = loop.patch(result, kept, args)
     reply_body = _encode_result(request_id, answer)
@@ -261,8 +265,12 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
         with loop.client._turns.take(_core.lock_wait(budget), RuntimeError):
             pass
 
+    def sending() -> None:
+        assert call.sending is not None
+        call.sending()
+
     def decode_and_finish() -> None:
-        loop.finish(call, reply_body)
+        loop.finish(call, reply_body)  # hashes first, as the transport does
 
     def decode_alone() -> None:
         _core.decode([reply_body])
@@ -289,6 +297,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
         "daemon: reply encoded (_encode_result)": lambda: _encode_result(request_id, answer),
         DECODE: decode_alone,
         DECODE_FINISH: decode_and_finish,
+        SENDING: sending,
         SENT: lambda: sender.sent(snapshot, {k: call.args[k] for k in ("base", "base_digest")}),
     }
     measured = timed_all(pieces, repeat)
@@ -297,7 +306,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
         if name == SYNC_ENGINE:
             parts[ENGINE] = micros - measured[SYNC]
         elif name == DECODE_FINISH:
-            parts[FINISH] = micros - measured[DECODE]
+            parts[FINISH] = micros - measured[DECODE] - measured.get(SENDING, 0.0)
         else:
             parts[name] = micros
     hop = actor_hop(max(200, repeat * 10))

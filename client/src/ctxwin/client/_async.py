@@ -194,6 +194,8 @@ class AsyncClient:
                     f"{call.op}: cannot queue the request for {self.endpoint}",
                     endpoint=self.endpoint,
                 ) from None
+            if call.sending is not None:
+                call.sending()  # while the daemon works on the request
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     return await future

@@ -135,6 +135,8 @@ class Client:
             raise DaemonUnavailableError(
                 f"{call.op}: cannot queue the request for {self.endpoint}", endpoint=self.endpoint
             ) from None
+        if call.sending is not None:
+            call.sending()  # while the daemon works on the request
         while True:
             remaining = deadline - time.monotonic()
             if not remaining > 0:  # NaN included
