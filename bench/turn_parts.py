@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import statistics
@@ -47,7 +48,9 @@ _decode_request = proto.decode_request_parts
 _encode_result = proto.result_encoder()
 
 Message = dict[str, Any]
-SYNC = "daemon: kept history brought in step (History.apply: digests, caches)"
+SYNC = "daemon: kept history brought in step (History.apply: cut, append, pairs)"
+SYNC_SETTLE = "daemon: history brought in step, then settled"
+SETTLE = "daemon: new messages hashed after the reply is out (KeptHistory.settle)"
 SYNC_ENGINE = "daemon: history brought in step, then the engine"
 ENGINE = "daemon: engine prepare_request on the kept history (view built on the last)"
 DECODE = "client: reply decoded (decode_reply)"
@@ -126,7 +129,9 @@ class Loopback:
         proto.validate_args(op, args)
         history = self.sync(args)
         result = self.engine_call(history, args)
-        return _encode_result(request_id, self.patch(result, history, args))
+        reply = _encode_result(request_id, self.patch(result, history, args))
+        self.kept.settle()  # as the actor does once the reply is out
+        return reply
 
     def finish(self, call: _core.Call[Any], reply_body: bytes) -> dict[str, Any]:
         if call.sending is not None:
@@ -248,6 +253,10 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
         for name, value in saved.items():
             setattr(loop.kept, name, value)
 
+    def sync_and_settle() -> None:
+        loop.sync(args)
+        loop.kept.settle()
+
     def sync_and_engine() -> None:
         loop.engine_call(loop.sync(args), args)
 
@@ -292,6 +301,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
         "daemon: envelope decoded (_decode_request)": lambda: _decode_request(body, loop.limits),
         "daemon: arguments checked (validate_args)": lambda: proto.validate_args(op, args),
         SYNC: lambda: loop.sync(args),
+        SYNC_SETTLE: sync_and_settle,
         SYNC_ENGINE: sync_and_engine,
         "daemon: view patch + reuse of overrides (_view_patch, _reuse_overrides)": patch_alone,
         "daemon: reply encoded (_encode_result)": lambda: _encode_result(request_id, answer),
@@ -303,7 +313,9 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     measured = timed_all(pieces, repeat)
     parts: dict[str, float] = {}
     for name, micros in measured.items():
-        if name == SYNC_ENGINE:
+        if name == SYNC_SETTLE:
+            parts[SETTLE] = micros - measured[SYNC]
+        elif name == SYNC_ENGINE:
             parts[ENGINE] = micros - measured[SYNC]
         elif name == DECODE_FINISH:
             parts[FINISH] = micros - measured[DECODE] - measured.get(SENDING, 0.0)
@@ -324,6 +336,33 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     }
 
 
+def scan_slope(repeat: int) -> dict[str, float]:
+    """The prefix scan's cost (``DeltaSender.args_for`` after two appends) per 1000 messages.
+
+    Measured on the 10 MB conversation's prefixes of 2000 to 20000 messages,
+    the share of a turn's cost that grows with the history by design.
+    """
+    messages = build_conversation(20_000, 10_000_000, seed=0)
+    points: dict[str, float] = {}
+    for length in (2_000, 5_000, 10_000, 15_000, 20_000):
+        history = messages[: length - 2]
+        sender = proto.DeltaSender()
+        sender.sent(history, sender.args_for(history))
+        history = messages[:length]
+        scan = functools.partial(sender.args_for, history)
+        points[str(length)] = timed_all({"scan": scan}, repeat, 2)["scan"]
+    lengths = [int(n) for n in points]
+    times = list(points.values())
+    mean_x, mean_y = statistics.fmean(lengths), statistics.fmean(times)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(lengths, times, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in lengths
+    )
+    return {
+        **{f"args_for_us_at_{n}": t for n, t in points.items()},
+        "slope_us_per_1000": slope * 1000,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -335,7 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turn", type=int, default=None, help="turn index (default: the last)")
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--scan-slope", action="store_true", help="the prefix scan's cost per 1000 messages"
+    )
     options = parser.parse_args(argv)
+    if options.scan_slope:
+        print(json.dumps(scan_slope(options.repeat), indent=2))
+        return 0
     report = breakdown(options.window, options.turn, options.repeat)
     if options.json:
         print(json.dumps(report, indent=2))

@@ -105,9 +105,12 @@ class Connection:
     def call(self, op: str, args: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         request_id = next(self.ids)
         self.socket.send(proto.encode_request(request_id, op, args))
-        if not self.socket.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no reply to {op}")
-        reply = proto.decode_reply(self.socket.recv())
+        while True:  # a late reply to an earlier ping (wait_ready) is skipped
+            if not self.socket.poll(int(timeout * 1000)):
+                raise TimeoutError(f"no reply to {op}")
+            reply = proto.decode_reply(self.socket.recv())
+            if reply.id == request_id:
+                break
         if not reply.ok or reply.result is None:
             raise RuntimeError(f"{op} failed: {reply.code}: {reply.message}")
         return reply.result
@@ -188,13 +191,17 @@ Sender = RawFull | Library
 
 
 def replay(
-    messages: list[Message], send: Sender, usage: UsageModel, grow: bool = False
+    messages: list[Message],
+    send: Sender,
+    usage: UsageModel,
+    grow: bool = False,
+    cpu: list[float] | None = None,
 ) -> tuple[list[float], list[int]]:
     """Run every turn; returns per-turn seconds and the history's bytes at each turn.
 
     With ``grow`` one list grows by appends, as an agent's does (no slice of
     the whole history per turn outside the timed region); the sizes are then
-    message counts.
+    message counts. ``cpu`` receives this thread's CPU seconds of each turn.
     """
     samples: list[float] = []
     sizes: list[int] = []
@@ -211,9 +218,12 @@ def replay(
             size += sum(len(json.dumps(m, ensure_ascii=False)) for m in messages[end - 2 : end])
             sizes.append(size)
         ts += 17_000
+        cpu_started = time.thread_time()
         started = time.perf_counter()
         view = send(history, previous)
         samples.append(time.perf_counter() - started)
+        if cpu is not None:
+            cpu.append(time.thread_time() - cpu_started)
         previous = usage.after(view, ts)
     return samples, sizes
 
@@ -251,27 +261,75 @@ def slope_per_1000(lengths: Sequence[int], times: Sequence[float], bins: int = 1
     return covariance / variance * 1000
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds so far of a process, all its threads (Linux ``/proc``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, timeout: float = 60.0) -> None:
+    """Wait until a process stops using CPU (the daemon loads its token encoding at start)."""
+    deadline = time.monotonic() + timeout
+    used = process_cpu(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = process_cpu(pid)
+        if now - used < 0.02:
+            return
+        used = now
+
+
 def floor_run(
-    endpoint: str, echo: str, corpus: list[Message], replays: int, pings: int, serial: int
+    endpoint: str,
+    echo: str,
+    corpus: list[Message],
+    replays: int,
+    pings: int,
+    serial: int,
+    pids: tuple[int, int],
 ) -> dict[str, Any]:
-    """One run: raw pings and corpus replays at each window, interleaved slice by slice."""
+    """One run: raw pings and corpus replays at each window, interleaved slice by slice.
+
+    Besides wall time, the CPU time each turn costs: the calling thread's
+    around each call plus the daemon's over the replays (``pids``: the
+    daemon's and the echo's), against the same for the raw pings, which a
+    loaded machine stretches far less than a turn's wall time.
+    """
     raw: list[float] = []
     turns: dict[str, list[float]] = {name: [] for name in WINDOWS}
     cuts: dict[str, int] = dict.fromkeys(WINDOWS, 0)
+    client_cpu: dict[str, list[float]] = {name: [] for name in WINDOWS}
+    daemon_cpu: dict[str, float] = dict.fromkeys(WINDOWS, 0.0)
+    ping_cpu = 0.0
+    daemon_pid, echo_pid = pids
+
+    def ping_slice() -> list[float]:
+        nonlocal ping_cpu
+        before = time.thread_time(), process_cpu(echo_pid)
+        times = wire.latencies(echo, wire.PING, pings)
+        ping_cpu += time.thread_time() - before[0] + process_cpu(echo_pid) - before[1]
+        return times
+
     with Client(endpoint, timeout=60) as client:
         for replay_index in range(replays):
             for name, model in WINDOWS.items():
-                raw += wire.latencies(echo, wire.PING, pings)
+                raw += ping_slice()
                 task = f"floor-{serial}-{name}-{replay_index}"
                 send = Library(client.task(task, delta=True), model)
-                times, _ = replay(corpus, send, UsageModel(), grow=True)
+                before = process_cpu(daemon_pid)
+                times, _ = replay(corpus, send, UsageModel(), grow=True, cpu=client_cpu[name])
+                daemon_cpu[name] += process_cpu(daemon_pid) - before
                 turns[name] += [t * 1e6 for t in times]
                 cuts[name] += send.truncations
                 client.close_task(task)
-        raw += wire.latencies(echo, wire.PING, pings)
+        raw += ping_slice()
+    # latencies() sends 200 untimed warm-up pings per slice.
+    ping_count = len(raw) + (replays * len(WINDOWS) + 1) * min(200, pings)
     figures: dict[str, Any] = {
         "raw_p50_us": percentile(raw, 0.50),
         "raw_p99_us": percentile(raw, 0.99),
+        "raw_cpu_us": ping_cpu / ping_count * 1e6,
     }
     for name, times in turns.items():
         figures[name] = {
@@ -282,6 +340,12 @@ def floor_run(
             "max_us": max(times),
             "median_ratio": statistics.median(times) / figures["raw_p50_us"],
             "p99_ratio": percentile(times, 0.99) / figures["raw_p99_us"],
+            "client_cpu_us": sum(client_cpu[name]) / len(times) * 1e6,
+            "daemon_cpu_us": daemon_cpu[name] / len(times) * 1e6,
+            "cpu_ratio": (sum(client_cpu[name]) + daemon_cpu[name])
+            / len(times)
+            * 1e6
+            / figures["raw_cpu_us"],
         }
     return figures
 
@@ -329,11 +393,15 @@ def floor_main(options: argparse.Namespace) -> int:
         try:
             wire.wait_ready(echo)
             Connection(daemon.endpoint).wait_ready()
+            wait_idle(daemon.proc.pid)
             if profiler is not None:
                 profiler.enable()
             for serial in range(options.repeat):
+                pids = (daemon.proc.pid, echo_server.pid)
                 runs.append(
-                    floor_run(daemon.endpoint, echo, corpus, options.replays, options.pings, serial)
+                    floor_run(
+                        daemon.endpoint, echo, corpus, options.replays, options.pings, serial, pids
+                    )
                 )
             if profiler is not None:
                 profiler.disable()
@@ -357,12 +425,23 @@ def floor_main(options: argparse.Namespace) -> int:
         "load_average": os.getloadavg()[0],
         "raw_p50_us": median_of(lambda run: run["raw_p50_us"]),
         "raw_p99_us": median_of(lambda run: run["raw_p99_us"]),
+        "raw_cpu_us": median_of(lambda run: run["raw_cpu_us"]),
         "per_run": runs,
     }
     for name in WINDOWS:
         report[name] = {
             key: median_of(lambda run, key=key, name=name: run[name][key])
-            for key in ("median_us", "p99_us", "max_us", "median_ratio", "p99_ratio", "cuts")
+            for key in (
+                "median_us",
+                "p99_us",
+                "max_us",
+                "median_ratio",
+                "p99_ratio",
+                "cuts",
+                "client_cpu_us",
+                "daemon_cpu_us",
+                "cpu_ratio",
+            )
         }
     if big_figures is not None:
         report["big"] = big_figures
@@ -382,6 +461,13 @@ def floor_main(options: argparse.Namespace) -> int:
             f"{row['median_ratio']:>10.2f} {row['p99_ratio']:>10.2f}"
         )
     print(f"targets: median <= {TARGET_MEDIAN_RATIO}x raw p50, p99 <= {TARGET_P99_RATIO}x raw p99")
+    print(f"CPU per raw round trip (client + echo): {report['raw_cpu_us']:.1f} us")
+    for name in WINDOWS:
+        row = report[name]
+        print(
+            f"CPU per turn at {name}: client {row['client_cpu_us']:.1f} us + daemon "
+            f"{row['daemon_cpu_us']:.1f} us = {row['cpu_ratio']:.2f}x the raw round trip's"
+        )
     if big_figures is not None:
         print(json.dumps(big_figures, indent=2))
     return 0
