@@ -60,6 +60,13 @@ SENDING = "client: new messages hashed while the reply is awaited (Call.sending)
 SENT = "client: the record of what was sent, hashing it all itself (DeltaSender.sent alone)"
 
 
+def settle(kept: KeptHistory) -> None:
+    """``KeptHistory.settle`` where the tree has it (earlier ones hashed in ``_sync``)."""
+    hook = getattr(kept, "settle", None)
+    if hook is not None:
+        hook()
+
+
 def timed_all(
     functions: dict[str, Callable[[], object]], repeat: int, inner: int = 10
 ) -> dict[str, float]:
@@ -130,12 +137,13 @@ class Loopback:
         history = self.sync(args)
         result = self.engine_call(history, args)
         reply = _encode_result(request_id, self.patch(result, history, args))
-        self.kept.settle()  # as the actor does once the reply is out
+        settle(self.kept)  # as the actor does once the reply is out
         return reply
 
     def finish(self, call: _core.Call[Any], reply_body: bytes) -> dict[str, Any]:
-        if call.sending is not None:
-            call.sending()  # as the transport does, once the request is out
+        sending = getattr(call, "sending", None)  # (trees before it: hashed in finish)
+        if sending is not None:
+            sending()  # as the transport does, once the request is out
         reply = _core.decode([reply_body])
         assert reply is not None
         return cast(dict[str, Any], _core.outcome(call, reply, 0, self.client.retry, 30.0))
@@ -255,7 +263,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
 
     def sync_and_settle() -> None:
         loop.sync(args)
-        loop.kept.settle()
+        settle(loop.kept)
 
     def sync_and_engine() -> None:
         loop.engine_call(loop.sync(args), args)
@@ -275,8 +283,9 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
             pass
 
     def sending() -> None:
-        assert call.sending is not None
-        call.sending()
+        hook = getattr(call, "sending", None)
+        if hook is not None:
+            hook()
 
     def decode_and_finish() -> None:
         loop.finish(call, reply_body)  # hashes first, as the transport does
