@@ -14,11 +14,21 @@ one real daemon, in the same run, one after the other:
 
 Each sample is one turn, from the start of the client call to the rebuilt
 view in hand. Usage: ``.venv/bin/python -m bench.turns [--messages N] [--json]``.
+
+``--floor`` measures the per-turn cost against the wire's floor instead: the
+real corpus conversation (``mra-api_conversation_history.json``, read by path)
+replayed turn by turn through a delta-synced ``Task`` handle at a 200k and a
+64k window, interleaved in one run with a raw blocking pyzmq REQ/REP ping over
+ipc (``bench.wire``'s echo), and reported as ratios to the raw p50/p99 of the
+same run. ``--big`` adds a 10 MB, 20000-message synthetic conversation at a
+1M-token window: the per-turn cost's slope per 1000 messages of history and
+the daemon's resident memory per byte of kept history.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import itertools
 import json
 import os
@@ -34,22 +44,35 @@ from typing import Any, cast
 
 import zmq
 
+from bench import wire
 from bench._conversation import build_conversation, size_of
 from ctxwin import proto
 from ctxwin.client import Client, Task
 
 Message = dict[str, Any]
 MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
+CORPUS = Path(__file__).resolve().parents[2] / "shared/corpus/mra-api_conversation_history.json"
+WINDOWS: dict[str, proto.Model] = {
+    "200k": {"id": "claude-sonnet-4-5", "context_window": 200_000},
+    "64k": {"id": "deepseek-chat", "context_window": 64_000},
+}
+BIG_MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 1_000_000}
+# Targets of issue 17, as ratios to the raw REQ/REP round trip of the same run.
+TARGET_MEDIAN_RATIO = 1.5
+TARGET_P99_RATIO = 3.0
 CHARS_PER_TOKEN = 4
 
 
 class Daemon:
     """A ctxwind subprocess on a private endpoint, for the length of the benchmark."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, profile: str | None = None) -> None:
         self.endpoint = f"ipc://{root / 'run' / 'ctxwind.sock'}"
+        # Under cProfile the stats are written when the daemon exits (it does on SIGTERM).
+        profiler = ["-m", "cProfile", "-o", profile] if profile else []
         argv = [
             sys.executable,
+            *profiler,
             "-m",
             "ctxwin.daemon",
             "--endpoint",
@@ -82,9 +105,12 @@ class Connection:
     def call(self, op: str, args: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         request_id = next(self.ids)
         self.socket.send(proto.encode_request(request_id, op, args))
-        if not self.socket.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no reply to {op}")
-        reply = proto.decode_reply(self.socket.recv())
+        while True:  # a late reply to an earlier ping (wait_ready) is skipped
+            if not self.socket.poll(int(timeout * 1000)):
+                raise TimeoutError(f"no reply to {op}")
+            reply = proto.decode_reply(self.socket.recv())
+            if reply.id == request_id:
+                break
         if not reply.ok or reply.result is None:
             raise RuntimeError(f"{op} failed: {reply.code}: {reply.message}")
         return reply.result
@@ -150,12 +176,13 @@ class RawFull:
 class Library:
     """A ``ctxwin.client`` task handle, with or without delta sync."""
 
-    def __init__(self, handle: Task) -> None:
+    def __init__(self, handle: Task, model: proto.Model = MODEL) -> None:
         self.handle = handle
+        self.model = model
         self.truncations = 0
 
     def __call__(self, history: list[Message], previous: proto.Usage | None) -> list[Message]:
-        result = self.handle.prepare_request(history, MODEL, previous_request=previous)
+        result = self.handle.prepare_request(history, self.model, previous_request=previous)
         self.truncations += bool(result["range_updated"])
         return cast(list[Message], result["messages"])
 
@@ -164,22 +191,39 @@ Sender = RawFull | Library
 
 
 def replay(
-    messages: list[Message], send: Sender, usage: UsageModel
+    messages: list[Message],
+    send: Sender,
+    usage: UsageModel,
+    grow: bool = False,
+    cpu: list[float] | None = None,
 ) -> tuple[list[float], list[int]]:
-    """Run every turn; returns per-turn seconds and the history's bytes at each turn."""
+    """Run every turn; returns per-turn seconds and the history's bytes at each turn.
+
+    With ``grow`` one list grows by appends, as an agent's does (no slice of
+    the whole history per turn outside the timed region); the sizes are then
+    message counts. ``cpu`` receives this thread's CPU seconds of each turn.
+    """
     samples: list[float] = []
     sizes: list[int] = []
     previous: proto.Usage | None = None
     size = size_of(messages[:1])
     ts = 1_767_225_600_000
+    history: list[Message] = []
     for end in range(1, len(messages) + 1, 2):
-        history = messages[:end]
-        size += sum(len(json.dumps(m, ensure_ascii=False)) for m in messages[end - 2 : end])
-        sizes.append(size)
+        if grow:
+            history.extend(messages[len(history) : end])
+            sizes.append(end)
+        else:
+            history = messages[:end]
+            size += sum(len(json.dumps(m, ensure_ascii=False)) for m in messages[end - 2 : end])
+            sizes.append(size)
         ts += 17_000
+        cpu_started = time.thread_time()
         started = time.perf_counter()
         view = send(history, previous)
         samples.append(time.perf_counter() - started)
+        if cpu is not None:
+            cpu.append(time.thread_time() - cpu_started)
         previous = usage.after(view, ts)
     return samples, sizes
 
@@ -187,6 +231,246 @@ def replay(
 def percentile(values: Sequence[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def slope_per_1000(lengths: Sequence[int], times: Sequence[float], bins: int = 10) -> float:
+    """Least-squares slope of per-bin medians, in the unit of ``times`` per 1000 messages.
+
+    Turns are grouped into ``bins`` equal runs by history length and each
+    group's median taken, so the few cutting turns do not tilt the line.
+    """
+    pairs = sorted(zip(lengths, times, strict=True))
+    step = max(1, len(pairs) // bins)
+    points = [
+        (statistics.median(n for n, _ in chunk), statistics.median(t for _, t in chunk))
+        for chunk in (pairs[i : i + step] for i in range(0, len(pairs), step))
+        if len(chunk) >= step // 2
+    ]
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    covariance = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    variance = sum((x - mean_x) ** 2 for x, _ in points)
+    return covariance / variance * 1000
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds so far of a process, all its threads (Linux ``/proc``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, timeout: float = 60.0) -> None:
+    """Wait until a process stops using CPU (the daemon loads its token encoding at start)."""
+    deadline = time.monotonic() + timeout
+    used = process_cpu(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = process_cpu(pid)
+        if now - used < 0.02:
+            return
+        used = now
+
+
+def floor_run(
+    endpoint: str,
+    echo: str,
+    corpus: list[Message],
+    replays: int,
+    pings: int,
+    serial: int,
+    pids: tuple[int, int],
+) -> dict[str, Any]:
+    """One run: raw pings and corpus replays at each window, interleaved slice by slice.
+
+    Besides wall time, the CPU time each turn costs: the calling thread's
+    around each call plus the daemon's over the replays (``pids``: the
+    daemon's and the echo's), against the same for the raw pings, which a
+    loaded machine stretches far less than a turn's wall time.
+    """
+    raw: list[float] = []
+    turns: dict[str, list[float]] = {name: [] for name in WINDOWS}
+    cuts: dict[str, int] = dict.fromkeys(WINDOWS, 0)
+    client_cpu: dict[str, list[float]] = {name: [] for name in WINDOWS}
+    daemon_cpu: dict[str, float] = dict.fromkeys(WINDOWS, 0.0)
+    ping_cpu = 0.0
+    daemon_pid, echo_pid = pids
+
+    def ping_slice() -> list[float]:
+        nonlocal ping_cpu
+        before = time.thread_time(), process_cpu(echo_pid)
+        times = wire.latencies(echo, wire.PING, pings)
+        ping_cpu += time.thread_time() - before[0] + process_cpu(echo_pid) - before[1]
+        return times
+
+    with Client(endpoint, timeout=60) as client:
+        for replay_index in range(replays):
+            for name, model in WINDOWS.items():
+                raw += ping_slice()
+                task = f"floor-{serial}-{name}-{replay_index}"
+                send = Library(client.task(task, delta=True), model)
+                before = process_cpu(daemon_pid)
+                times, _ = replay(corpus, send, UsageModel(), grow=True, cpu=client_cpu[name])
+                daemon_cpu[name] += process_cpu(daemon_pid) - before
+                turns[name] += [t * 1e6 for t in times]
+                cuts[name] += send.truncations
+                client.close_task(task)
+        raw += ping_slice()
+    # latencies() sends 200 untimed warm-up pings per slice.
+    ping_count = len(raw) + (replays * len(WINDOWS) + 1) * min(200, pings)
+    figures: dict[str, Any] = {
+        "raw_p50_us": percentile(raw, 0.50),
+        "raw_p99_us": percentile(raw, 0.99),
+        "raw_cpu_us": ping_cpu / ping_count * 1e6,
+    }
+    for name, times in turns.items():
+        figures[name] = {
+            "turns": len(times),
+            "cuts": cuts[name],
+            "median_us": statistics.median(times),
+            "p99_us": percentile(times, 0.99),
+            "max_us": max(times),
+            "median_ratio": statistics.median(times) / figures["raw_p50_us"],
+            "p99_ratio": percentile(times, 0.99) / figures["raw_p99_us"],
+            "client_cpu_us": sum(client_cpu[name]) / len(times) * 1e6,
+            "daemon_cpu_us": daemon_cpu[name] / len(times) * 1e6,
+            "cpu_ratio": (sum(client_cpu[name]) + daemon_cpu[name])
+            / len(times)
+            * 1e6
+            / figures["raw_cpu_us"],
+        }
+    return figures
+
+
+def big_run(endpoint: str, daemon_pid: int, messages: list[Message]) -> dict[str, Any]:
+    """The 10 MB conversation by delta: per-turn slope and the daemon's memory per history byte."""
+    with Client(endpoint, timeout=120) as client:
+        client.ping()
+        rss_before = rss_bytes(daemon_pid)
+        send = Library(client.task("turns-big"), BIG_MODEL)
+        times, lengths = replay(messages, send, UsageModel(), grow=True)
+        rss_after = rss_bytes(daemon_pid)
+        stats = client.stats()
+        client.close_task("turns-big")
+    micros = [t * 1e6 for t in times]
+    tail = [t for t, n in zip(micros, lengths, strict=True) if n >= 0.9 * lengths[-1]]
+    head = [t for t, n in zip(micros, lengths, strict=True) if n <= 0.1 * lengths[-1]]
+    return {
+        "messages": len(messages),
+        "bytes": size_of(messages),
+        "turns": len(times),
+        "cuts": send.truncations,
+        "median_us": statistics.median(micros),
+        "p99_us": percentile(micros, 0.99),
+        "median_us_first_tenth": statistics.median(head),
+        "median_us_last_tenth": statistics.median(tail),
+        "slope_us_per_1000_messages": slope_per_1000(lengths, micros),
+        "history_bytes": stats["history_bytes"],
+        "rss_growth_bytes": rss_after - rss_before,
+        "rss_per_history_byte": (rss_after - rss_before) / max(1, stats["history_bytes"]),
+    }
+
+
+def floor_main(options: argparse.Namespace) -> int:
+    """``--floor``: the corpus replay against the raw round trip, ``--repeat`` runs."""
+    corpus = cast(list[Message], json.loads(Path(options.corpus).read_text()))
+    big = build_conversation(20_000, 10_000_000, seed=0) if options.big else None
+    runs: list[dict[str, Any]] = []
+    big_figures: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="ctxwin-floor-") as temp:
+        echo = f"ipc://{temp}/echo.sock"
+        echo_server = wire.start_echo(echo)
+        daemon = Daemon(Path(temp), options.profile_daemon)
+        profiler = cProfile.Profile() if options.profile_client else None
+        try:
+            wire.wait_ready(echo)
+            Connection(daemon.endpoint).wait_ready()
+            wait_idle(daemon.proc.pid)
+            if profiler is not None:
+                profiler.enable()
+            for serial in range(options.repeat):
+                pids = (daemon.proc.pid, echo_server.pid)
+                runs.append(
+                    floor_run(
+                        daemon.endpoint, echo, corpus, options.replays, options.pings, serial, pids
+                    )
+                )
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(options.profile_client)
+            if big is not None:
+                big_figures = big_run(daemon.endpoint, daemon.proc.pid, big)
+        finally:
+            daemon.stop()
+            echo_server.terminate()
+            echo_server.wait(30)
+
+    def median_of(get: Any) -> Any:
+        return statistics.median(get(run) for run in runs)
+
+    report: dict[str, Any] = {
+        "corpus": Path(options.corpus).name,
+        "messages": len(corpus),
+        "runs": len(runs),
+        "replays_per_run": options.replays,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+        "raw_p50_us": median_of(lambda run: run["raw_p50_us"]),
+        "raw_p99_us": median_of(lambda run: run["raw_p99_us"]),
+        "raw_cpu_us": median_of(lambda run: run["raw_cpu_us"]),
+        "per_run": runs,
+    }
+    for name in WINDOWS:
+        report[name] = {
+            key: median_of(lambda run, key=key, name=name: run[name][key])
+            for key in (
+                "median_us",
+                "p99_us",
+                "max_us",
+                "median_ratio",
+                "p99_ratio",
+                "cuts",
+                "client_cpu_us",
+                "daemon_cpu_us",
+                "cpu_ratio",
+            )
+        }
+    if big_figures is not None:
+        report["big"] = big_figures
+    if options.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(
+        f"{report['corpus']}: {report['messages']} messages, {report['runs']} runs x "
+        f"{options.replays} replays per window; medians of per-run figures"
+    )
+    print(f"raw REQ/REP ping: p50 {report['raw_p50_us']:.1f} us, p99 {report['raw_p99_us']:.1f} us")
+    print(f"{'window':<7} {'median us':>10} {'p99 us':>8} {'x raw p50':>10} {'x raw p99':>10}")
+    for name in WINDOWS:
+        row = report[name]
+        print(
+            f"{name:<7} {row['median_us']:>10.1f} {row['p99_us']:>8.1f} "
+            f"{row['median_ratio']:>10.2f} {row['p99_ratio']:>10.2f}"
+        )
+    print(f"targets: median <= {TARGET_MEDIAN_RATIO}x raw p50, p99 <= {TARGET_P99_RATIO}x raw p99")
+    print(f"CPU per raw round trip (client + echo): {report['raw_cpu_us']:.1f} us")
+    for name in WINDOWS:
+        row = report[name]
+        print(
+            f"CPU per turn at {name}: client {row['client_cpu_us']:.1f} us + daemon "
+            f"{row['daemon_cpu_us']:.1f} us = {row['cpu_ratio']:.2f}x the raw round trip's"
+        )
+    if big_figures is not None:
+        print(json.dumps(big_figures, indent=2))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,7 +483,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="serialise the whole view for each turn's usage (idle gaps grow with the history)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="the corpus replay at 200k and 64k against a raw REQ/REP ping in the same run",
+    )
+    parser.add_argument("--corpus", default=str(CORPUS), help="conversation for --floor")
+    parser.add_argument("--repeat", type=int, default=5, help="--floor: runs")
+    parser.add_argument("--replays", type=int, default=3, help="--floor: replays per window a run")
+    parser.add_argument("--pings", type=int, default=1000, help="--floor: pings per slice")
+    parser.add_argument("--big", action="store_true", help="--floor: add the 10 MB conversation")
+    parser.add_argument("--profile-client", metavar="FILE", help="--floor: cProfile stats file")
+    parser.add_argument("--profile-daemon", metavar="FILE", help="--floor: the daemon's, at exit")
     options = parser.parse_args(argv)
+    if options.floor:
+        return floor_main(options)
     messages = build_conversation(options.messages, options.target_bytes)
     with tempfile.TemporaryDirectory(prefix="ctxwin-turns-") as temp:
         daemon = Daemon(Path(temp))

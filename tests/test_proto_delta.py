@@ -188,3 +188,35 @@ def test_a_delta_against_a_prefix_since_cut_is_not_recorded() -> None:
     sender.sent(shorter, sender.args_for(shorter))  # cut back to one message
     sender.sent(longer, stale)
     assert {"messages": longer} == sender.args_for(longer)
+
+
+def test_hashing_ahead_keeps_the_same_record_as_hashing_on_acceptance() -> None:
+    """prepare() before sent() leaves the record sent() alone leaves, in-place edits included."""
+    ahead, after = DeltaSender(), DeltaSender()
+    history = [dict(message) for message in MESSAGES[:1]]
+    for step in range(6):
+        if step % 2:
+            history[-1]["content"] = f"edited in place {step}"  # the rechecked tail
+        else:
+            history.append({"role": "user" if step % 4 else "assistant", "content": str(step)})
+        first, second = ahead.args_for(history), after.args_for(history)
+        assert first == second
+        ahead.prepare(history, first)
+        ahead.sent(history, first, owned=False)
+        after.sent(history, second)
+        expected = DigestChain(history).digest(len(history))
+        args = ahead.args_for(history)
+        assert (len(history), expected, []) == (args["base"], args["base_digest"], args["append"])
+        assert args == after.args_for(history)
+
+
+def test_a_record_that_owns_its_list_keeps_it_and_a_copy_otherwise() -> None:
+    """sent(owned=True) keeps the very list (the handle's private copy); else a copy."""
+    sender = DeltaSender()
+    history = list(MESSAGES)
+    sender.sent(history, sender.args_for(history), owned=True)
+    assert sender._sent is history
+    other = DeltaSender()
+    other.sent(history, other.args_for(history))
+    assert other._sent is not history
+    assert other._sent == history

@@ -256,6 +256,8 @@ class AsyncClient:
             if self._link.unreachable(time.monotonic()):
                 self._drop_socket()
                 raise _core.unreachable_error(self.endpoint, self._link)
+            if call.sending is not None:
+                call.sending()  # while the daemon works on the request
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     return await future

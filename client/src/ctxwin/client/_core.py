@@ -101,13 +101,16 @@ class Call(Generic[T_co]):
     ``timeout``, when set, is how long the call may take (the client's default
     otherwise; a timeout given to the client's ``call`` wins). ``finish``, when
     set, turns the raw result into the op's usual result (delta sync rebuilds a
-    view from a patch there) before it is checked.
+    view from a patch there) before it is checked. ``sending``, when set, is
+    work the transport does right after the request is out, while the daemon
+    works on it (delta sync hashes the messages it sends there).
     """
 
     op: str
     args: dict[str, Any]
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     timeout: float | None = None
+    sending: Callable[[], None] | None = None
 
     def parse(self, result: dict[str, Any]) -> T_co:
         """The typed result, after checking that every field of the op is present.
@@ -180,41 +183,48 @@ class DeltaSync:
         """Send the whole list next time (after editing old messages in place)."""
         self.sender.reset()
 
-    def call(self, call: Call[T], messages: Messages) -> Call[T]:
+    def call(self, call: Call[T], messages: Messages, *, owned: bool = False) -> Call[T]:
         """``call`` (built with no messages) for ``messages``, by delta when enabled.
 
         ``messages`` must stay as it is until the reply is in (its view is
-        rebuilt from it): task handles pass a copy taken when called.
+        rebuilt from it): task handles pass a copy taken when called. With
+        ``owned`` (that copy, which nothing changes afterwards) the record of
+        what was sent keeps it instead of copying it again.
         """
         if not self.enabled:
             return _with_history(call, {"messages": copy_messages(messages)})
         history = self.sender.args_for(messages)
         sender, patches = self.sender, self.patches
 
+        def sending() -> None:
+            sender.prepare(messages, history)
+
         def finish(result: dict[str, Any]) -> dict[str, Any]:
             patch = result.pop("patch", None)
             if patch is not None:
                 result["messages"] = patches.apply(messages, patch)
-            sender.sent(messages, history)
+            sender.sent(messages, history, owned=owned)
             return result
 
         asked: dict[str, Any] = {**history, "view": "patch"}
         if patches.token is not None:
             asked["patch_base"] = patches.token
-        return _with_history(call, asked, finish)
+        return _with_history(call, asked, finish, sending)
 
-    def retry(self, call: Call[T], messages: Messages, error: CtxwinError) -> Call[T] | None:
+    def retry(
+        self, call: Call[T], messages: Messages, error: CtxwinError, *, owned: bool = False
+    ) -> Call[T] | None:
         """The request to send after ``error``, or None when the error stands."""
         if not self.enabled:
             return None
         if error.code == ErrorCode.RESYNC_REQUIRED.value:
             self.sender.reset()
-            return self.call(call, messages)
+            return self.call(call, messages, owned=owned)
         refused = error.code == ErrorCode.BAD_REQUEST.value and not error.local
         if refused and "unknown argument" in error.message:  # a daemon without delta sync
             self.enabled = False
             self.sender.reset()
-            return self.call(call, messages)
+            return self.call(call, messages, owned=owned)
         return None
 
 
@@ -222,6 +232,7 @@ def _with_history(
     call: Call[T],
     history: Mapping[str, Any],
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    sending: Callable[[], None] | None = None,
 ) -> Call[T]:
     args = {name: value for name, value in call.args.items() if name != "messages"}
     args.update(history)
@@ -229,7 +240,7 @@ def _with_history(
         proto.validate_args(call.op, args)
     except ProtocolError as exc:
         raise _error_from_protocol(exc) from None
-    return Call(call.op, args, finish, call.timeout)
+    return Call(call.op, args, finish, call.timeout, sending)
 
 
 # Framing, matching and outcome.

@@ -162,6 +162,8 @@ class Client:
             raise DaemonUnavailableError(
                 f"{call.op}: cannot queue the request for {self.endpoint}", endpoint=self.endpoint
             ) from None
+        if call.sending is not None:
+            call.sending()  # while the daemon works on the request
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)

@@ -168,10 +168,10 @@ class Task(_TaskBase):
         with self._turn(call) as deadline:
             try:
                 return self.client.call(
-                    self._delta.call(call, snapshot), timeout=_core.left(deadline)
+                    self._delta.call(call, snapshot, owned=True), timeout=_core.left(deadline)
                 )
             except CtxwinError as exc:
-                retry = self._delta.retry(call, snapshot, exc)
+                retry = self._delta.retry(call, snapshot, exc, owned=True)
                 if retry is None:
                     raise
                 return self.client.call(
@@ -236,10 +236,10 @@ class AsyncTask(_TaskBase):
         async with self._turn(call) as deadline:
             try:
                 return await self.client.call(
-                    self._delta.call(call, snapshot), timeout=_core.left(deadline)
+                    self._delta.call(call, snapshot, owned=True), timeout=_core.left(deadline)
                 )
             except CtxwinError as exc:
-                retry = self._delta.retry(call, snapshot, exc)
+                retry = self._delta.retry(call, snapshot, exc, owned=True)
                 if retry is None:
                     raise
                 return await self.client.call(

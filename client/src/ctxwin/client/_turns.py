@@ -34,20 +34,23 @@ class Turns:
             seconds: how long to wait for it (None: as long as it takes).
             too_long: the exception to raise when the wait runs out.
         """
-        me = object()
         claimed = False
         try:
             with self._condition:
-                self._queue.append(me)
-                try:
-                    if self._condition.wait_for(
-                        lambda: not self._busy and self._queue[0] is me, seconds
-                    ):
-                        self._busy = claimed = True
-                finally:
-                    self._queue.remove(me)
-                    if not claimed:
-                        self._condition.notify_all()  # the next in line may be free to go
+                if not self._busy and not self._queue:
+                    self._busy = claimed = True  # free and nobody in line: no queueing
+                else:
+                    me = object()
+                    self._queue.append(me)
+                    try:
+                        if self._condition.wait_for(
+                            lambda: not self._busy and self._queue[0] is me, seconds
+                        ):
+                            self._busy = claimed = True
+                    finally:
+                        self._queue.remove(me)
+                        if not claimed:
+                            self._condition.notify_all()  # the next in line may be free to go
             if not claimed:
                 raise too_long()
             yield

@@ -302,10 +302,12 @@ class TaskActor:
             self._changed()  # a failing op may still have changed the state
             if reply is not None:
                 reply.set_exception(exc)
+            self.kept.settle()
             return
         self._changed()
         if reply is not None:
             reply.set_result(result)
+        self.kept.settle()  # after the reply: what it hashes is for the next request
 
     # -- the actor's own ops ---------------------------------------------------------
 

@@ -31,7 +31,10 @@ class History:
 
     def __init__(self, messages: Sequence[Message] = ()) -> None:
         self.messages = KnownPairs(messages)
-        self._chain = DigestChain(self.messages)
+        # Digests of the first len(self._chain) messages; the rest are hashed by
+        # settle(), which the daemon calls once the reply is out: a request needs
+        # the digests of what came before it, the next request those of its messages.
+        self._chain = DigestChain()
         self._tokens: list[int | None] = [None] * len(self.messages)
         # id(message) -> index for the history's own objects, kept in step with cuts.
         self._positions = {id(message): index for index, message in enumerate(self.messages)}
@@ -59,17 +62,27 @@ class History:
     def __len__(self) -> int:
         return len(self.messages)
 
+    def settle(self) -> None:
+        """Hash the messages the digest chain does not cover yet (cheap when it covers all)."""
+        chain = self._chain
+        if len(chain) < len(self.messages):
+            chain.extend(self.messages[len(chain) :])
+
     @property
     def digest(self) -> bytes:
         """The digest of the whole history."""
+        self.settle()
         return self._chain.digest(len(self.messages))
 
     def digest_of(self, length: int) -> bytes:
         """The digest of the first ``length`` messages."""
+        if length > len(self._chain):
+            self.settle()
         return self._chain.digest(length)
 
     def replace(self, messages: Sequence[Message]) -> None:
         """Take a whole list; caches of the prefix it shares with the old one are kept."""
+        self.settle()
         old = self._chain
         fresh = DigestChain(messages)
         common = 0
@@ -88,6 +101,8 @@ class History:
             ResyncRequired: the prefix of ``base`` messages here has another
                 digest, or is shorter than ``base``.
         """
+        if base > len(self._chain):
+            self.settle()
         if not self._chain.matches(base, base_digest):
             held = len(self.messages)
             raise ResyncRequired(
@@ -96,8 +111,7 @@ class History:
             )
         self._cut(base)
         self._chain.truncate(base)
-        self._extend(append)
-        self._chain.extend(append)
+        self._extend(append)  # hashed by settle()
         self._recheck_pairs(base)
 
     def _recheck_pairs(self, first_new: int) -> None:
@@ -111,6 +125,7 @@ class History:
     @property
     def size(self) -> int:
         """Bytes of the history's canonical encoding."""
+        self.settle()
         return self._chain.size()
 
     def count_missing(self, count: Callable[[Message], int]) -> int:

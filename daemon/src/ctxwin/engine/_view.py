@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -242,7 +243,10 @@ def _finish_view(
     if isinstance(messages, KnownPairs):
         # Pairs of two untouched history messages repair as the history's own pairs do.
         low = max(first - 1, start)
-        changed.update(index + offset for index in messages.repairs if index >= low)
+        # Only the known pairs from ``low`` on (the list is ascending: History keeps it so),
+        # not a walk over every pair of the history each turn.
+        repairs = messages.repairs
+        changed.update(index + offset for index in repairs[bisect.bisect_left(repairs, low) :])
         positions: Iterable[int] = sorted(p for p in changed if p < len(view) - 1)
     else:
         positions = range(len(view) - 1)

@@ -23,6 +23,7 @@ from ._codec import (
 from ._delta import (
     DIGEST_SIZE,
     EMPTY_DIGEST,
+    ChainTail,
     DeltaSender,
     DigestChain,
     PatchReceiver,
@@ -111,6 +112,7 @@ __all__ = [
     "TASK_ID_PATTERN",
     "USAGE_FIELDS",
     "ApplyTruncationNoticeResult",
+    "ChainTail",
     "CloseResult",
     "CompactResult",
     "CompactSubagentResult",

@@ -33,6 +33,19 @@ def chain_digest(previous: bytes, message_hash: bytes) -> bytes:
     return hashlib.blake2b(previous + message_hash, digest_size=DIGEST_SIZE).digest()
 
 
+class ChainTail:
+    """Digests, sizes and encodings of messages that follow a chain's prefix (see ``following``)."""
+
+    __slots__ = ("after", "encodings", "length", "prefix", "sizes")
+
+    def __init__(self, length: int, after: bytes) -> None:
+        self.length = length
+        self.after = after  # D[length], which the tail continues
+        self.prefix: list[bytes] = []
+        self.sizes: list[int] = []
+        self.encodings: list[bytes] = []
+
+
 class DigestChain:
     """The prefix digests of a history that grows at the end and may be cut back.
 
@@ -72,15 +85,39 @@ class DigestChain:
 
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> None:
         """Append messages at the end."""
-        last = self._prefix[-1]
-        size = self._sizes[-1]
+        self.adopt(len(self), self.following(len(self), messages))
+
+    def following(self, length: int, messages: Iterable[Mapping[str, Any]]) -> ChainTail:
+        """What ``messages`` add after the first ``length``; the chain itself is not changed.
+
+        Raises:
+            IndexError: when ``length`` is negative or past the end.
+        """
+        last = self.digest(length)
+        size = self._sizes[length]
+        tail = ChainTail(length, last)
+        blake2b = hashlib.blake2b
         for message in messages:
             encoded = pack(message)
-            message_hash = hashlib.blake2b(encoded, digest_size=DIGEST_SIZE).digest()
-            last = hashlib.blake2b(last + message_hash, digest_size=DIGEST_SIZE).digest()
+            message_hash = blake2b(encoded, digest_size=DIGEST_SIZE).digest()
+            last = blake2b(last + message_hash, digest_size=DIGEST_SIZE).digest()
             size += len(encoded)
-            self._prefix.append(last)
-            self._sizes.append(size)
+            tail.prefix.append(last)
+            tail.sizes.append(size)
+            tail.encodings.append(encoded)
+        return tail
+
+    def adopt(self, length: int, tail: ChainTail) -> None:
+        """Keep the first ``length`` messages and append ``tail`` (made by :meth:`following`).
+
+        Raises:
+            ValueError: ``tail`` does not follow this chain's prefix of ``length``.
+        """
+        if tail.length != length or not self.matches(length, tail.after):
+            raise ValueError("the tail does not follow this prefix")
+        self.truncate(length)
+        self._prefix.extend(tail.prefix)
+        self._sizes.extend(tail.sizes)
 
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` messages."""
@@ -98,15 +135,26 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
     Raises:
         ValueError: when the patch does not fit ``history``.
     """
+    overrides = patch.get("overrides")
+    if not isinstance(overrides, list):
+        raise ValueError("view patch does not match the history it is applied to")
+    return _view_of(history, patch, _overrides(overrides))
+
+
+def _overrides(items: list[Any]) -> dict[int, Any]:
+    """A patch's ``[[index, message], ...]`` as a map (a later index wins, as applied in turn)."""
+    held: dict[int, Any] = {}
+    for item in items:
+        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
+            raise ValueError("view patch overrides an index that is not in the view")
+        held[item[0]] = item[1]
+    return held
+
+
+def _view_of(history: Sequence[Any], patch: Mapping[str, Any], held: dict[int, Any]) -> list[Any]:
     length = patch.get("length")
     keep_from = patch.get("keep_from")
-    overrides = patch.get("overrides")
-    if (
-        not isinstance(length, int)
-        or not isinstance(keep_from, int)
-        or not isinstance(overrides, list)
-        or length != len(history)
-    ):
+    if not isinstance(length, int) or not isinstance(keep_from, int) or length != len(history):
         raise ValueError("view patch does not match the history it is applied to")
     if length < 2:
         view, start, shift = list(history), 0, 0
@@ -114,14 +162,11 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
         start = max(keep_from, 2)
         view = [history[0], history[1], *history[start:]]
         shift = start - 2  # view position of origin i >= start is i - shift
-    for item in overrides:
-        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
-            raise ValueError("view patch overrides an index that is not in the view")
-        origin = item[0]
+    for origin, message in held.items():
         if 0 <= origin < 2:
-            view[origin] = item[1]
+            view[origin] = message
         elif start <= origin < length:
-            view[origin - shift] = item[1]
+            view[origin - shift] = message
         else:
             raise ValueError("view patch overrides an index that is not in the view")
     return view
@@ -157,7 +202,7 @@ class PatchReceiver:
         overrides = patch.get("overrides")
         if not isinstance(overrides, list):
             raise ValueError("view patch without overrides")
-        held: dict[int, Any] = {}
+        new = _overrides(overrides)
         if patch.get("reuse"):
             base = patch.get("base")
             dropped = patch.get("dropped")
@@ -167,11 +212,10 @@ class PatchReceiver:
             held = dict(previous)
             for origin in dropped:
                 held.pop(origin, None)
-        for item in overrides:
-            if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
-                raise ValueError("view patch overrides an index that is not in the view")
-            held[item[0]] = item[1]
-        view = apply_view_patch(history, {**patch, "overrides": [[o, m] for o, m in held.items()]})
+            held.update(new)
+        else:
+            held = new
+        view = _view_of(history, patch, held)
         token = patch.get("token")
         if isinstance(token, bytes):
             self._held[token] = held
@@ -187,7 +231,7 @@ class PatchReceiver:
 
 
 RECHECKED_TAIL = 2
-"""Messages at the end of the last sync that are hashed again even when identical objects."""
+"""Messages at the end of the last sync that are checked again even when identical objects."""
 
 
 class DeltaSender:
@@ -197,21 +241,29 @@ class DeltaSender:
     check: ``{"base", "base_digest", "append"}`` when a prefix was sent
     before, else ``{"messages"}``. Messages already sent are taken as
     unchanged when they are the very same objects, except the last
-    :data:`RECHECKED_TAIL` of the previous sync, which are hashed again
-    (agents edit the newest message in place); a caller that edits older
-    messages in place calls :meth:`reset`.
+    :data:`RECHECKED_TAIL` of the previous sync, whose encodings are compared
+    again with the ones sent (agents edit the newest message in place); a
+    caller that edits older messages in place calls :meth:`reset`.
+
+    Each message sent is hashed once: :meth:`prepare`, called while the reply
+    is awaited, hashes what a request adds, and :meth:`sent` adopts it.
     """
 
-    __slots__ = ("_chain", "_sent")
+    __slots__ = ("_chain", "_pending", "_sent", "_tail")
 
     def __init__(self) -> None:
         self._chain = DigestChain()
         self._sent: list[Any] = []
+        # The encodings of the last RECHECKED_TAIL messages of _sent, as sent.
+        self._tail: list[bytes] = []
+        self._pending: tuple[Mapping[str, Any], Sequence[Any], ChainTail] | None = None
 
     def reset(self) -> None:
         """Forget what was sent: the next call sends the whole list."""
         self._chain = DigestChain()
         self._sent = []
+        self._tail = []
+        self._pending = None
 
     def _common_prefix(self, messages: Sequence[Any]) -> int:
         limit = min(len(self._sent), len(messages))
@@ -221,8 +273,13 @@ class DeltaSender:
         # order), and the daemon must hold what the caller holds.
         differs = map(operator.is_not, itertools.islice(messages, trusted), self._sent)
         common = next(itertools.compress(itertools.count(), differs), trusted)
+        tail_start = len(self._sent) - len(self._tail)
         while common < limit:
-            if chain_digest(self._chain.digest(common), message_digest(messages[common])) != (
+            if common >= tail_start:
+                # Its digest follows from its encoding: the same bytes, the same digest.
+                if pack(messages[common]) != self._tail[common - tail_start]:
+                    break
+            elif chain_digest(self._chain.digest(common), message_digest(messages[common])) != (
                 self._chain.digest(common + 1)
             ):
                 break
@@ -240,20 +297,55 @@ class DeltaSender:
             "append": list(messages[common:]),
         }
 
-    def sent(self, messages: Sequence[Any], args: Mapping[str, Any]) -> None:
+    @staticmethod
+    def _base(args: Mapping[str, Any]) -> int:
+        return 0 if "messages" in args else int(args.get("base", 0))
+
+    def prepare(self, messages: Sequence[Any], args: Mapping[str, Any]) -> None:
+        """Hash the messages ``args`` (built for ``messages``) sends, ahead of :meth:`sent`.
+
+        Optional: :meth:`sent` hashes them itself when this was not called.
+        """
+        base = self._base(args)
+        if "messages" not in args and not self._chain.matches(base, args.get("base_digest")):
+            return  # sent() will forget this record anyway
+        self._pending = (args, messages, self._chain.following(base, messages[base:]))
+
+    def sent(
+        self, messages: Sequence[Any], args: Mapping[str, Any], *, owned: bool = False
+    ) -> None:
         """Record that the daemon accepted ``args`` built for ``messages``.
 
         A delta built before a :meth:`reset` (or against a prefix since cut)
         no longer extends this record; it is forgotten and the next call sends
-        the whole list.
+        the whole list. With ``owned`` the record keeps ``messages`` itself
+        (the caller never changes it again) instead of a copy.
         """
-        if "messages" in args:
-            base = 0
+        pending, self._pending = self._pending, None
+        base = self._base(args)
+        if "messages" not in args and not self._chain.matches(base, args.get("base_digest")):
+            self.reset()
+            return
+        if (
+            pending is not None
+            and pending[0] is args
+            and pending[1] is messages
+            and pending[2].length == base
+            and self._chain.matches(base, pending[2].after)
+        ):
+            tail = pending[2]
         else:
-            base = args.get("base", 0)
-            if not self._chain.matches(base, args.get("base_digest")):
-                self.reset()
-                return
-        self._chain.truncate(base)
-        self._chain.extend(messages[base:])
-        self._sent = list(messages)
+            tail = self._chain.following(base, messages[base:])
+        # The new record's last encodings: sent now, or rechecked against the old ones.
+        old_start = len(self._sent) - len(self._tail)
+        encodings: list[bytes] = []
+        for index in range(max(len(messages) - RECHECKED_TAIL, 0), len(messages)):
+            if index >= base:
+                encodings.append(tail.encodings[index - base])
+            elif old_start <= index < len(self._sent):
+                encodings.append(self._tail[index - old_start])
+            else:
+                encodings.append(pack(messages[index]))
+        self._chain.adopt(base, tail)
+        self._sent = messages if owned and isinstance(messages, list) else list(messages)
+        self._tail = encodings
