@@ -15,24 +15,29 @@ def _fail(where: str, what: str) -> None:
 def check_chat(view: Sequence[Message]) -> None:
     """OpenAI Chat: every call answered by tool messages right after it, no stray result."""
     open_ids: set[str] = set()
+    between = ""
     for index, message in enumerate(view):
         role = message.get("role")
         where = f"messages[{index}]"
         if role == "tool":
+            if between:
+                _fail(between, "a kept-out message stands between calls and their results")
             call = message.get("tool_call_id")
             if call not in open_ids:
                 _fail(where, f"a tool result for {call!r} does not answer the message before")
             open_ids.discard(call)
             continue
-        if open_ids and role not in ("system", "developer"):
-            _fail(where, f"calls {sorted(open_ids)} are not answered before this message")
+        if open_ids and role in ("system", "developer"):
+            between = where  # fine only if nothing but kept-out messages follows
+            continue
         if open_ids:
-            _fail(where, "a kept-out message stands between calls and their results")
+            _fail(between or where, f"calls {sorted(open_ids)} are not answered before this")
         if role == "assistant":
             calls = message.get("tool_calls") or []
             if message.get("content") is None and not calls:
                 _fail(where, "an assistant message with neither content nor calls")
             open_ids = {call["id"] for call in calls}
+            between = ""
     # Calls in the newest message are the caller's to answer: the history ends there.
 
 

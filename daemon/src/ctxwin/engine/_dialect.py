@@ -98,6 +98,10 @@ class Dialect:
         """Whether ``message`` answers calls (no kept-out message may come before it)."""
         return False
 
+    def joins(self, previous: Mapped, mapped: Mapped) -> bool:
+        """Whether a message of the same role as the one before joins its internal message."""
+        return not (self.calls_end_turn and previous.calls and mapped.role == ASSISTANT)
+
 
 def block(kind: str, index: int, part: object, **fields: Any) -> Block:
     """An internal block of ``kind`` for part ``part`` of history message ``index``."""
@@ -217,8 +221,7 @@ class MappedHistory:
         last = len(members) - 1
         first = last + 1
         if last >= 0 and internal[last]["role"] == role and members[last]:
-            calls = self.mapped[members[last][-1]].calls
-            if not (self.dialect.calls_end_turn and role == ASSISTANT and calls):
+            if self.dialect.joins(self.mapped[members[last][-1]], mapped):
                 members[last].append(index)
                 content = internal[last]["content"]
                 internal[last] = {"role": role, "content": [*content, *mapped.blocks]}
@@ -271,27 +274,20 @@ class MappedHistory:
         """A changed internal view message as dialect messages, each with its history index."""
         role: str = message["role"]
         runs: list[tuple[int | None, list[Block]]] = []  # (history index, blocks), by source
-        pending: list[Block] = []
+        inside = self.dialect.new_inside
         for item in message.get("content") or ():
             index = item.get(SRC)
-            if index is None:
-                pending.append(item)
-                continue
-            if runs and runs[-1][0] == index:
-                runs[-1][1].extend(pending)
+            if runs and (runs[-1][0] == index or (index is None and inside)):
+                runs[-1][1].append(item)  # new blocks join the message before them
+            elif runs and inside and runs[-1][0] is None:
+                runs[-1] = (index, [*runs[-1][1], item])  # or, first in the message, the next
+            elif len(runs) > 1 and runs[-1][0] is None and runs[-2][0] == index:
+                # New blocks inside one message of a dialect that keeps them apart: before it.
+                added = runs.pop()
                 runs[-1][1].append(item)
-            elif self.dialect.new_inside:
-                runs.append((index, [*pending, item]))
+                runs.insert(len(runs) - 1, added)
             else:
-                if pending:
-                    runs.append((None, pending))
                 runs.append((index, [item]))
-            pending = []
-        if pending:
-            if runs and self.dialect.new_inside and runs[-1][0] is not None:
-                runs[-1][1].extend(pending)
-            else:
-                runs.append((None, pending))
         out: list[tuple[int | None, Message]] = []
         for index, blocks in runs:
             if index is None:

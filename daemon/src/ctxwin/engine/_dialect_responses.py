@@ -112,6 +112,10 @@ class ResponsesDialect(Dialect):
         visible = _visible(message) if kind == "reasoning" else ""
         return Mapped(ASSISTANT, [block("opaque", index, ITEM, visible=visible)])
 
+    def joins(self, previous: Mapped, mapped: Mapped) -> bool:
+        # Parallel calls are items of their own; anything else after a call is a new turn.
+        return not (previous.calls and mapped.role == ASSISTANT and not mapped.calls)
+
     def holds_results(self, message: Message) -> bool:
         kind = message.get("type")
         return isinstance(kind, str) and kind.endswith("_call_output")

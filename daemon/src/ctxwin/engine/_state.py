@@ -249,6 +249,30 @@ class TaskState:
         """The view of ``messages`` under this task's range and overlay (SPEC.md §4)."""
         return truncated_messages(messages, self._deleted_range, self.overlay, self.notices)
 
+    def _keep_newest(
+        self, messages: Sequence[Message], before: list[int] | None, proposed: list[int] | None
+    ) -> list[int] | None:
+        """A native dialect's range stops short of the turn the newest message answers.
+
+        SPEC.md §4 drops the results after a cut; when those are the newest
+        message, the view would lose it, so the cut keeps that whole turn
+        (docs/DIALECTS.md). The range still never shrinks.
+        """
+        if (
+            self.reads is None
+            or proposed is None
+            or len(messages) < 2
+            or proposed[1] != len(messages) - 2
+        ):
+            return proposed
+        content = messages[-1].get("content")
+        if not isinstance(content, list) or not any(
+            block.get("type") == "tool_result" for block in content
+        ):
+            return proposed
+        floor = before[1] if before else proposed[0] - 1
+        return [proposed[0], max(proposed[1] - 2, floor)]
+
     # §5 -----------------------------------------------------------------
 
     def add_truncation_notice(self, ts: int, messages: Sequence[Message] = ()) -> bool:
@@ -360,9 +384,9 @@ class TaskState:
                     proposed, _ = fit_range(messages, before, self.overlay, budget, sizing)
                 else:
                     proposed = next_truncation_range(messages, before, keep)
-                self.deleted_range = proposed
+                self.deleted_range = self._keep_newest(messages, before, proposed)
                 range_updated = True
-                stalled = not result.changed and keep_from(proposed) == keep_from(before)
+                stalled = not result.changed and keep_from(self._deleted_range) == keep_from(before)
             if changed:
                 self._changed()
         view = self.truncated_messages(messages)
@@ -455,13 +479,14 @@ class TaskState:
         proposed = next_truncation_range(conversation, current, "quarter")
         if proposed[1] < proposed[0] or proposed == current:
             return SubagentResult(False, self.deleted_range, self.truncated_messages(messages))
-        self.deleted_range = proposed
+        self.deleted_range = self._keep_newest(messages, current, proposed)
         return SubagentResult(True, self.deleted_range, self.truncated_messages(messages))
 
     def compact(self, messages: Sequence[Message], keep: Keep, ts: int) -> CompactResult:
         """Force a cut: after a context-window error (quarter) or a summary (none) (§8)."""
         before = self.revision
-        self.deleted_range = next_truncation_range(messages, self._deleted_range, keep)
+        proposed = next_truncation_range(messages, self._deleted_range, keep)
+        self.deleted_range = self._keep_newest(messages, self._deleted_range, proposed)
         self.apply_truncation_notice(ts, messages)
         return CompactResult(self.deleted_range, self.revision != before)
 
