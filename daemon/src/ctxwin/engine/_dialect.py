@@ -121,6 +121,7 @@ class MappedHistory:
     """
 
     __slots__ = (
+        "_rebuilds",
         "calls",
         "dialect",
         "internal",
@@ -139,6 +140,9 @@ class MappedHistory:
         self.systems: list[int] = []  # history indices of kept-out messages
         # Tool call id -> (name, history index), for dialects whose results need the name.
         self.calls: dict[str, tuple[str, int]] = {}
+        # id(changed internal view message) -> (it, its rebuilt messages): a view built
+        # on the last one shares its changed messages, so they are rebuilt once.
+        self._rebuilds: dict[int, tuple[Message, list[tuple[int | None, Message]]]] = {}
         self.sync(messages)
 
     def __len__(self) -> int:
@@ -244,6 +248,54 @@ class MappedHistory:
         Kept-out messages all come back, in their order among the others,
         but never between calls and their results.
         """
+        return [message for _, message in self.placed(view, deleted_range)]
+
+    def patch(
+        self, view: Sequence[Message], deleted_range: Sequence[int] | None
+    ) -> dict[str, Any] | None:
+        """The dialect's view as a patch on the history (``ctxwin.proto.apply_view_patch``).
+
+        ``order`` lists the history indices the view is made of, as
+        ``[start, end)`` runs in view order; ``overrides`` replaces an index by
+        one message, or by a list of messages (a rebuilt message with the ones
+        the view added before it; an empty list drops it). None when the view
+        holds no message of the history at all (send it whole).
+        """
+        placed = self.placed(view, deleted_range)
+        source = self.source
+        order: list[list[int]] = []
+        replaced: dict[int, list[Message]] = {}
+        pending: list[Message] = []
+        for index, message in placed:
+            if index is None:
+                pending.append(message)
+                continue
+            held = replaced.get(index)
+            if held is not None and order and order[-1][1] == index + 1:
+                held.extend((*pending, message))
+            else:
+                if order and order[-1][1] == index:
+                    order[-1][1] = index + 1
+                else:
+                    order.append([index, index + 1])
+                if pending or message is not source[index]:
+                    replaced[index] = [*pending, message]
+            pending = []
+        if pending:  # messages added after the last one of the history
+            if not order:
+                return None
+            last = order[-1][1] - 1
+            replaced[last] = [*replaced.get(last, [source[last]]), *pending]
+        overrides: list[list[Any]] = [
+            [index, messages[0] if len(messages) == 1 else messages]
+            for index, messages in replaced.items()
+        ]
+        return {"length": len(source), "keep_from": 0, "order": order, "overrides": overrides}
+
+    def placed(
+        self, view: Sequence[Message], deleted_range: Sequence[int] | None
+    ) -> list[tuple[int | None, Message]]:
+        """The dialect's view, each message with the history index it stands for (None: new)."""
         internal = self.internal
         origins = view_origins(len(internal), deleted_range)
         if len(origins) != len(view):
@@ -251,23 +303,28 @@ class MappedHistory:
         source = self.source
         systems = self.systems
         holds_results = self.dialect.holds_results
-        out: list[Message] = []
+        out: list[tuple[int | None, Message]] = []
         waiting = 0  # systems[:waiting] are out
-
+        rebuilds = self._rebuilds
+        if len(rebuilds) > 2 * len(internal) + 64:
+            rebuilds.clear()  # rebuilt messages of views long gone
         for origin, message in zip(origins, view, strict=True):
             if message is internal[origin]:
                 items: list[tuple[int | None, Message]] = [
                     (index, source[index]) for index in self.members[origin]
                 ]
             else:
-                items = self._rebuilt(message)
+                held = rebuilds.get(id(message))
+                if held is None or held[0] is not message:
+                    held = rebuilds[id(message)] = (message, self._rebuilt(message))
+                items = held[1]
             for index, item in items:
                 if index is not None and waiting < len(systems) and not holds_results(item):
                     while waiting < len(systems) and systems[waiting] < index:
-                        out.append(source[systems[waiting]])
+                        out.append((systems[waiting], source[systems[waiting]]))
                         waiting += 1
-                out.append(item)
-        out.extend(source[index] for index in systems[waiting:])
+                out.append((index, item))
+        out.extend((index, source[index]) for index in systems[waiting:])
         return out
 
     def _rebuilt(self, message: Message) -> list[tuple[int | None, Message]]:
