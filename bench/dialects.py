@@ -137,7 +137,8 @@ def main() -> None:
     for dialect, figures in results.items():
         print(
             f"{dialect:18} {figures['messages']:8.0f} {figures['median_ms']:8.3f}ms "
-            f"{figures['tail_median_ms']:8.3f}ms {figures['ratio']:6.2f} {figures['tail_ratio']:6.2f}"
+            f"{figures['tail_median_ms']:8.3f}ms {figures['ratio']:6.2f} "
+            f"{figures['tail_ratio']:6.2f}"
         )
 
 

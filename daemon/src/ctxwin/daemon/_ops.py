@@ -7,7 +7,6 @@ on its :class:`~ctxwin.engine.TaskState`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,26 +20,11 @@ __all__ = [
     "TaskContext",
     "run_free_op",
     "run_task_op",
-    "wants_actor",
     "wants_budgeting",
 ]
 
 Args = Mapping[str, Any]
 Result = dict[str, Any]
-
-
-def now_ms() -> int:
-    """Milliseconds since the epoch."""
-    return time.time_ns() // 1_000_000
-
-
-def wants_actor(op: str, args: Args) -> bool:
-    """Whether this request runs in a task's actor rather than inline."""
-    if op == "should_compact":
-        return "task" in args
-    if op == "flush":
-        return False
-    return proto.OPS[op].needs_task
 
 
 # Task-free ops --------------------------------------------------------------
@@ -137,7 +121,7 @@ def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext |
         args["model"],
         bool(args.get("use_auto_condense", False)),
         budgeting,
-        now_ms(),
+        proto.now_ms(),
     ).wire()
     if context is not None:
         result["calibration"] = context.calibration.ratio
@@ -152,7 +136,7 @@ def _plan(state: engine.TaskState, args: Args, context: TaskContext | None) -> R
         args["model"],
         context.budgeting(args),
         bool(args.get("use_auto_condense", False)),
-        now_ms(),
+        proto.now_ms(),
     ).wire()
     result["calibration"] = context.calibration.ratio
     return result
@@ -175,7 +159,7 @@ def _optimize_file_reads_in_memory(
 
 
 def _compact_subagent(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    return state.compact_subagent(args["messages"], now_ms()).wire()
+    return state.compact_subagent(args["messages"], proto.now_ms()).wire()
 
 
 def _apply_truncation_notice(

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import structlog
 
+from ctxwin import proto
+
 __all__ = [
     "FORMAT",
     "HISTORY_FILE",
@@ -137,17 +139,6 @@ class LoadResult:
     corrupt: list[str] = field(default_factory=list)
 
 
-def _valid_range(value: object) -> bool:
-    if value is None:
-        return True
-    return (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
-        and value[0] == 2
-    )
-
-
 class TaskFiles:
     """The files of one task.
 
@@ -233,7 +224,7 @@ class TaskFiles:
             if (
                 not isinstance(meta, dict)
                 or meta.get("format") != FORMAT
-                or not _valid_range(meta.get("deleted_range"))
+                or proto.deleted_range_error(meta.get("deleted_range")) is not None
             ):
                 result.corrupt.append(self.set_aside(META_FILE, "unexpected content"))
             else:

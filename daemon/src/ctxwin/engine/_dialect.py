@@ -257,7 +257,7 @@ class MappedHistory:
         out: list[Message] = []
         for index, message, end in self._pieces(view, deleted_range):
             if message is None:
-                out.extend(source[index:end])  # type: ignore[misc]
+                out.extend(source[index:end])
             else:
                 out.append(message)
         return out
