@@ -63,6 +63,7 @@ def conversation(turns: int, seed: int = 7) -> list[Turn]:
 
 def _turn_ends(messages: list[dict[str, Any]], dialect: str) -> list[int]:
     """Where a request is made: after each message of the user's side followed by the model."""
+
     def user_side(message: dict[str, Any]) -> bool:
         kind = message.get("type")
         if isinstance(kind, str) and kind.endswith("_output"):

@@ -77,6 +77,7 @@ _PING_RESULT: dict[str, Any] = {
     "version": proto.__version__,
     "proto": proto.PROTOCOL_VERSION,
     "features": list(proto.FEATURES),
+    "dialects": list(proto.DIALECTS),
 }
 _CLOSE_LINGER_MS = 2000
 

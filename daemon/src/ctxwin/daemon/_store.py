@@ -78,10 +78,13 @@ class FileTaskStore:
         """Read the task's files in a worker thread (see :meth:`TaskFiles.load`)."""
         notices = self.notices
 
+        files = self.files
+
         def build(updates: Any, deleted_range: list[int] | None) -> engine.TaskState:
+            dialect = files.loaded_dialect
             if updates is None and deleted_range is None:
-                return engine.TaskState(notices)
-            return engine.TaskState.load(updates, deleted_range, notices)
+                return engine.TaskState(notices, dialect=dialect)
+            return engine.TaskState.load(updates, deleted_range, notices, dialect=dialect)
 
         state = await anyio.to_thread.run_sync(
             self.files.load, build, lambda: engine.TaskState(notices)
@@ -110,7 +113,7 @@ class FileTaskStore:
 
 
 def _snapshot(state: engine.TaskState) -> tuple[bytes, bytes]:
-    return encode_history(state.dump_updates()), encode_meta(state.deleted_range)
+    return encode_history(state.dump_updates()), encode_meta(state.deleted_range, state.dialect)
 
 
 class FileStore:

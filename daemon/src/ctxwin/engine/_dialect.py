@@ -173,9 +173,11 @@ class MappedHistory:
         if common == len(held) == len(messages):
             return
         dirty = self._cut(common)
-        for offset in range(common, len(messages)):
-            dirty = min(dirty, self._append(messages[offset], offset))
-        self._settle(dirty)
+        try:
+            for offset in range(common, len(messages)):
+                dirty = min(dirty, self._append(messages[offset], offset))
+        finally:
+            self._settle(dirty)  # what was mapped stands, up to a message that failed
 
     def _settle(self, dirty: int) -> None:
         """Tell the internal list that messages from ``dirty`` on changed."""

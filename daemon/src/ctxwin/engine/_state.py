@@ -196,16 +196,39 @@ class TaskState:
     written.
     """
 
-    __slots__ = ("_deleted_range", "notices", "overlay", "reads", "revision")
+    __slots__ = ("_deleted_range", "_dialect", "notices", "overlay", "reads", "revision")
 
-    def __init__(self, notices: Notices = DEFAULT_NOTICES, reads: ReadRules | None = None) -> None:
+    def __init__(
+        self,
+        notices: Notices = DEFAULT_NOTICES,
+        reads: ReadRules | None = None,
+        dialect: str = "cline",
+    ) -> None:
         self.notices = notices
         # None: the Cline dialect (SPEC.md exactly); otherwise a native dialect's
         # internal form, whose file reads are tool calls (docs/DIALECTS.md).
         self.reads = reads
+        self._dialect = dialect
         self.overlay = Overlay()
         self._deleted_range: list[int] | None = None
         self.revision = 0
+
+    @property
+    def dialect(self) -> str:
+        """The task's message dialect (docs/DIALECTS.md); ``cline`` is SPEC.md's."""
+        return self._dialect
+
+    def set_dialect(self, dialect: str, reads: ReadRules | None) -> None:
+        """Give the task its dialect and, for a native one, the read tools it counts."""
+        if dialect != self._dialect:
+            self._dialect = dialect
+            self.revision += 1
+        self.reads = reads
+
+    @property
+    def empty(self) -> bool:
+        """Whether the state holds nothing yet (no overlay, no range, the default dialect)."""
+        return not self.overlay and self._deleted_range is None and self._dialect == "cline"
 
     @property
     def deleted_range(self) -> list[int] | None:
@@ -226,6 +249,7 @@ class TaskState:
         deleted_range: object = None,
         notices: Notices = DEFAULT_NOTICES,
         reads: ReadRules | None = None,
+        dialect: str = "cline",
     ) -> TaskState:
         """Rebuild a state from its stored form.
 
@@ -237,7 +261,7 @@ class TaskState:
         Raises:
             CorruptStateError: when either value does not have its stored shape.
         """
-        state = cls(notices, reads)
+        state = cls(notices, reads, dialect)
         if updates is not None:
             state.overlay = Overlay.load(updates)
         state._deleted_range = _check_range(deleted_range)
@@ -509,7 +533,7 @@ class TaskState:
 
     def clone(self) -> TaskState:
         """An independent copy: changes to either never show in the other."""
-        copy = TaskState(self.notices, self.reads)
+        copy = TaskState(self.notices, self.reads, self._dialect)
         copy.overlay = self.overlay.copy()
         copy._deleted_range = self.deleted_range
         copy.revision = self.revision
