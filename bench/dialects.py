@@ -108,7 +108,7 @@ def replay(dialect: str, turns: list[Turn]) -> list[tuple[int, float]]:
             view = state.prepare_request(history.messages, previous, MODEL).messages
             view_patch(view, history.messages, state.deleted_range)
         else:
-            mapped.sync(history.messages)
+            mapped.sync(history.messages, sent)
             view = state.prepare_request(mapped.internal, previous, MODEL).messages
             mapped.patch(view, state.deleted_range)
         samples.append((end, time.perf_counter() - started))

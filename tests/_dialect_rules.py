@@ -8,6 +8,9 @@ from typing import Any
 Message = dict[str, Any]
 
 
+KEPT_OUT = ("system", "developer")
+
+
 def _fail(where: str, what: str) -> None:
     raise AssertionError(f"{where}: {what}")
 
@@ -32,7 +35,9 @@ def check_chat(view: Sequence[Message]) -> None:
             between = where  # fine only if nothing but kept-out messages follows
             continue
         calls = message.get("tool_calls") or [] if role == "assistant" else []
-        run_goes_on = calls and index > 0 and view[index - 1].get("role") == "assistant"
+        before = [m.get("role") for m in view[:index] if m.get("role") not in KEPT_OUT]
+        # A run of assistant messages with calls goes on (past the caller's own kept-out ones).
+        run_goes_on = calls and before and before[-1] == "assistant"
         if open_ids and not run_goes_on:
             _fail(between or where, f"calls {sorted(open_ids)} are not answered before this")
         if role == "assistant":

@@ -70,7 +70,7 @@ class KeptHistory:
         if self.dialect is not None:
             if history is None:
                 history = self._keep(args["messages"])
-            mapped = self._mapped(op, history)
+            mapped = self._mapped(op, history, args.get("base", 0) if "append" in args else 0)
         context = None
         if wants_budgeting(op, args):
             if history is None:
@@ -102,7 +102,7 @@ class KeptHistory:
                 result["patch"] = self._reuse_overrides(patch, args.get("patch_base"))
         return result
 
-    def _mapped(self, op: str, history: engine.History) -> engine.MappedHistory:
+    def _mapped(self, op: str, history: engine.History, unchanged: int) -> engine.MappedHistory:
         """The kept history in the internal form, synced with it (only new messages mapped).
 
         Raises:
@@ -113,7 +113,7 @@ class KeptHistory:
         if self.mapped is None:
             self.mapped = engine.MappedHistory(self.dialect)
         try:
-            self.mapped.sync(history.messages)
+            self.mapped.sync(history.messages, unchanged)
         except engine.DialectError as exc:
             raise proto.ProtocolError(
                 proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({self.dialect.name} dialect)"

@@ -115,6 +115,92 @@ def originals(history: MappedHistory, index: int) -> dict[object, Block]:
     return {item[PART]: item for item in history.mapped[index].blocks}
 
 
+class _PatchState:
+    """A dialect view's patch as it is built from the view's pieces, piece by piece."""
+
+    __slots__ = ("order", "pending", "replaced", "snapshots")
+
+    def __init__(self) -> None:
+        self.order: list[list[int]] = []
+        self.replaced: dict[int, list[Message]] = {}
+        self.pending: list[Message] = []
+        self.snapshots: dict[int, tuple[int, int, int, int, tuple[Message, ...]]] = {}
+
+    def copy(self) -> _PatchState:
+        twin = _PatchState()
+        twin.order = [list(run) for run in self.order]
+        twin.replaced = {index: list(held) for index, held in self.replaced.items()}
+        twin.pending = list(self.pending)
+        twin.snapshots = dict(self.snapshots)
+        return twin
+
+    def snapshot(self) -> tuple[int, int, int, int, tuple[Message, ...]]:
+        replaced = self.replaced
+        last = replaced[next(reversed(replaced))] if replaced else []
+        return (
+            len(self.order),
+            self.order[-1][1] if self.order else 0,
+            len(replaced),
+            len(last),
+            tuple(self.pending),
+        )
+
+    def restore(self, snapshot: tuple[int, int, int, int, tuple[Message, ...]]) -> None:
+        runs, run_end, count, last_len, pending = snapshot
+        del self.order[runs:]
+        if self.order:
+            self.order[-1][1] = run_end
+        replaced = self.replaced
+        while len(replaced) > count:
+            replaced.popitem()
+        if replaced:
+            del replaced[next(reversed(replaced))][last_len:]
+        self.pending[:] = pending
+
+    def add(self, piece: tuple[int | None, Message | None, int], source: list[Message]) -> None:
+        index, message, end = piece
+        order, replaced, pending = self.order, self.replaced, self.pending
+        if index is None:
+            pending.append(message)  # type: ignore[arg-type]
+            return
+        if message is None:  # a run of the history's own messages
+            if pending:
+                replaced[index] = [*pending, source[index]]
+                pending.clear()
+            if order and order[-1][1] == index:
+                order[-1][1] = end
+            else:
+                order.append([index, end])
+            return
+        held = replaced.get(index)
+        if held is not None and order and order[-1][1] == index + 1:
+            held.extend((*pending, message))
+        else:
+            if order and order[-1][1] == index:
+                order[-1][1] = index + 1
+            else:
+                order.append([index, index + 1])
+            if pending or message is not source[index]:
+                replaced[index] = [*pending, message]
+        pending.clear()
+
+    def patch(self, source: list[Message]) -> dict[str, Any] | None:
+        """The patch so far, in lists of its own (this state goes on changing)."""
+        order, replaced = self.order, self.replaced
+        overrides: list[list[Any]] = [
+            [index, held[0] if len(held) == 1 else list(held)] for index, held in replaced.items()
+        ]
+        if self.pending:  # messages added after the last one of the history
+            if not order:
+                return None
+            last = order[-1][1] - 1
+            if last in replaced:
+                overrides = [item for item in overrides if item[0] != last]
+            overrides.append([last, [*replaced.get(last, [source[last]]), *self.pending]])
+        runs = [list(run) for run in order]
+        return {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
+
+
 class MappedHistory:
     """A dialect history and its internal form, kept in step as it grows.
 
@@ -123,7 +209,11 @@ class MappedHistory:
     """
 
     __slots__ = (
+        "_last",
+        "_patch_state",
         "_rebuilds",
+        "_resumed",
+        "_serial",
         "calls",
         "dialect",
         "internal",
@@ -145,13 +235,25 @@ class MappedHistory:
         # id(changed internal view message) -> (it, its rebuilt messages): a view built
         # on the last one shares its changed messages, so they are rebuilt once.
         self._rebuilds: dict[int, tuple[Message, list[tuple[int | None, Message]]]] = {}
+        # The last view's pieces, for the next view that starts with the same messages:
+        # (range start, the view, its pieces before the last flush, marks), a mark being
+        # (view position, pieces so far, kept-out messages out so far) where a piece begins.
+        self._last: tuple[int, list[Message], list[Any], list[tuple[int, int, int]], int] | None = (
+            None
+        )
+        self._serial = 0  # of the last pieces made
+        self._resumed: tuple[int, int] | None = None  # (serial, pieces kept) of the last resume
+        self._patch_state: tuple[int, _PatchState, dict[int, Any]] | None = None
         self.sync(messages)
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def sync(self, messages: Sequence[Any]) -> None:
+    def sync(self, messages: Sequence[Any], unchanged: int = 0) -> None:
         """Take the caller's whole history; only what differs from the last one is mapped.
+
+        ``unchanged``: how many first messages the caller knows to be the very
+        objects of the last sync (a delta's ``base``), not scanned again.
 
         Raises:
             DialectError: a message the dialect cannot carry (nothing is changed then
@@ -159,9 +261,18 @@ class MappedHistory:
         """
         held = self.source
         limit = min(len(held), len(messages))
+        skip = min(unchanged, limit)
         # The first message that is not the same object (a C-speed scan), then equal ones.
-        common = next(
-            itertools.compress(itertools.count(), map(operator.is_not, held, messages)), limit
+        common = skip + next(
+            itertools.compress(
+                itertools.count(),
+                map(
+                    operator.is_not,
+                    itertools.islice(held, skip, None),
+                    itertools.islice(messages, skip, None),
+                ),
+            ),
+            limit - skip,
         )
         while common < limit:
             mine, theirs = held[common], messages[common]
@@ -195,6 +306,7 @@ class MappedHistory:
         count = len(members)
         if length >= len(self.source):
             return count
+        self._last = None  # kept-out messages may go: views start afresh
         # Every internal message holding a member >= length goes, and an empty one
         # standing last; the remaining members of a partly cut one are placed again.
         group = count
@@ -276,43 +388,32 @@ class MappedHistory:
         holds no message of the history at all (send it whole).
         """
         source = self.source
-        order: list[list[int]] = []
-        replaced: dict[int, list[Message]] = {}
-        pending: list[Message] = []
-        for index, message, end in self._pieces(view, deleted_range):
-            if index is None:
-                pending.append(message)  # type: ignore[arg-type]
-                continue
-            if message is None:  # a run of the history's own messages
-                if pending:
-                    replaced[index] = [*pending, source[index]]
-                    pending = []
-                if order and order[-1][1] == index:
-                    order[-1][1] = end
-                else:
-                    order.append([index, end])
-                continue
-            held = replaced.get(index)
-            if held is not None and order and order[-1][1] == index + 1:
-                held.extend((*pending, message))
-            else:
-                if order and order[-1][1] == index:
-                    order[-1][1] = index + 1
-                else:
-                    order.append([index, index + 1])
-                if pending or message is not source[index]:
-                    replaced[index] = [*pending, message]
-            pending = []
-        if pending:  # messages added after the last one of the history
-            if not order:
-                return None
-            last = order[-1][1] - 1
-            replaced[last] = [*replaced.get(last, [source[last]]), *pending]
-        overrides: list[list[Any]] = [
-            [index, messages[0] if len(messages) == 1 else messages]
-            for index, messages in replaced.items()
-        ]
-        return {"length": len(source), "keep_from": 0, "order": order, "overrides": overrides}
+        pieces = self._pieces(view, deleted_range)
+        assert self._last is not None
+        serial, cached = self._last[4], len(self._last[2])
+        marks = {mark[1] for mark in self._last[3]}
+        state = _PatchState()
+        first = 0
+        resumed = self._resumed
+        held = self._patch_state
+        if resumed is not None and held is not None and held[0] == resumed[0]:
+            snapshot = held[2].get(resumed[1])
+            if snapshot is not None:
+                # Snapshots past this one are of places that are no marks now: never read.
+                state = held[1]
+                state.restore(snapshot)
+                first = resumed[1]
+        for place in range(first, len(pieces)):
+            if place == cached:
+                # What follows (the last kept-out messages) is not kept: go on with a copy.
+                self._patch_state = (serial, state, state.snapshots)
+                state = state.copy()
+            elif place in marks:
+                state.snapshots[place] = state.snapshot()
+            state.add(pieces[place], source)
+        if cached == len(pieces):
+            self._patch_state = (serial, state, state.snapshots)
+        return state.patch(source)
 
     def _pieces(
         self, view: Sequence[Message], deleted_range: Sequence[int] | None
@@ -341,6 +442,24 @@ class MappedHistory:
             rebuilds.clear()  # rebuilt messages of views long gone
         out: list[tuple[int | None, Message | None, int]] = []
         waiting = 0  # systems[:waiting] are out
+        marks: list[tuple[int, int, int]] = []
+        resume = 0  # view position to start from
+        last = self._last
+        self._resumed = None
+        if last is not None and last[0] == start:
+            previous = last[1]
+            same = next(
+                itertools.compress(itertools.count(), map(operator.is_not, previous, view)),
+                min(len(previous), len(view)),
+            )
+            # The last piece that began at or before the first changed position.
+            for mark in reversed(last[3]):
+                if mark[0] <= same:
+                    resume, kept_pieces, waiting = mark
+                    out = last[2][:kept_pieces]
+                    marks = last[3][: bisect.bisect_left(last[3], (resume,))]
+                    self._resumed = (last[4], kept_pieces)
+                    break
 
         def flush(before: int) -> None:
             nonlocal waiting
@@ -367,8 +486,13 @@ class MappedHistory:
         offset = 0  # view position of the span's first internal message
         for low, high in spans:
             k = low
+            if offset + high - low <= resume:
+                offset += high - low
+                continue
+            k = max(low, resume - offset + low)
             while k < high:
                 position = offset + k - low
+                marks.append((position, len(out), waiting))
                 at = bisect.bisect_left(changed, position)
                 if at < len(changed) and changed[at] == position:
                     held = rebuilds.get(id(view[position]))
@@ -385,10 +509,12 @@ class MappedHistory:
                 stop = high if at == len(changed) else min(high, changed[at] - offset + low)
                 first = next((members[g][0] for g in range(k, stop) if members[g]), -1)
                 if first >= 0:
-                    last = next(members[g][-1] for g in range(stop - 1, k - 1, -1) if members[g])
-                    run(first, last + 1)
+                    final = next(members[g][-1] for g in range(stop - 1, k - 1, -1) if members[g])
+                    run(first, final + 1)
                 k = stop
             offset += high - low
+        self._serial += 1
+        self._last = (start, list(view), list(out), marks, self._serial)
         flush(len(source))
         return out
 
