@@ -58,3 +58,18 @@ def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index:
         check=False,
     )
     assert (0, run.stdout) == (again.returncode, again.stdout), "a second run prints the same"
+
+
+def test_the_dialects_example_runs_against_the_daemon(daemon: DaemonProcess) -> None:
+    """The wire section's dialect example runs to completion against a real daemon."""
+    (code,) = python_blocks(README.read_text(), "## Wire protocol")
+    env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert 0 == run.returncode, run.stderr

@@ -21,6 +21,7 @@ from ctxwin import proto
 
 from . import _autostart
 from ._core import DEFAULT_TIMEOUT
+from ._corpus import load_conversation
 from ._errors import CtxwinError, DaemonUnavailableError
 from ._page import inspect_page, page_problem, replay_page
 from ._plot import plot, plot_problem
@@ -161,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     play.add_argument("file", type=Path, metavar="FILE")
+    play.add_argument(
+        "--dialect",
+        choices=proto.DIALECTS,
+        help="the conversation's message dialect (default: from the file's shape: a Cline "
+        "array, an object with messages, input or contents, a Claude Code JSONL log)",
+    )
     play.add_argument(
         "--model-window",
         type=_non_negative_int,
@@ -482,14 +489,26 @@ def _columns(stream: TextIO) -> int:
         return 80
 
 
+def _load_conversation(path: Path) -> tuple[list[dict[str, Any]], str]:
+    try:
+        return load_conversation(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"cannot read {path}: JSON nested too deeply") from None
+
+
 def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    history = _load(args.file)
+    history, detected = _load_conversation(args.file)
+    dialect = args.dialect or detected
     if args.plot is not None:
         problem = plot_problem(args.plot)  # before the replay, not after it
         if problem is not None:
             raise UsageError(problem)
     if args.html is not None:
         problem = page_problem(args.html)
+        if problem is None and dialect != "cline":
+            problem = f"--html draws Cline-dialect replays only, not {dialect!r} ones"
         if problem is not None:
             raise UsageError(problem)
     model = default_model(history, args.model_window)
@@ -510,6 +529,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             file=str(args.file),
             progress=bar,
             usage=args.usage,
+            dialect=dialect,
         )
     except BaseException:
         if bar is not None:

@@ -34,6 +34,7 @@ from ctxwin.proto import (
     update_text,
 )
 
+from ._corpus import user_side
 from ._errors import BadReplyError
 from ._sync import Client
 from ._task import Task
@@ -297,13 +298,36 @@ def parse_updates(updates: Any) -> Overlay:
     }
 
 
-def request_points(history: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Where the agent calls the model: after every user message (exclusive end index)."""
-    return [i for i in range(1, len(history) + 1) if history[i - 1].get("role") == "user"]
+def request_points(history: Sequence[Mapping[str, Any]], dialect: str = "cline") -> list[int]:
+    """Where the agent calls the model (exclusive end indices).
+
+    After every user message; in another dialect, after the last message of
+    each run of the user's side (a user message, tool results).
+    """
+    if dialect == "cline":
+        return [i for i in range(1, len(history) + 1) if history[i - 1].get("role") == "user"]
+    return [
+        i
+        for i in range(1, len(history) + 1)
+        if user_side(history[i - 1], dialect)
+        and (i == len(history) or not user_side(history[i], dialect))
+    ]
 
 
-def _tokens(client: Client, messages: Sequence[Mapping[str, Any]]) -> int:
-    return client.count_tokens(list(messages))["tokens"] if messages else 0
+def _tokens(client: Client, messages: Sequence[Mapping[str, Any]], dialect: str = "cline") -> int:
+    if not messages:
+        return 0
+    if dialect == "cline":
+        return client.count_tokens(list(messages))["tokens"]
+    return client.count_tokens(list(messages), dialect=dialect)["tokens"]
+
+
+def _removed_from_view(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """Messages of the view ``before`` that the view ``after`` no longer sends."""
+    kept = {json.dumps(message, sort_keys=True, default=repr) for message in after}
+    return [m for m in before if json.dumps(m, sort_keys=True, default=repr) not in kept]
 
 
 def _text_tokens(client: Client, text: str) -> int:
@@ -320,6 +344,7 @@ def replay(
     file: str = "",
     progress: Progress | None = None,
     usage: UsageMode = "auto",
+    dialect: str = "cline",
 ) -> ReplayReport:
     """Send ``history`` to the daemon turn by turn and record what changed.
 
@@ -336,6 +361,12 @@ def replay(
             or ``auto``: recorded while ctxwin's view is the whole
             conversation, as the recorded run sent it, estimated from the
             first turn it is not.
+        dialect: the history's dialect. In a dialect other than ``cline`` the
+            range and the overlay count the engine's internal messages
+            (docs/DIALECTS.md); a truncation's savings are those of the
+            messages the view stopped sending, an optimisation event names
+            internal indices and counts no savings, and the views are not
+            mapped message by message (no page).
 
     Returns:
         The report.
@@ -344,7 +375,7 @@ def replay(
         CtxwinError: from the daemon.
     """
     info = client.context_window_info(model)
-    points = request_points(history)
+    points = request_points(history, dialect)
     has_metrics = any(isinstance(m.get("metrics"), Mapping) for m in history)
     report = ReplayReport(
         file=file,
@@ -356,7 +387,9 @@ def replay(
         usage_source="metrics.tokens" if has_metrics else "count_tokens",
         usage_mode=usage,
     )
-    task = Task(client, task_id, ephemeral=ephemeral)
+    native = dialect != "cline"
+    task = Task(client, task_id, ephemeral=ephemeral, dialect=dialect if native else None)
+    last_view: list[Any] = []
     start = task.inspect()
     deleted_range: DeletedRange = start["deleted_range"]
     overlay = parse_updates(start["updates"])
@@ -372,7 +405,10 @@ def replay(
             first = deleted_range[1] + 1 if deleted_range else 2
             hidden = list(range(first, new_range[1] + 1))
             # As the model last saw them: with the overlay of the previous turn.
-            removed = [with_overlay(history[index], index, overlay) for index in hidden]
+            if native:
+                removed = _removed_from_view(last_view, sent["messages"])
+            else:
+                removed = [with_overlay(history[index], index, overlay) for index in hidden]
             report.events.append(
                 ReplayEvent(
                     turn=turn,
@@ -382,25 +418,31 @@ def replay(
                     removed_messages=len(hidden),
                     messages=hidden,
                     chars_saved=sum(chars_of(message.get("content")) for message in removed),
-                    tokens_saved=_tokens(client, removed),
+                    tokens_saved=_tokens(client, removed, dialect),
                 )
             )
         deleted_range = new_range
         now = parse_updates(task.inspect()["updates"])
-        event = _optimisation(client, history, overlay, now, turn, end, deleted_range)
+        event = _optimisation(client, history, overlay, now, turn, end, deleted_range, native)
         if event is not None:
             report.events.append(event)
         overlay = now
-        state = view_state(history, view, deleted_range, overlay, report.variants)
-        if not report.views or report.views[-1] != state:
-            report.views.append(state)
-        if agrees and not (
-            len(view) == end
-            and all(
+        last_view = view
+        if native:
+            state = ViewState(None if deleted_range is None else list(deleted_range))
+            same = len(view) == end and all(
+                sent_message is original or sent_message == original
+                for sent_message, original in zip(view, history, strict=False)
+            )
+        else:
+            state = view_state(history, view, deleted_range, overlay, report.variants)
+            same = len(view) == end and all(
                 _keeps_content(history[index], report.variants[number].message)
                 for index, number in state.altered.items()
             )
-        ):
+        if not report.views or report.views[-1] != state:
+            report.views.append(state)
+        if agrees and not same:
             agrees = False
             report.differs = f"from turn {turn} ctxwin's view hides or edits messages"
         estimated = sent.get("estimated_tokens", 0)
@@ -416,7 +458,7 @@ def replay(
             messages=end,
         )
         answer = history[end] if end < len(history) else None
-        previous, row.source = _usage_after(client, answer, view, clock + turn)
+        previous, row.source = _usage_after(client, answer, view, clock + turn, dialect)
         if previous is not None:
             # A counted usage is of ctxwin's own view; a recorded one of the recorded run's.
             of_this_view = row.source == "counted" or agrees
@@ -433,7 +475,9 @@ def replay(
             if of_this_view:
                 row.reported = input_tokens(previous)
             if usage == "estimated" or (usage == "auto" and not of_this_view):
-                previous = _estimated_usage(client, answer, previous, estimated, calibration)
+                previous = _estimated_usage(
+                    client, answer, previous, estimated, calibration, dialect
+                )
                 row.source = "estimated"
                 if report.estimated_from is None:
                     report.estimated_from = turn
@@ -504,9 +548,10 @@ def _estimated_usage(
     recorded: Usage,
     estimated: int,
     calibration: float,
+    dialect: str = "cline",
 ) -> Usage:
     """The usage the request of ctxwin's own view would have had, by the daemon's estimate."""
-    out = _tokens(client, [answer]) if answer is not None else 0
+    out = _tokens(client, [answer], dialect) if answer is not None else 0
     return Usage(ts=recorded["ts"], tokens_in=estimated, tokens_out=round(out * calibration))
 
 
@@ -518,6 +563,7 @@ def _optimisation(
     turn: int,
     end: int,
     deleted_range: DeletedRange,
+    native: bool = False,
 ) -> ReplayEvent | None:
     """The optimisation event of a turn: blocks whose latest update is new (notices excluded)."""
     old_texts: list[str] = []
@@ -541,6 +587,8 @@ def _optimisation(
         touched.add(index)
     if not touched:
         return None
+    if native:  # internal indices: the history's texts are not at them
+        return ReplayEvent(turn, end, "optimisation", deleted_range, 0, sorted(touched), 0, 0)
     old, new = "\n".join(old_texts), "\n".join(new_texts)
     return ReplayEvent(
         turn=turn,
@@ -559,13 +607,14 @@ def _usage_after(
     answer: Mapping[str, Any] | None,
     sent: Sequence[Mapping[str, Any]],
     fallback_ts: int,
+    dialect: str = "cline",
 ) -> tuple[Usage | None, str]:
     """The usage of the request just made and its source.
 
     From the answer's metrics (``recorded``), else counted over the view sent
     (``counted``); ``none`` when no answer follows.
     """
-    if answer is None or answer.get("role") != "assistant":
+    if answer is None or (dialect == "cline" and answer.get("role") != "assistant"):
         return None, "none"
     ts = answer.get("ts")
     ts = ts if isinstance(ts, int) and not isinstance(ts, bool) and ts >= 0 else fallback_ts
@@ -573,7 +622,11 @@ def _usage_after(
     tokens = metrics.get("tokens") if isinstance(metrics, Mapping) else None
     if isinstance(tokens, Mapping):
         return usage_from_metrics(tokens, ts=ts), "recorded"
-    counted = Usage(ts=ts, tokens_in=_tokens(client, sent), tokens_out=_tokens(client, [answer]))
+    counted = Usage(
+        ts=ts,
+        tokens_in=_tokens(client, sent, dialect),
+        tokens_out=_tokens(client, [answer], dialect),
+    )
     return counted, "counted"
 
 

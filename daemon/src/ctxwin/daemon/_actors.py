@@ -32,7 +32,6 @@ from ctxwin import engine, proto
 
 from ._kept import HistoryCache, KeptHistory
 from ._ops import HISTORY_OPS, run_task_op
-from ._persist import DEFAULT_DIALECT
 from ._schedule import FlushError, WriteSchedule
 from ._store import StateStore, StoreUnavailableError, TaskExtras
 from ._tokens import TokenCounter
@@ -113,8 +112,8 @@ class TaskActor:
         self.ephemeral = ephemeral
         self._only_inspected = True  # every request so far was an inspect (see _become_ephemeral)
         self.store = system.store.open(task, self._ownership_lost)
-        self.dialect = DEFAULT_DIALECT
         self._lost: str | None = None  # why the task's ownership was lost, once it was
+        self._dialect_fixed = False  # the task's dialect is fixed at its first use
         self.state: engine.TaskState | None = None
         self.mailbox: deque[Envelope] = deque()
         self._wakeup = asyncio.Event()
@@ -180,7 +179,11 @@ class TaskActor:
             if extras.calibration is not None:
                 calibration = self.kept.calibration
                 calibration.ratio, calibration.samples = extras.calibration
-            self.dialect = extras.dialect
+        state = self.state
+        # A stored task has its dialect already; a new one gets it from its first call.
+        self._dialect_fixed = not state.empty
+        state.set_dialect(state.dialect, self.system.reads_for(state.dialect))
+        self.kept.use_dialect(state.dialect)
         self.writes.loaded(self._revision())
         _log.info("actor_started", task=self.task, ephemeral=self.ephemeral)
 
@@ -287,6 +290,7 @@ class TaskActor:
                 raise ActorStoppedError(
                     f"task {self.task}: this daemon's lease on it lapsed; send the request again"
                 )
+            self._check_dialect(state, op, args)
             if args.get("ephemeral") is True and not self.ephemeral:
                 self._become_ephemeral(state)
             elif op != "inspect":
@@ -337,6 +341,26 @@ class TaskActor:
         self._closed = True
         return {"closed": True, "loaded": True}
 
+    def _check_dialect(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> None:
+        """Fix the task's dialect at its first use; refuse a call that names another.
+
+        Raises:
+            ProtocolError: ``bad_request`` when the call's ``dialect`` is not the task's.
+        """
+        asked = args.get("dialect")
+        if asked is not None and asked != state.dialect:
+            if self._dialect_fixed:
+                raise proto.ProtocolError(
+                    proto.ErrorCode.BAD_REQUEST,
+                    f"{op}: task {self.task} has dialect {state.dialect!r}, not {asked!r} "
+                    "(a task's dialect is fixed at its first use; close it, or use another "
+                    "task id)",
+                )
+            state.set_dialect(asked, self.system.reads_for(asked))
+            self.kept.use_dialect(asked)
+        if op != "inspect":
+            self._dialect_fixed = True
+
     def _become_ephemeral(self, state: engine.TaskState) -> None:
         """Keep the task in memory only from now on, as a request asks, if nothing is lost.
 
@@ -373,7 +397,8 @@ class TaskActor:
     def _extras(self) -> TaskExtras:
         calibration = self.kept.calibration
         pair = (calibration.ratio, calibration.samples) if calibration.samples else None
-        return TaskExtras(pair, self.dialect)
+        assert self.state is not None
+        return TaskExtras(pair, self.state.dialect)
 
     async def _save(self) -> bool:
         assert self.state is not None
@@ -451,6 +476,7 @@ class ActorSystem:
         counters: Counters,
         tokens: TokenCounter,
         history_cache_bytes: int,
+        read_rules: engine.ReadRules = engine.DEFAULT_READ_RULES,
     ) -> None:
         self.store = store
         self.notices = notices
@@ -462,6 +488,7 @@ class ActorSystem:
         self.counters = counters
         self.tokens = tokens
         self.histories = HistoryCache(history_cache_bytes)
+        self.read_rules = read_rules
         self.loop = asyncio.get_running_loop()
         self.actors: dict[str, TaskActor] = {}
         self._stopping: dict[str, TaskActor] = {}
@@ -469,6 +496,10 @@ class ActorSystem:
         self.started = 0  # actors started since the daemon started
         self.final_flush_failures = 0
         self.accepting = True
+
+    def reads_for(self, dialect: str) -> engine.ReadRules | None:
+        """The read tools a task of ``dialect`` counts (None: Cline's own rules, SPEC.md §6)."""
+        return None if dialect == engine.CLINE else self.read_rules
 
     def compact_known_tasks(self, limit: int = COMPACT_MAX_TASKS) -> bool:
         """Re-create the ids of stopped tasks that ``known_tasks`` keeps.

@@ -19,6 +19,14 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
     duplicate_file_read = "..."
     first_user = "..."
     missing_result = "..."
+
+    [[read_tools]]              # more tools whose calls read a file (docs/DIALECTS.md)
+    name = "cat_file"
+    arg = "filename"
+    [[read_tools]]              # shell reads are opt-in: a pattern with a group "path"
+    name = "Bash"
+    arg = "command"
+    pattern = "shell"           # the built-in cat / head / tail / sed -n pattern
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ctxwin import proto
+from ctxwin import engine, proto
 
 __all__ = ["NOTICE_ENV", "Config", "ConfigError", "load_config"]
 
@@ -81,6 +89,8 @@ class Config:
         lease_ttl_ms: lifetime of a task's lease in Redis; renewed every third.
         store_wait_replicas: replicas a Redis write waits for (``WAIT``; 0: none).
         advertise: the endpoint other daemons name as this one's (default: the first bound).
+        read_tools: tools whose calls read a file, besides the defaults
+            (``[[read_tools]]`` tables: name, arg, when?, pattern?).
         config_file: the file that was read, if any.
     """
 
@@ -104,12 +114,18 @@ class Config:
     lease_ttl_ms: int = 10_000
     store_wait_replicas: int = 0
     advertise: str | None = None
+    read_tools: tuple[engine.ReadTool, ...] = ()
     config_file: Path | None = None
 
     @property
     def advertised(self) -> str:
         """The endpoint other daemons name as this one's."""
         return self.advertise or self.endpoints[0]
+
+    @property
+    def read_rules(self) -> engine.ReadRules:
+        """The default read tools plus the configured ones."""
+        return engine.DEFAULT_READ_RULES.extended(self.read_tools)
 
     @property
     def limits(self) -> proto.Limits:
@@ -363,6 +379,16 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
             values[name] = _check_int(name, value, source, 100, 3_600_000)
         elif name == "store_wait_replicas":
             values[name] = _check_int(name, value, source, 0, 64)
+        elif name == "read_tools":
+            if not isinstance(value, list) or not all(isinstance(i, Mapping) for i in value):
+                raise ConfigError(f"{source}: read_tools must be a list of tables")
+            tools = list(values.get("read_tools", ()))
+            for position, item in enumerate(value):
+                try:
+                    tools.append(engine.read_tool_from_config(item))
+                except ValueError as exc:
+                    raise ConfigError(f"{source}: read_tools[{position}]: {exc}") from None
+            values["read_tools"] = tuple(tools)
         elif name != "config":
             raise ConfigError(f"{source}: unknown setting {name!r}")
 

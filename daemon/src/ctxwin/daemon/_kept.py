@@ -47,6 +47,17 @@ class KeptHistory:
         self._patch_token: bytes | None = None
         self._patch_serial = 0
         self._patch_salt = os.urandom(8)  # tokens of an earlier actor never match
+        # A native dialect's history in the engine's internal form, kept in step
+        # with the history (docs/DIALECTS.md); None for the Cline dialect.
+        self.dialect: engine.Dialect | None = None
+        self.mapped: engine.MappedHistory | None = None
+
+    def use_dialect(self, name: str) -> None:
+        """Serve the task's history in dialect ``name`` from now on."""
+        dialect = engine.get_dialect(name)
+        if dialect is not self.dialect:
+            self.dialect = dialect
+            self.mapped = None
 
     async def run(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """Run an op over the task's history, resolving a delta and answering a patch.
@@ -55,23 +66,35 @@ class KeptHistory:
             ProtocolError: ``resync_required`` for a delta that does not fit.
         """
         history = self._sync(args)
+        mapped = None
+        if self.dialect is not None:
+            if history is None:
+                history = self._keep(args["messages"])
+            mapped = self._mapped(op, history, args.get("base", 0) if "append" in args else 0)
         context = None
         if wants_budgeting(op, args):
             if history is None:
                 history = self._keep(args["messages"])
             tokens = self._tokens
-            # Count new messages off the event loop: a cold 1 MB history takes ~100 ms.
-            await anyio.to_thread.run_sync(history.count_missing, tokens.count_message)
+            if mapped is None:
+                # Count new messages off the event loop: a cold 1 MB history takes ~100 ms.
+                await anyio.to_thread.run_sync(history.count_missing, tokens.count_message)
             if op == "prepare_request":
                 self._calibrate(args.get("previous_request"))
             context = TaskContext(history.counter(tokens.count_message), self.calibration)
         if op == "prepare_request":
             # The next report is of this request: it calibrates only against this view's estimate.
             self._estimate = None
-        messages = history.messages if history is not None else args["messages"]
+        if mapped is not None:
+            messages: Any = mapped.internal
+        else:
+            messages = history.messages if history is not None else args["messages"]
         result = run_task_op(state, op, {**args, "messages": messages}, context)
         if op == "prepare_request" and context is not None:
             self._estimate = (result["estimated_tokens"], self.calibration.ratio)
+        if mapped is not None:
+            assert history is not None
+            return self._dialect_result(state, op, args, result, mapped, history)
         if args.get("view") == "patch" and history is not None and "messages" in result:
             patch = _view_patch(result["messages"], history.messages, state.deleted_range)
             if patch is not None:
@@ -79,9 +102,56 @@ class KeptHistory:
                 result["patch"] = self._reuse_overrides(patch, args.get("patch_base"))
         return result
 
+    def _mapped(self, op: str, history: engine.History, unchanged: int) -> engine.MappedHistory:
+        """The kept history in the internal form, synced with it (only new messages mapped).
+
+        Raises:
+            ProtocolError: ``bad_request`` naming the history index of a
+                message the dialect cannot carry.
+        """
+        assert self.dialect is not None
+        if self.mapped is None:
+            self.mapped = engine.MappedHistory(self.dialect)
+        try:
+            self.mapped.sync(history.messages, unchanged)
+        except engine.DialectError as exc:
+            raise proto.ProtocolError(
+                proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({self.dialect.name} dialect)"
+            ) from None
+        return self.mapped
+
+    def _dialect_result(
+        self,
+        state: engine.TaskState,
+        op: str,
+        args: dict[str, Any],
+        result: dict[str, Any],
+        mapped: engine.MappedHistory,
+        history: engine.History,
+    ) -> dict[str, Any]:
+        """An op's result with its view (of internal messages) in the dialect's form."""
+        largest = result.get("largest")
+        if largest:
+            result["largest"] = [[mapped.history_index(i), tokens] for i, tokens in largest]
+        if "messages" not in result:
+            return result
+        if op == "optimize_file_reads_in_memory" and not result["changed"]:
+            result["messages"] = list(history.messages)  # the input, untouched
+            return result
+        view = result["messages"]
+        if args.get("view") == "patch":
+            patch = mapped.patch(view, state.deleted_range)
+            if patch is not None:
+                del result["messages"]
+                result["patch"] = self._reuse_overrides(patch, args.get("patch_base"))
+                return result
+        result["messages"] = mapped.view(view, state.deleted_range)
+        return result
+
     def drop(self) -> None:
         """Forget the kept history (memory cap); the next delta gets ``resync_required``."""
         self.history = None
+        self.mapped = None
         self._sent_overrides = None
 
     def kept_messages(self) -> int | None:

@@ -51,7 +51,22 @@ def _next_truncation_range(args: Args, tokens: TokenCounter) -> Result:
 def _count_tokens(args: Args, tokens: TokenCounter) -> Result:
     if "text" in args:
         return {"tokens": tokens.count_text(args["text"])}
-    return {"tokens": tokens.count_messages(args["messages"])}
+    dialect = engine.get_dialect(args.get("dialect", engine.CLINE))
+    if dialect is None:
+        return {"tokens": tokens.count_messages(args["messages"])}
+    # What the engine sees of each message, plus the text of kept-out ones (docs/DIALECTS.md).
+    mapped = engine.MappedHistory(dialect)
+    try:
+        mapped.sync(args["messages"])
+    except engine.DialectError as exc:
+        raise proto.ProtocolError(
+            proto.ErrorCode.BAD_REQUEST, f"count_tokens: {exc} ({dialect.name} dialect)"
+        ) from None
+    total = sum(tokens.count_message(message) for message in mapped.internal)
+    total += sum(
+        tokens.count_text(engine.kept_out_text(mapped.source[index])) for index in mapped.systems
+    )
+    return {"tokens": total}
 
 
 _FREE_OPS: dict[str, Callable[[Args, TokenCounter], Result]] = {
@@ -185,13 +200,31 @@ def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) 
 def _should_compact_task(
     state: engine.TaskState, args: Args, context: TaskContext | None
 ) -> Result:
+    messages = args.get("messages")
+    dialect = engine.get_dialect(state.dialect)
+    if dialect is not None and messages is not None:
+        messages = _internal(dialect, messages, "should_compact")
     return engine.should_compact(
         args["usage"],
         args["model"],
         args.get("threshold"),
         state.deleted_range,
-        args.get("messages"),
+        messages,
     ).wire()
+
+
+def _internal(dialect: engine.Dialect, messages: Any, op: str) -> list[Any]:
+    """``messages`` of ``dialect`` in the internal form.
+
+    Raises:
+        ProtocolError: ``bad_request`` naming a message the dialect cannot carry.
+    """
+    try:
+        return list(engine.MappedHistory(dialect, messages).internal)
+    except engine.DialectError as exc:
+        raise proto.ProtocolError(
+            proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({dialect.name} dialect)"
+        ) from None
 
 
 TaskOp = Callable[[engine.TaskState, Args, TaskContext | None], Result]

@@ -81,6 +81,7 @@ _PING_RESULT: dict[str, Any] = {
     "version": proto.__version__,
     "proto": proto.PROTOCOL_VERSION,
     "features": list(proto.FEATURES),
+    "dialects": list(proto.DIALECTS),
 }
 _CLOSE_LINGER_MS = 2000
 
@@ -217,6 +218,7 @@ class Server:
             counters=self.counters,
             tokens=tokens,
             history_cache_bytes=config.history_cache_mb * 1024 * 1024,
+            read_rules=config.read_rules,
         )
         self.context = zmq.Context()
         self.socket: zmq.Socket[bytes] = self.context.socket(zmq.ROUTER)

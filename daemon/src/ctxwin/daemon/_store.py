@@ -125,8 +125,10 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
         Exception: whatever the engine rejects the record's overlay with.
     """
     if record.updates is None and record.deleted_range is None:
-        return engine.TaskState(notices)
-    return engine.TaskState.load(record.updates, record.deleted_range, notices)
+        return engine.TaskState(notices, dialect=record.dialect)
+    return engine.TaskState.load(
+        record.updates, record.deleted_range, notices, dialect=record.dialect
+    )
 
 
 def record_of(state: engine.TaskState, extras: TaskExtras) -> TaskRecord:

@@ -156,6 +156,8 @@ def _view_of(history: Sequence[Any], patch: Mapping[str, Any], held: dict[int, A
     keep_from = patch.get("keep_from")
     if not isinstance(length, int) or not isinstance(keep_from, int) or length != len(history):
         raise ValueError("view patch does not match the history it is applied to")
+    if "order" in patch:
+        return _apply_ordered(history, patch["order"], held)
     if length < 2:
         view, start, shift = list(history), 0, 0
     else:
@@ -169,6 +171,36 @@ def _view_of(history: Sequence[Any], patch: Mapping[str, Any], held: dict[int, A
             view[origin - shift] = message
         else:
             raise ValueError("view patch overrides an index that is not in the view")
+    return view
+
+
+def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, Any]) -> list[Any]:
+    """A dialect view: the history indices of ``order`` (``[start, end)`` runs, in view order),
+    each replaced by its override: one message, or a list of messages (docs/DIALECTS.md)."""
+    if not isinstance(order, list):
+        raise ValueError("view patch order must be a list of [start, end] runs")
+    view: list[Any] = []
+    used = 0
+    for run in order:
+        if (
+            not isinstance(run, list)
+            or len(run) != 2
+            or not all(isinstance(bound, int) for bound in run)
+            or not 0 <= run[0] <= run[1] <= len(history)
+        ):
+            raise ValueError("view patch order holds a run outside the history")
+        for index in range(run[0], run[1]):
+            if index in replaced:
+                used += 1
+                value = replaced[index]
+                if isinstance(value, list):
+                    view.extend(value)
+                else:
+                    view.append(value)
+            else:
+                view.append(history[index])
+    if used != len(replaced):
+        raise ValueError("view patch overrides an index that is not in the view")
     return view
 
 

@@ -5,12 +5,14 @@ PROTOCOL_VERSION = 1
 
 __version__ = "0.1.0"
 
-FEATURES = ("delta", "view_patch", "budgeting", "plan", "fleet")
+FEATURES = ("delta", "view_patch", "budgeting", "plan", "fleet", "dialects")
 """Optional parts of protocol version 1 this version implements, named in ``ping``.
 
 ``delta``: ops that take ``messages`` also take ``base``/``base_digest``/``append``;
 ``view_patch``: ``view: "patch"`` returns views as patches; ``budgeting``:
 ``prepare_request`` takes ``strategy``/``proactive``/``estimate`` and tasks
 calibrate estimates; ``plan``: the ``plan`` op; ``fleet``: a task is served by
-one daemon at a time, and another answers ``owned_elsewhere`` naming its ``owner``.
+one daemon at a time, and another answers ``owned_elsewhere`` naming its ``owner``;
+``dialects``: task ops and ``count_tokens`` take ``dialect`` (``ping`` lists them,
+docs/DIALECTS.md).
 """

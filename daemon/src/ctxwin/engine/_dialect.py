@@ -1,0 +1,550 @@
+"""One engine for every message dialect: a history mapped into the internal form and back.
+
+The engine runs on SPEC.md §1's messages (roles ``user``/``assistant``,
+``text``/``tool_use``/``tool_result`` blocks). A :class:`MappedHistory` keeps
+a history of another dialect (OpenAI Chat, Anthropic, Responses, Gemini) in
+that form, incrementally as it grows, remembering where every internal block
+came from; :meth:`MappedHistory.view` maps the engine's view back. The rules
+are in docs/DIALECTS.md:
+
+- kept-out messages (system, developer) are not in the internal sequence;
+  they are never cut and come back in their place;
+- consecutive messages of one role form one internal message, so internal
+  indices stay stable as the history grows by appending;
+- a dialect whose call must be answered by the very next message ends the
+  internal message at a message with calls, and puts an empty internal user
+  message between it and a following assistant message (a call without a
+  result), where the view fills in the missing results;
+- internal messages the view did not change come back as the caller's own
+  messages; only changed ones are rebuilt, in the dialect's form, and within
+  them every part the engine did not change is the caller's own object.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._blocks import Block, Message
+from ._view import KnownPairs, find_repairs, keep_from
+
+SRC = "_src"
+"""Key of an internal block: the history index of the message it came from."""
+PART = "_part"
+"""Key of an internal block: which part of that message it stands for (per dialect)."""
+USER = "user"
+ASSISTANT = "assistant"
+
+
+class DialectError(ValueError):
+    """A history the task's dialect cannot carry; the message names the place (``messages[3]``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """One message of a dialect in the internal form.
+
+    Attributes:
+        role: ``user`` or ``assistant``; None for a kept-out message (system).
+        blocks: the internal blocks, each with :data:`SRC` and :data:`PART`.
+        calls: whether it holds tool calls (see :attr:`Dialect.calls_end_turn`).
+    """
+
+    role: str | None
+    blocks: list[Block]
+    calls: bool = False
+
+
+KEPT_OUT = Mapped(None, [])
+
+
+class Dialect:
+    """How one dialect's messages map to the internal form and back.
+
+    Attributes:
+        name: the dialect's wire name.
+        calls_end_turn: a message with calls must be answered by the next
+            message (OpenAI Chat, Gemini), so it ends its internal message.
+        new_inside: blocks the view adds (a missing result, a notice) go inside
+            the neighbouring message (Anthropic, Gemini) rather than into
+            messages of their own (OpenAI Chat, Responses).
+    """
+
+    name = ""
+    calls_end_turn = False
+    new_inside = False
+
+    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+        """The internal form of history message ``index``.
+
+        Raises:
+            DialectError: the message is not one this dialect can carry.
+        """
+        raise NotImplementedError
+
+    def rebuild(
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+    ) -> list[Message]:
+        """Message ``index`` rebuilt from what the view holds of it (changed or new blocks)."""
+        raise NotImplementedError
+
+    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+        """Messages for blocks the view added (missing results, a notice)."""
+        raise NotImplementedError
+
+    def holds_results(self, message: Message) -> bool:
+        """Whether ``message`` answers calls (no kept-out message may come before it)."""
+        return False
+
+    def joins(self, previous: Mapped, mapped: Mapped) -> bool:
+        """Whether a message of the same role as the one before joins its internal message."""
+        return not (self.calls_end_turn and previous.calls and mapped.role == ASSISTANT)
+
+
+def block(kind: str, index: int, part: object, **fields: Any) -> Block:
+    """An internal block of ``kind`` for part ``part`` of history message ``index``."""
+    return {"type": kind, **fields, SRC: index, PART: part}
+
+
+def originals(history: MappedHistory, index: int) -> dict[object, Block]:
+    """The internal blocks of message ``index`` by part."""
+    return {item[PART]: item for item in history.mapped[index].blocks}
+
+
+class _PatchState:
+    """A dialect view's patch as it is built from the view's pieces, piece by piece."""
+
+    __slots__ = ("order", "pending", "replaced", "snapshots")
+
+    def __init__(self) -> None:
+        self.order: list[list[int]] = []
+        self.replaced: dict[int, list[Message]] = {}
+        self.pending: list[Message] = []
+        self.snapshots: dict[int, tuple[int, int, int, int, tuple[Message, ...]]] = {}
+
+    def copy(self) -> _PatchState:
+        twin = _PatchState()
+        twin.order = [list(run) for run in self.order]
+        twin.replaced = {index: list(held) for index, held in self.replaced.items()}
+        twin.pending = list(self.pending)
+        twin.snapshots = dict(self.snapshots)
+        return twin
+
+    def snapshot(self) -> tuple[int, int, int, int, tuple[Message, ...]]:
+        replaced = self.replaced
+        last = replaced[next(reversed(replaced))] if replaced else []
+        return (
+            len(self.order),
+            self.order[-1][1] if self.order else 0,
+            len(replaced),
+            len(last),
+            tuple(self.pending),
+        )
+
+    def restore(self, snapshot: tuple[int, int, int, int, tuple[Message, ...]]) -> None:
+        runs, run_end, count, last_len, pending = snapshot
+        del self.order[runs:]
+        if self.order:
+            self.order[-1][1] = run_end
+        replaced = self.replaced
+        while len(replaced) > count:
+            replaced.popitem()
+        if replaced:
+            del replaced[next(reversed(replaced))][last_len:]
+        self.pending[:] = pending
+
+    def add(self, piece: tuple[int | None, Message | None, int], source: list[Message]) -> None:
+        index, message, end = piece
+        order, replaced, pending = self.order, self.replaced, self.pending
+        if index is None:
+            pending.append(message)  # type: ignore[arg-type]
+            return
+        if message is None:  # a run of the history's own messages
+            if pending:
+                replaced[index] = [*pending, source[index]]
+                pending.clear()
+            if order and order[-1][1] == index:
+                order[-1][1] = end
+            else:
+                order.append([index, end])
+            return
+        held = replaced.get(index)
+        if held is not None and order and order[-1][1] == index + 1:
+            held.extend((*pending, message))
+        else:
+            if order and order[-1][1] == index:
+                order[-1][1] = index + 1
+            else:
+                order.append([index, index + 1])
+            if pending or message is not source[index]:
+                replaced[index] = [*pending, message]
+        pending.clear()
+
+    def patch(self, source: list[Message]) -> dict[str, Any] | None:
+        """The patch so far, in lists of its own (this state goes on changing)."""
+        order, replaced = self.order, self.replaced
+        overrides: list[list[Any]] = [
+            [index, held[0] if len(held) == 1 else list(held)] for index, held in replaced.items()
+        ]
+        if self.pending:  # messages added after the last one of the history
+            if not order:
+                return None
+            last = order[-1][1] - 1
+            if last in replaced:
+                overrides = [item for item in overrides if item[0] != last]
+            overrides.append([last, [*replaced.get(last, [source[last]]), *self.pending]])
+        runs = [list(run) for run in order]
+        return {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
+
+
+class MappedHistory:
+    """A dialect history and its internal form, kept in step as it grows.
+
+    ``internal`` is the list the engine runs on; its indices are the ones the
+    deleted range and the overlay of a dialect task count (docs/DIALECTS.md).
+    """
+
+    __slots__ = (
+        "_last",
+        "_patch_state",
+        "_rebuilds",
+        "_resumed",
+        "_serial",
+        "calls",
+        "dialect",
+        "internal",
+        "mapped",
+        "members",
+        "source",
+        "systems",
+    )
+
+    def __init__(self, dialect: Dialect, messages: Sequence[Any] = ()) -> None:
+        self.dialect = dialect
+        self.source: list[Message] = []
+        self.mapped: list[Mapped] = []
+        self.internal = KnownPairs(strict=True)
+        self.members: list[list[int]] = []  # per internal message, its history indices
+        self.systems: list[int] = []  # history indices of kept-out messages
+        # Tool call id -> (name, history index), for dialects whose results need the name.
+        self.calls: dict[str, tuple[str, int]] = {}
+        # id(changed internal view message) -> (it, its rebuilt messages): a view built
+        # on the last one shares its changed messages, so they are rebuilt once.
+        self._rebuilds: dict[int, tuple[Message, list[tuple[int | None, Message]]]] = {}
+        # The last view's pieces, for the next view that starts with the same messages:
+        # (range start, the view, its pieces before the last flush, marks), a mark being
+        # (view position, pieces so far, kept-out messages out so far) where a piece begins.
+        self._last: tuple[int, list[Message], list[Any], list[tuple[int, int, int]], int] | None = (
+            None
+        )
+        self._serial = 0  # of the last pieces made
+        self._resumed: tuple[int, int] | None = None  # (serial, pieces kept) of the last resume
+        self._patch_state: tuple[int, _PatchState, dict[int, Any]] | None = None
+        self.sync(messages)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def sync(self, messages: Sequence[Any], unchanged: int = 0) -> None:
+        """Take the caller's whole history; only what differs from the last one is mapped.
+
+        ``unchanged``: how many first messages the caller knows to be the very
+        objects of the last sync (a delta's ``base``), not scanned again.
+
+        Raises:
+            DialectError: a message the dialect cannot carry (nothing is changed then
+                but the prefix before it).
+        """
+        held = self.source
+        limit = min(len(held), len(messages))
+        skip = min(unchanged, limit)
+        # The first message that is not the same object (a C-speed scan), then equal ones.
+        common = skip + next(
+            itertools.compress(
+                itertools.count(),
+                map(
+                    operator.is_not,
+                    itertools.islice(held, skip, None),
+                    itertools.islice(messages, skip, None),
+                ),
+            ),
+            limit - skip,
+        )
+        while common < limit:
+            mine, theirs = held[common], messages[common]
+            if mine is not theirs:
+                if mine != theirs:
+                    break
+                held[common] = theirs  # equal: views hand back the caller's object
+            common += 1
+        if common == len(held) == len(messages):
+            return
+        dirty = self._cut(common)
+        try:
+            for offset in range(common, len(messages)):
+                dirty = min(dirty, self._append(messages[offset], offset))
+        finally:
+            self._settle(dirty)  # what was mapped stands, up to a message that failed
+
+    def _settle(self, dirty: int) -> None:
+        """Tell the internal list that messages from ``dirty`` on changed."""
+        internal = self.internal
+        internal.changed_from(dirty)
+        first_pair = max(dirty - 1, 0)
+        repairs = internal.repairs
+        while repairs and repairs[-1] >= first_pair:
+            repairs.pop()
+        repairs.extend(find_repairs(internal, first_pair, True))
+
+    def _cut(self, length: int) -> int:
+        """Drop history messages from ``length`` on; returns the first internal index changed."""
+        members = self.members
+        count = len(members)
+        if length >= len(self.source):
+            return count
+        self._last = None  # kept-out messages may go: views start afresh
+        # Every internal message holding a member >= length goes, and an empty one
+        # standing last; the remaining members of a partly cut one are placed again.
+        group = count
+        while group > 0 and (not members[group - 1] or members[group - 1][-1] >= length):
+            group -= 1
+        again = [index for index in members[group] if index < length] if group < count else []
+        del self.internal[group:]
+        del members[group:]
+        if self.calls and len(self.source) > length:
+            self.calls = {key: call for key, call in self.calls.items() if call[1] < length}
+        del self.source[length:]
+        del self.mapped[length:]
+        systems = self.systems
+        while systems and systems[-1] >= length:
+            systems.pop()
+        for index in again:
+            self._place(index)
+        return group
+
+    def _append(self, message: Any, index: int) -> int:
+        mapped = self.dialect.map_message(message, index, self)
+        self.source.append(message)
+        self.mapped.append(mapped)
+        return self._place(index)
+
+    def _place(self, index: int) -> int:
+        """Put history message ``index`` into the internal sequence; returns the index changed."""
+        mapped = self.mapped[index]
+        role = mapped.role
+        if role is None:
+            self.systems.append(index)
+            return len(self.internal)
+        internal = self.internal
+        members = self.members
+        last = len(members) - 1
+        first = last + 1
+        if last >= 0 and internal[last]["role"] == role and members[last]:
+            if self.dialect.joins(self.mapped[members[last][-1]], mapped):
+                members[last].append(index)
+                content = internal[last]["content"]
+                internal[last] = {"role": role, "content": [*content, *mapped.blocks]}
+                return last
+            # A call with no result: the view answers it in an empty user message.
+            members.append([])
+            internal.append({"role": USER, "content": []})
+        members.append([index])
+        internal.append({"role": role, "content": list(mapped.blocks)})
+        return first
+
+    def history_index(self, internal_index: int) -> int:
+        """The history index of an internal message's first member (-1 for an empty one)."""
+        found = self.members[internal_index]
+        return found[0] if found else -1
+
+    def view(self, view: Sequence[Message], deleted_range: Sequence[int] | None) -> list[Message]:
+        """The dialect's view of an internal view of :attr:`internal` under ``deleted_range``.
+
+        Kept-out messages all come back, in their order among the others;
+        those the cut moves next to a call come after its results.
+        """
+        source = self.source
+        out: list[Message] = []
+        for index, message, end in self._pieces(view, deleted_range):
+            if message is None:
+                out.extend(source[index:end])
+            else:
+                out.append(message)
+        return out
+
+    def patch(
+        self, view: Sequence[Message], deleted_range: Sequence[int] | None
+    ) -> dict[str, Any] | None:
+        """The dialect's view as a patch on the history (``ctxwin.proto.apply_view_patch``).
+
+        ``order`` lists the history indices the view is made of, as
+        ``[start, end)`` runs in view order; ``overrides`` replaces an index by
+        one message, or by a list of messages (a rebuilt message with the ones
+        the view added before it; an empty list drops it). None when the view
+        holds no message of the history at all (send it whole).
+        """
+        source = self.source
+        pieces = self._pieces(view, deleted_range)
+        assert self._last is not None
+        serial, cached = self._last[4], len(self._last[2])
+        marks = {mark[1] for mark in self._last[3]}
+        state = _PatchState()
+        first = 0
+        resumed = self._resumed
+        held = self._patch_state
+        if resumed is not None and held is not None and held[0] == resumed[0]:
+            snapshot = held[2].get(resumed[1])
+            if snapshot is not None:
+                # Snapshots past this one are of places that are no marks now: never read.
+                state = held[1]
+                state.restore(snapshot)
+                first = resumed[1]
+        for place in range(first, len(pieces)):
+            if place == cached:
+                # What follows (the last kept-out messages) is not kept: go on with a copy.
+                self._patch_state = (serial, state, state.snapshots)
+                state = state.copy()
+            elif place in marks:
+                state.snapshots[place] = state.snapshot()
+            state.add(pieces[place], source)
+        if cached == len(pieces):
+            self._patch_state = (serial, state, state.snapshots)
+        return state.patch(source)
+
+    def _pieces(
+        self, view: Sequence[Message], deleted_range: Sequence[int] | None
+    ) -> list[tuple[int | None, Message | None, int]]:
+        """The dialect's view in pieces: ``(start, None, end)`` a run of history messages
+        ``[start, end)`` as they are; ``(index, message, 0)`` a rebuilt message standing
+        for history message ``index``, or one the view added (index None).
+
+        Runs of internal messages the view did not change cost O(1) each, so
+        a view of a long kept history costs its changed messages, not its length.
+        """
+        internal = self.internal
+        count = len(internal)
+        start = keep_from(deleted_range) if count >= 2 else count
+        spans = [(0, count)] if count < 2 else [(0, 2), (start, count)]
+        kept: list[Message] = [*internal[:2], *internal[start:]] if count >= 2 else list(internal)
+        if len(kept) != len(view):
+            raise ValueError(f"a view of {len(view)} messages is not one of this history")
+        changed = list(itertools.compress(range(len(view)), map(operator.is_not, view, kept)))
+        source = self.source
+        systems = self.systems
+        members = self.members
+        holds_results = self.dialect.holds_results
+        rebuilds = self._rebuilds
+        if len(rebuilds) > 2 * count + 64:
+            rebuilds.clear()  # rebuilt messages of views long gone
+        out: list[tuple[int | None, Message | None, int]] = []
+        waiting = 0  # systems[:waiting] are out
+        marks: list[tuple[int, int, int]] = []
+        resume = 0  # view position to start from
+        last = self._last
+        self._resumed = None
+        if last is not None and last[0] == start:
+            previous = last[1]
+            same = next(
+                itertools.compress(itertools.count(), map(operator.is_not, previous, view)),
+                min(len(previous), len(view)),
+            )
+            # The last piece that began at or before the first changed position.
+            for mark in reversed(last[3]):
+                if mark[0] <= same:
+                    resume, kept_pieces, waiting = mark
+                    out = last[2][:kept_pieces]
+                    marks = last[3][: bisect.bisect_left(last[3], (resume,))]
+                    self._resumed = (last[4], kept_pieces)
+                    break
+
+        def flush(before: int) -> None:
+            nonlocal waiting
+            stop = bisect.bisect_left(systems, before, waiting)
+            for place in range(waiting, stop):
+                out.append((systems[place], source[systems[place]], 0))
+            waiting = max(waiting, stop)
+
+        def run(first: int, end: int) -> None:
+            nonlocal waiting
+            if waiting < len(systems) and systems[waiting] < first:
+                results = first
+                while results < end and holds_results(source[results]):
+                    results += 1
+                if results > first:  # kept-out messages come after the results
+                    out.append((first, None, results))
+                    waiting = bisect.bisect_left(systems, results, waiting)
+                    first = results
+                flush(first)
+            if first < end:
+                out.append((first, None, end))
+                waiting = bisect.bisect_left(systems, end, waiting)
+
+        offset = 0  # view position of the span's first internal message
+        for low, high in spans:
+            k = low
+            if offset + high - low <= resume:
+                offset += high - low
+                continue
+            k = max(low, resume - offset + low)
+            while k < high:
+                position = offset + k - low
+                marks.append((position, len(out), waiting))
+                at = bisect.bisect_left(changed, position)
+                if at < len(changed) and changed[at] == position:
+                    held = rebuilds.get(id(view[position]))
+                    if held is None or held[0] is not view[position]:
+                        held = (view[position], self._rebuilt(view[position]))
+                        rebuilds[id(view[position])] = held
+                    for index, item in held[1]:
+                        if index is not None and not holds_results(item):
+                            flush(index)
+                        out.append((index, item, 0))
+                    k += 1
+                    continue
+                # Untouched internal messages up to the next changed one: one run.
+                stop = high if at == len(changed) else min(high, changed[at] - offset + low)
+                first = next((members[g][0] for g in range(k, stop) if members[g]), -1)
+                if first >= 0:
+                    final = next(members[g][-1] for g in range(stop - 1, k - 1, -1) if members[g])
+                    run(first, final + 1)
+                k = stop
+            offset += high - low
+        self._serial += 1
+        self._last = (start, list(view), list(out), marks, self._serial)
+        flush(len(source))
+        return out
+
+    def _rebuilt(self, message: Message) -> list[tuple[int | None, Message]]:
+        """A changed internal view message as dialect messages, each with its history index."""
+        role: str = message["role"]
+        runs: list[tuple[int | None, list[Block]]] = []  # (history index, blocks), by source
+        inside = self.dialect.new_inside
+        for item in message.get("content") or ():
+            index = item.get(SRC)
+            if runs and (runs[-1][0] == index or (index is None and inside)):
+                runs[-1][1].append(item)  # new blocks join the message before them
+            elif runs and inside and runs[-1][0] is None:
+                runs[-1] = (index, [*runs[-1][1], item])  # or, first in the message, the next
+            elif len(runs) > 1 and runs[-1][0] is None and runs[-2][0] == index:
+                # New blocks inside one message of a dialect that keeps them apart: before it.
+                added = runs.pop()
+                runs[-1][1].append(item)
+                runs.insert(len(runs) - 1, added)
+            else:
+                runs.append((index, [item]))
+        out: list[tuple[int | None, Message]] = []
+        for index, blocks in runs:
+            if index is None:
+                out.extend((None, item) for item in self.dialect.fresh(role, blocks, self))
+                continue
+            own = self.mapped[index].blocks
+            if len(blocks) == len(own) and all(a is b for a, b in zip(blocks, own, strict=True)):
+                out.append((index, self.source[index]))
+                continue
+            rebuilt = self.dialect.rebuild(self.source[index], index, role, blocks, self)
+            out.extend((index, item) for item in rebuilt)
+        return out
