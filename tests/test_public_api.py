@@ -14,6 +14,9 @@ PACKAGES = [
     "ctxwin.client.integrations",
     "ctxwin.client.integrations.openai",
     "ctxwin.client.integrations.anthropic",
+    "ctxwin.client.integrations.agents",
+    "ctxwin.client.integrations.langchain",
+    "ctxwin.client.integrations.pydantic_ai",
     "ctxwin.daemon",
 ]
 
