@@ -73,7 +73,8 @@ def main() -> None:
             ]
             messages.append({"role": "user", "content": results})
         last = window_of(client).last()
-        print(f"answer after {len(messages)} messages; last request sent {last and last.sent}")
+        answer = "".join(block.text for block in response.content if block.type == "text")
+        print(f"answer after {len(messages)} messages ({last and last.sent} sent): {answer}")
 
 
 if __name__ == "__main__":

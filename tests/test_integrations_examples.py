@@ -1,0 +1,34 @@
+"""client/examples/: one runnable agent per SDK and framework, against the fake provider."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._daemon import DaemonProcess
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "client" / "examples"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["openai_chat", "anthropic_messages", "agents_sdk", "langchain_agent", "pydantic_ai_agent"],
+)
+def test_the_example_runs_to_its_answer_and_ctxwin_cuts_on_the_way(
+    daemon: DaemonProcess, name: str
+) -> None:
+    """The example exits 0 with the model's answer after at least one cut by ctxwin."""
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), "--endpoint", daemon.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert 0 == run.returncode, run.stderr
+    lines = run.stdout.splitlines()
+    assert any(" messages, range [" in line for line in lines), run.stdout
+    assert "Done: both files read." in lines[-1]
