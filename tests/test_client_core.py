@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import errno
 import inspect
-import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, assert_type
 
 import pytest
 import zmq
 
 import ctxwin.client
 from ctxwin import proto
-from ctxwin.client import _core
+from ctxwin.client import AsyncClient, AsyncTask, Client, Task, _core, _ops
 from ctxwin.client._errors import (
     ERROR_CLASSES,
     BadRequestError,
@@ -22,6 +21,7 @@ from ctxwin.client._errors import (
     RequestTimeoutError,
     error_for,
 )
+from tests._daemon import DaemonProcess
 
 CLIENT_SRC = Path(ctxwin.client.__file__).parent
 MESSAGES: list[dict[str, Any]] = [
@@ -67,73 +67,75 @@ def test_timeout_error_is_also_a_builtin_timeout() -> None:
 def test_builders_validate_before_anything_is_sent() -> None:
     """A bad task id or argument fails at the call site with the daemon's own error class."""
     with pytest.raises(ctxwin.client.InvalidTaskIdError):
-        _core.inspect("../etc")
+        _ops.inspect("../etc")
     with pytest.raises(ctxwin.client.BadRequestError, match="keep"):
-        _core.compact("t1", MESSAGES, "half", ts=1)  # type: ignore[arg-type]
+        _ops.compact("t1", MESSAGES, "half", ts=1)  # type: ignore[arg-type]
     with pytest.raises(ctxwin.client.BadRequestError, match="exactly one"):
-        _core.count_tokens(MESSAGES, text="both")
+        _ops.count_tokens(MESSAGES, text="both")
 
 
 def test_deleted_range_distinguishes_unset_from_none() -> None:
     """Leaving ``deleted_range`` out omits it; None sends an explicit nil that clears it."""
-    assert "deleted_range" not in _core.truncated_messages("t1", MESSAGES).args
-    assert (
-        _core.truncated_messages("t1", MESSAGES, deleted_range=None).args["deleted_range"] is None
-    )
-    assert [2, 3] == _core.truncated_messages("t1", MESSAGES, deleted_range=[2, 3]).args[
+    assert "deleted_range" not in _ops.truncated_messages("t1", MESSAGES).args
+    assert _ops.truncated_messages("t1", MESSAGES, deleted_range=None).args["deleted_range"] is None
+    assert [2, 3] == _ops.truncated_messages("t1", MESSAGES, deleted_range=[2, 3]).args[
         "deleted_range"
     ]
 
 
 def test_optional_arguments_left_none_are_not_sent() -> None:
     """Optional arguments that are None stay off the wire; ts defaults to now."""
-    call = _core.prepare_request("t1", MESSAGES, {"id": "m", "context_window": 1000})
+    call = _ops.prepare_request("t1", MESSAGES, {"id": "m", "context_window": 1000})
     assert {"task", "messages", "model"} == set(call.args)
-    assert _core.optimize_file_reads("t1", MESSAGES).args["ts"] > 1_600_000_000_000
-    assert {"task", "ephemeral"} == set(_core.inspect("t1", ephemeral=True).args)
+    assert _ops.optimize_file_reads("t1", MESSAGES).args["ts"] > 1_600_000_000_000
+    assert {"task", "ephemeral"} == set(_ops.inspect("t1", ephemeral=True).args)
+
+
+def _parameters(function: Any, drop: int = 0) -> list[inspect.Parameter]:
+    return list(inspect.signature(function).parameters.values())[drop:]
 
 
 def test_every_op_has_a_builder_and_a_method_on_both_clients() -> None:
-    """Each op of the wire table has a core builder and a method on Client and AsyncClient."""
+    """Each wire op has a builder, and both clients' method takes exactly its arguments."""
     for op in proto.OPS:
         method = "close_task" if op == "close" else op
-        assert callable(getattr(_core, op))
-        assert callable(getattr(ctxwin.client.Client, method))
-        assert inspect.iscoroutinefunction(getattr(ctxwin.client.AsyncClient, method))
+        build = getattr(_ops, op)
+        sync, asynchronous = getattr(Client, method), getattr(AsyncClient, method)
+        assert not inspect.iscoroutinefunction(sync)
+        assert inspect.iscoroutinefunction(asynchronous)
+        for made in (sync, asynchronous):
+            assert _parameters(build) == _parameters(made, drop=1)
+            assert build.__doc__ == made.__doc__
 
 
-def _section(path: Path, start: str, end: str | None = None) -> str:
-    text = path.read_text()
-    body = text[text.index(start) :]
-    return body[: body.index(end)] if end else body
+def test_task_handles_take_each_task_op_without_the_task_id() -> None:
+    """Each op whose first argument is the task is a method of both handles, minus that one."""
+    task_ops = [op for op in proto.OPS if _parameters(getattr(_ops, op))[0].name == "task"]
+    assert "flush" in task_ops
+    assert "should_compact" not in task_ops  # its task is a keyword: a builder of its own
+    for op in [*task_ops, "should_compact"]:
+        build = getattr(_ops, "task_should_compact" if op == "should_compact" else op)
+        for handle in (Task, AsyncTask):
+            assert _parameters(build, drop=1) == _parameters(getattr(handle, op), drop=1)
+    assert [p.name for p in _parameters(_ops.task_should_compact)] == [
+        "task",
+        *(p.name for p in _parameters(_ops.should_compact) if p.name != "task"),
+    ]
 
 
-def _squash(text: str) -> str:
-    """The text without layout: no whitespace, no trailing commas (formatter choices)."""
-    return re.sub(r"\s+", "", text).replace(",)", ")")
-
-
-def _to_async(text: str) -> str:
-    text = re.sub(r"^(    )def ", r"\1async def ", text, flags=re.M)
-    for call in ("self.call(", "self.client.call(", "self._history("):
-        text = text.replace(f"return {call}", f"return await {call}")
-    return text.replace("with self._turn(", "async with self._turn(")
-
-
-def test_async_op_methods_are_the_sync_ones_awaited() -> None:
-    """The AsyncClient op layer is the Client op layer with ``async``/``await`` only."""
-    marker = "    # One method per wire op"
-    sync = _section(CLIENT_SRC / "_sync.py", marker)
-    asynchronous = _section(CLIENT_SRC / "_async.py", marker)
-    assert _squash(_to_async(sync)) == _squash(asynchronous)
-
-
-def test_async_task_methods_are_the_sync_ones_awaited() -> None:
-    """AsyncTask's methods are Task's with ``async``/``await`` only."""
-    path = CLIENT_SRC / "_task.py"
-    sync = _section(path, "    def _history(", "\n\nclass AsyncTask")
-    asynchronous = _section(path, "    async def _history(")
-    assert _squash(_to_async(sync)) == _squash(asynchronous)
+def test_methods_keep_their_builders_precise_types(daemon: DaemonProcess) -> None:
+    """Methods made from builders keep argument and result types for mypy, and run as such."""
+    model: proto.Model = {"id": "m", "context_window": 1000}
+    with Client(daemon.endpoint, timeout=10) as client:
+        result = client.prepare_request("t1", MESSAGES, model, estimate=True, timeout=5)
+        assert MESSAGES == assert_type(result, proto.PrepareRequestResult)["messages"]
+        task = client.task("t1", delta=False)
+        view = task.truncated_messages(MESSAGES, deleted_range=None)
+        assert MESSAGES == assert_type(view, proto.TruncatedMessagesResult)["messages"]
+        assert [] == assert_type(task.inspect(), proto.InspectResult)["updates"]
+    if TYPE_CHECKING:  # what mypy must refuse; never run
+        client.prepare_request("t1", MESSAGES, model, estimat=True)  # type: ignore[call-arg]
+        task.inspect(task="t1")  # type: ignore[call-arg]
 
 
 def test_reply_target_matches_by_id_and_drops_strangers() -> None:
@@ -157,7 +159,7 @@ def test_busy_is_retried_with_growing_bounded_delays() -> None:
     """busy asks for a retry after 0.05, 0.1, ... capped, then raises BusyError."""
     policy = _core.RetryPolicy(busy_retries=3, initial_delay=0.05, max_delay=0.15)
     busy = proto.Reply(1, False, code="busy", message="full")
-    call = _core.ping()
+    call = _ops.ping()
     delays = [_core.outcome(call, busy, n, policy, 10.0) for n in range(3)]
     assert [_core.Retry(0.05), _core.Retry(0.1), _core.Retry(0.15)] == delays
     with pytest.raises(ctxwin.client.BusyError):
@@ -170,13 +172,13 @@ def test_results_missing_fields_raise_bad_reply() -> None:
     """A result lacking a field of the wire table raises BadReplyError."""
     with pytest.raises(ctxwin.client.BadReplyError, match="version"):
         _core.outcome(
-            _core.ping(), proto.Reply(1, True, result={"pong": True}), 0, _core.RetryPolicy(), 1
+            _ops.ping(), proto.Reply(1, True, result={"pong": True}), 0, _core.RetryPolicy(), 1
         )
 
 
 def test_oversize_requests_are_refused_locally() -> None:
     """A request larger than the frame limit raises TooLargeError before sending."""
-    call = _core.count_tokens(text="x" * 2000)
+    call = _ops.count_tokens(text="x" * 2000)
     with pytest.raises(ctxwin.client.TooLargeError):
         _core.encode(call, 1, proto.Limits(max_frame_bytes=1000))
 

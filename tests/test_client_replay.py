@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from ctxwin.client._errors import BadReplyError
 from ctxwin.client._replay import (
     chars_of,
     default_model,
@@ -38,10 +41,12 @@ def test_text_of_reads_text_blocks_and_first_text_of_tool_results() -> None:
 
 
 def test_overlay_parses_from_the_on_disk_form_and_applies_latest_text() -> None:
-    """The on-disk overlay becomes (message, block) -> texts; the latest text is applied."""
-    updates = [[2, [2, [[0, [[5, "text", ["old"], []], [9, "text", ["new"], []]]]]]], ["bad"]]
+    """The on-disk overlay becomes (message, block) -> texts, the latest applied; bad is refused."""
+    updates = [[2, [2, [[0, [[5, "text", ["old"], []], [9, "text", ["new"], []]]]]]]]
     overlay = parse_updates(updates)
     assert {(2, 0): (2, ["old", "new"])} == overlay
+    with pytest.raises(BadReplyError, match="entry 1"):
+        parse_updates([*updates, ["bad"]])
     message = {"role": "user", "content": [{"type": "text", "text": "original"}], "ts": 1}
     assert [{"type": "text", "text": "new"}] == with_overlay(message, 2, overlay)["content"]
     assert "original" == message["content"][0]["text"]  # type: ignore[index]

@@ -6,7 +6,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -19,6 +19,15 @@ from tests._client_fake import FakeRouter
 
 class Interrupted(Exception):
     """Raised by the test's SIGINT handler, where KeyboardInterrupt would be."""
+
+
+def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Return once ``condition`` holds (checked without sleeping); fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition did not come about in time")
+        os.sched_yield()  # lets the other threads run (it releases the GIL)
 
 
 @pytest.fixture
@@ -44,7 +53,7 @@ def test_an_interrupt_at_the_hand_over_never_keeps_the_turn() -> None:
         def holder(granted: threading.Event) -> None:
             with turns.take(None, RuntimeError):
                 granted.set()
-                time.sleep(0.002)
+                until(lambda: turns.waiting == 1)  # the main thread waits for the turn
             os.kill(os.getpid(), signal.SIGINT)  # right as the turn is handed over
 
         thread = threading.Thread(target=holder, args=(granted,))
@@ -52,7 +61,7 @@ def test_an_interrupt_at_the_hand_over_never_keeps_the_turn() -> None:
             thread.start()
             granted.wait()
             with turns.take(5, RuntimeError):
-                time.sleep(0.001)
+                pass
             thread.join()
         except Interrupted:
             interrupted += 1
@@ -63,18 +72,24 @@ def test_an_interrupt_at_the_hand_over_never_keeps_the_turn() -> None:
 
 def test_waiting_for_another_thread_s_call_counts_against_the_timeout(tmp_path: Path) -> None:
     """A call queued behind another thread's on one client times out on its own deadline."""
-    with FakeRouter(tmp_path, lambda request: []) as silent, Client(silent.endpoint) as client:
+    arrived = threading.Event()
+
+    def silent_handler(request: object) -> list[bytes]:
+        arrived.set()
+        return []
+
+    with FakeRouter(tmp_path, silent_handler) as silent, Client(silent.endpoint) as client:
         outcomes: list[BaseException] = []
 
         def slow_call() -> None:
             try:
-                client.ping(timeout=3)
+                client.ping(timeout=1.5)
             except RequestTimeoutError as exc:
                 outcomes.append(exc)
 
         slow = threading.Thread(target=slow_call)
         slow.start()
-        time.sleep(0.2)
+        assert arrived.wait(5)  # the slow call holds the client's turn
         started = time.monotonic()
         with pytest.raises(RequestTimeoutError, match="earlier calls on this client"):
             client.ping(timeout=0.3)
@@ -91,8 +106,11 @@ def test_a_waiter_leaving_on_an_interrupt_does_not_swallow_the_next_one_s_turn()
         release = threading.Event()
         waited: list[float] = []
 
-        def holder(release: threading.Event) -> None:
+        held = threading.Event()
+
+        def holder(release: threading.Event, held: threading.Event) -> None:
             with turns.take(None, RuntimeError):
+                held.set()
                 release.wait()
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -101,19 +119,25 @@ def test_a_waiter_leaving_on_an_interrupt_does_not_swallow_the_next_one_s_turn()
             with turns.take(5, RuntimeError):
                 waited.append(time.monotonic() - started)
 
-        first = threading.Thread(target=holder, args=(release,))
+        def line_up(other: threading.Thread, release: threading.Event) -> None:
+            until(lambda: turns.waiting == 1)  # this thread waits first,
+            other.start()
+            until(lambda: turns.waiting == 2)  # the other behind it
+            release.set()
+
+        first = threading.Thread(target=holder, args=(release, held))
         first.start()
-        while not turns.busy:
-            time.sleep(0.001)
+        assert held.wait(5)
         other = threading.Thread(target=second, args=(waited,))
+        arranger = threading.Thread(target=line_up, args=(other, release))
         try:
-            threading.Timer(0.05, other.start).start()  # queued behind this thread
-            threading.Timer(0.1, release.set).start()
+            arranger.start()
             with turns.take(5, RuntimeError):
-                time.sleep(0.001)
+                pass
             first.join()
         except Interrupted:
             first.join()
+        arranger.join()
         other.join()
         assert len(waited) == 1
         assert waited[0] < 1.0, waited
@@ -128,7 +152,7 @@ def test_a_thread_that_asks_again_at_once_queues_behind_the_waiting() -> None:
     def hog() -> None:
         while not stop.is_set():
             with turns.take(None, RuntimeError):
-                time.sleep(0.0005)
+                pass
 
     thread = threading.Thread(target=hog)
     thread.start()

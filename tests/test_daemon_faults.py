@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import json
 import os
 import resource
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -158,16 +159,22 @@ def test_a_file_size_limit_fails_the_write_not_the_daemon(tmp_path: Path) -> Non
 
 
 def test_an_idle_task_that_cannot_be_written_retries_at_its_back_off(tmp_path: Path) -> None:
-    """Idle with a failing write, a task is retried by its back-off (0.25 s, doubling), not more."""
+    """An idle task whose write fails is retried at its back-off (0.25 s, doubling), no sooner."""
     argv = ("--debounce-ms", "20", "--idle-timeout", "0.2")
     with DaemonProcess(tmp_path, *argv, preexec_fn=_limit_file_size) as daemon:
         write_good_state(daemon)
         messages = big_conversation(FSIZE_LIMIT + 4096)
         ok(daemon.call("optimize_file_reads", {"task": TASK, "messages": messages, "ts": 100}))
-        wait_until(lambda: bool(events(daemon, "write_failed")), 10, "the first write fails")
-        time.sleep(2.5)  # back-off: about 5 attempts; the idle sweep alone would make 40
-        attempts = len(events(daemon, "write_failed"))
-        assert 2 <= attempts <= 8, attempts
+        wait_until(lambda: len(events(daemon, "write_failed")) >= 4, 20, "four writes fail")
+        failed = events(daemon, "write_failed")[:4]
+        assert [1, 2, 3, 4] == [event["failures_in_row"] for event in failed]
+        assert [0.25, 0.5, 1.0, 2.0] == [event["retry_in_s"] for event in failed]
+        # Each attempt waits out the back-off announced by the one before; the idle
+        # sweep alone (every 0.2 s) would try again far sooner.
+        at = [datetime.fromisoformat(event["timestamp"]).timestamp() for event in failed]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(at)]
+        backoffs = [event["retry_in_s"] for event in failed[:-1]]
+        assert all(gap >= 0.9 * b for gap, b in zip(gaps, backoffs, strict=True)), gaps
         assert ok(daemon.call("inspect", {"task": TASK}))["dirty"] is True
         ok(daemon.call("rollback", {"task": TASK, "ts": 50}))  # small enough to write again
         assert_written_now(daemon)

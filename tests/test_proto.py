@@ -280,3 +280,20 @@ def test_exceptions_are_classified_by_their_attributes() -> None:
 
     assert proto.is_context_window_error(APIError())
     assert not proto.is_context_window_error(RuntimeError("boom"))
+
+
+def test_overlay_reader_reads_the_on_disk_form_and_refuses_other_shapes() -> None:
+    """read_overlay gives each message's edits by block and names where a bad shape is."""
+    update = [5, "text", ["short"], []]
+    edits = proto.read_overlay([[3, [proto.EDIT_READ_FILE, [[1, [update]]]]]])
+    assert [proto.MessageEdits(3, proto.EDIT_READ_FILE, {1: [update]})] == edits
+    assert "short" == proto.update_text(update)
+    assert "read_file" == proto.EDIT_TYPES[edits[0].edit_type]
+    for bad, where in [
+        ({}, "must be a list"),
+        ([[3, [2, [[1, [update]]]]], [4]], "entry 1"),
+        ([[3, [2, [[1, [[5, "text", [], []]]]]]]], "entry 0 block 1"),
+        ([[3, [True, []]]], "edit_type"),
+    ]:
+        with pytest.raises(proto.OverlayFormatError, match=where):
+            proto.read_overlay(bad)

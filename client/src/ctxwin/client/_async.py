@@ -20,44 +20,10 @@ import zmq
 import zmq.asyncio
 
 from ctxwin import proto
-from ctxwin.proto import (
-    ApplyTruncationNoticeResult,
-    CloseResult,
-    CompactResult,
-    CompactSubagentResult,
-    CondensedResult,
-    ContextWindowInfoResult,
-    CountTokensResult,
-    DeletedRange,
-    FlushResult,
-    InspectResult,
-    Keep,
-    Model,
-    NextTruncationRangeResult,
-    OptimizeFileReadsInMemoryResult,
-    OptimizeFileReadsResult,
-    PingResult,
-    PlanResult,
-    PrepareRequestResult,
-    Reply,
-    RollbackResult,
-    ShouldCompactResult,
-    StatsResult,
-    TruncatedMessagesResult,
-    Usage,
-)
+from ctxwin.proto import Reply
 
-from . import _autostart, _core
-from ._core import (
-    DEFAULT_TIMEOUT,
-    UNSET,
-    Call,
-    CompactKeep,
-    Messages,
-    RangeArg,
-    RetryPolicy,
-    Strategy,
-)
+from . import _autostart, _core, _ops
+from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import AsyncTask
 
@@ -249,13 +215,14 @@ class AsyncClient:
         """Send a built request and return its typed result.
 
         Args:
-            call: from one of the builders in ``ctxwin.client._core``.
-            timeout: seconds for the whole call, busy retries included.
+            call: from one of the builders in ``ctxwin.client._ops``.
+            timeout: seconds for the whole call, busy retries included (the
+                call's own timeout, else the client's, when None).
 
         Raises:
             CtxwinError: the subclass for the error (see ``ctxwin.client``).
         """
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        deadline = time.monotonic() + _core.call_budget(call, timeout, self.timeout)
         attempt = 0
         while True:
             reply = await self._exchange(call, deadline)
@@ -265,259 +232,24 @@ class AsyncClient:
             await asyncio.sleep(step.delay)
             attempt += 1
 
-    # One method per wire op (DESIGN.md table); the logic is in _core.
+    # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 
-    async def ping(self, *, timeout: float | None = None) -> PingResult:
-        """``ping``: whether the daemon answers, its version and protocol."""
-        return await self.call(_core.ping(), timeout=timeout)
-
-    async def stats(self, *, timeout: float | None = None) -> StatsResult:
-        """``stats``: the daemon's counters."""
-        return await self.call(_core.stats(), timeout=timeout)
-
-    async def context_window_info(
-        self, model: Model, *, timeout: float | None = None
-    ) -> ContextWindowInfoResult:
-        """``context_window_info``: the window and the largest allowed size (SPEC.md §2)."""
-        return await self.call(_core.context_window_info(model), timeout=timeout)
-
-    async def should_compact(
-        self,
-        usage: Usage | None,
-        model: Model,
-        *,
-        threshold: float | None = None,
-        task: str | None = None,
-        messages: Messages | None = None,
-        timeout: float | None = None,
-    ) -> ShouldCompactResult:
-        """``should_compact``: whether the last request's usage calls for compaction."""
-        return await self.call(
-            _core.should_compact(usage, model, threshold=threshold, task=task, messages=messages),
-            timeout=timeout,
-        )
-
-    async def next_truncation_range(
-        self,
-        messages: Messages,
-        deleted_range: DeletedRange,
-        keep: Keep,
-        *,
-        timeout: float | None = None,
-    ) -> NextTruncationRangeResult:
-        """``next_truncation_range`` (SPEC.md §3)."""
-        return await self.call(
-            _core.next_truncation_range(messages, deleted_range, keep), timeout=timeout
-        )
-
-    async def prepare_request(
-        self,
-        task: str,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        estimate: bool | None = None,
-        timeout: float | None = None,
-    ) -> PrepareRequestResult:
-        """``prepare_request``: the messages to send to the model this turn (SPEC.md §7)."""
-        return await self.call(
-            _core.prepare_request(
-                task,
-                messages,
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                deleted_range=deleted_range,
-                ephemeral=ephemeral,
-                strategy=strategy,
-                proactive=proactive,
-                estimate=estimate,
-            ),
-            timeout=timeout,
-        )
-
-    async def plan(
-        self,
-        task: str,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        ephemeral: bool | None = None,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        timeout: float | None = None,
-    ) -> PlanResult:
-        """``plan``: what ``prepare_request`` would do now, changing nothing."""
-        return await self.call(
-            _core.plan(
-                task,
-                messages,
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                ephemeral=ephemeral,
-                strategy=strategy,
-                proactive=proactive,
-            ),
-            timeout=timeout,
-        )
-
-    async def truncated_messages(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> TruncatedMessagesResult:
-        """``truncated_messages``: the view under the task's range and overlay (SPEC.md §4)."""
-        return await self.call(
-            _core.truncated_messages(
-                task, messages, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    async def optimize_file_reads(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsResult:
-        """``optimize_file_reads``: replace stale duplicate file reads (SPEC.md §6)."""
-        return await self.call(
-            _core.optimize_file_reads(
-                task, messages, ts=ts, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    async def optimize_file_reads_in_memory(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsInMemoryResult:
-        """``optimize_file_reads_in_memory`` (SPEC.md §8)."""
-        return await self.call(
-            _core.optimize_file_reads_in_memory(
-                task, messages, ts=ts, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    async def compact_subagent(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> CompactSubagentResult:
-        """``compact_subagent``: compact a subagent's conversation (SPEC.md §8)."""
-        return await self.call(
-            _core.compact_subagent(
-                task, messages, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    async def apply_truncation_notice(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> ApplyTruncationNoticeResult:
-        """``apply_truncation_notice`` (SPEC.md §5)."""
-        return await self.call(
-            _core.apply_truncation_notice(task, messages, ts=ts, ephemeral=ephemeral),
-            timeout=timeout,
-        )
-
-    async def compact(
-        self,
-        task: str,
-        messages: Messages,
-        keep: CompactKeep = "quarter",
-        *,
-        ts: int | None = None,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> CompactResult:
-        """``compact``: force a cut (``quarter`` after a context-window error) (SPEC.md §8)."""
-        return await self.call(
-            _core.compact(task, messages, keep, ts=ts, ephemeral=ephemeral), timeout=timeout
-        )
-
-    async def condensed(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> CondensedResult:
-        """``condensed``: hide the summary request and its turn (SPEC.md §8)."""
-        return await self.call(
-            _core.condensed(task, messages, ephemeral=ephemeral), timeout=timeout
-        )
-
-    async def rollback(
-        self,
-        task: str,
-        ts: int,
-        *,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> RollbackResult:
-        """``rollback``: drop overlay updates newer than ``ts`` (SPEC.md §9)."""
-        return await self.call(
-            _core.rollback(task, ts, deleted_range=deleted_range, ephemeral=ephemeral),
-            timeout=timeout,
-        )
-
-    async def inspect(
-        self, task: str, *, ephemeral: bool | None = None, timeout: float | None = None
-    ) -> InspectResult:
-        """``inspect``: the task's overlay, range and dirty flag."""
-        return await self.call(_core.inspect(task, ephemeral=ephemeral), timeout=timeout)
-
-    async def flush(self, task: str | None = None, *, timeout: float | None = None) -> FlushResult:
-        """``flush``: returns once the task (or every task) is durable on disk."""
-        return await self.call(_core.flush(task), timeout=timeout)
-
-    async def close_task(self, task: str, *, timeout: float | None = None) -> CloseResult:
-        """``close``: flush the task and stop its actor (``close`` closes the client)."""
-        return await self.call(_core.close(task), timeout=timeout)
-
-    async def count_tokens(
-        self,
-        messages: Messages | None = None,
-        *,
-        text: str | None = None,
-        timeout: float | None = None,
-    ) -> CountTokensResult:
-        """``count_tokens``: tokens of either ``messages`` or ``text``."""
-        return await self.call(_core.count_tokens(messages, text=text), timeout=timeout)
+    ping = _ops.awaiting(_ops.ping)
+    stats = _ops.awaiting(_ops.stats)
+    context_window_info = _ops.awaiting(_ops.context_window_info)
+    should_compact = _ops.awaiting(_ops.should_compact)
+    next_truncation_range = _ops.awaiting(_ops.next_truncation_range)
+    prepare_request = _ops.awaiting(_ops.prepare_request)
+    plan = _ops.awaiting(_ops.plan)
+    truncated_messages = _ops.awaiting(_ops.truncated_messages)
+    optimize_file_reads = _ops.awaiting(_ops.optimize_file_reads)
+    optimize_file_reads_in_memory = _ops.awaiting(_ops.optimize_file_reads_in_memory)
+    compact_subagent = _ops.awaiting(_ops.compact_subagent)
+    apply_truncation_notice = _ops.awaiting(_ops.apply_truncation_notice)
+    compact = _ops.awaiting(_ops.compact)
+    condensed = _ops.awaiting(_ops.condensed)
+    rollback = _ops.awaiting(_ops.rollback)
+    inspect = _ops.awaiting(_ops.inspect)
+    flush = _ops.awaiting(_ops.flush)
+    close_task = _ops.awaiting(_ops.close)
+    count_tokens = _ops.awaiting(_ops.count_tokens)

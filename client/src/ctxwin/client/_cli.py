@@ -38,7 +38,6 @@ EXIT_DAEMON_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
-_EDIT_TYPES = {0: "notice", 1: "no file read", 2: "read_file", 3: "file change", 4: "file mention"}
 _PROBE_TIMEOUT = 5.0
 
 
@@ -49,7 +48,7 @@ class UsageError(Exception):
 def _task_id(value: str) -> str:
     if not proto.is_valid_task_id(value):
         raise argparse.ArgumentTypeError(
-            f"invalid task id {value!r} (expected ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)"
+            f"invalid task id {value!r} (expected ^{proto.TASK_ID_PATTERN.pattern}$)"
         )
     return value
 
@@ -235,7 +234,7 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         row: dict[str, Any] = {
             "message": index,
             "block": block,
-            "edit": _EDIT_TYPES.get(edit_type, str(edit_type)),
+            "edit": proto.EDIT_TYPES.get(edit_type, str(edit_type)),
             "updates": len(texts),
             "chars": len(texts[-1]) if texts else 0,
             "saved": None,

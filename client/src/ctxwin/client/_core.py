@@ -1,9 +1,10 @@
 """The client's pure logic, shared by the blocking and the asyncio twins.
 
-Everything here is free of sockets, sleeps and event loops: building and
-checking each op's request, encoding it, matching and reading replies, mapping
-error codes to exceptions, and the ``busy`` back-off policy. ``_sync.py`` and
-``_async.py`` only move bytes and wait.
+Everything here is free of sockets, sleeps and event loops: checking and
+wrapping each op's request (the builders themselves are in ``_ops.py``),
+encoding it, matching and reading replies, mapping error codes to exceptions,
+and the ``busy`` back-off policy. ``_sync.py`` and ``_async.py`` only move bytes
+and wait.
 """
 
 from __future__ import annotations
@@ -21,33 +22,11 @@ import zmq
 
 from ctxwin import proto
 from ctxwin.proto import (
-    ApplyTruncationNoticeResult,
-    CloseResult,
-    CompactResult,
-    CompactSubagentResult,
-    CondensedResult,
-    ContextWindowInfoResult,
-    CountTokensResult,
     DeletedRange,
     ErrorCode,
-    FlushResult,
-    InspectResult,
-    Keep,
     Limits,
-    Model,
-    NextTruncationRangeResult,
-    OptimizeFileReadsInMemoryResult,
-    OptimizeFileReadsResult,
-    PingResult,
-    PlanResult,
-    PrepareRequestResult,
     ProtocolError,
     Reply,
-    RollbackResult,
-    ShouldCompactResult,
-    StatsResult,
-    TruncatedMessagesResult,
-    Usage,
 )
 
 from ._errors import (
@@ -118,13 +97,16 @@ class Retry:
 class Call(Generic[T_co]):
     """One op ready to send: its name, checked arguments and the fields its result carries.
 
-    ``finish``, when set, turns the raw result into the op's usual result
-    (delta sync rebuilds a view from a patch there) before it is checked.
+    ``timeout``, when set, is how long the call may take (the client's default
+    otherwise; a timeout given to the client's ``call`` wins). ``finish``, when
+    set, turns the raw result into the op's usual result (delta sync rebuilds a
+    view from a patch there) before it is checked.
     """
 
     op: str
     args: dict[str, Any]
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    timeout: float | None = None
 
     def parse(self, result: dict[str, Any]) -> T_co:
         """The typed result, after checking that every field of the op is present.
@@ -144,19 +126,14 @@ class Call(Generic[T_co]):
         return cast(T_co, result)
 
 
-def now_ms() -> int:
-    """Milliseconds since the epoch, the unit of every ``ts`` on the wire."""
-    return time.time_ns() // 1_000_000
-
-
 def _error_from_protocol(exc: ProtocolError) -> CtxwinError:
     error = error_for(exc.code.value, exc.message)
     error.local = True
     return error
 
 
-def _build(op: str, args: dict[str, Any], **optional: Any) -> Call[Any]:
-    """Check the args against proto's schema and wrap them in a Call.
+def build(op: str, args: dict[str, Any], timeout: float | None, **optional: Any) -> Call[Any]:
+    """Check the args against proto's schema and wrap them in a Call (for the builders in ``_ops``).
 
     Optional args that are None are left out, except ``deleted_range``, where
     None is meaningful (it clears the stored range) and :data:`UNSET` means left out.
@@ -171,266 +148,12 @@ def _build(op: str, args: dict[str, Any], **optional: Any) -> Call[Any]:
         proto.validate_args(op, args)
     except ProtocolError as exc:
         raise _error_from_protocol(exc) from None
-    return Call(op, args)
+    return Call(op, args, timeout=timeout)
 
 
-def _messages(messages: Messages) -> list[Any]:
+def copy_messages(messages: Messages) -> list[Any]:
+    """The messages as a list of plain dicts, as they are sent."""
     return [dict(message) for message in messages]
-
-
-def _ts(ts: int | None) -> int:
-    return now_ms() if ts is None else ts
-
-
-# One builder per wire op; the twins' methods call these and send the Call.
-
-
-def ping() -> Call[PingResult]:
-    """Build ``ping``."""
-    return _build("ping", {})
-
-
-def stats() -> Call[StatsResult]:
-    """Build ``stats``."""
-    return _build("stats", {})
-
-
-def context_window_info(model: Model) -> Call[ContextWindowInfoResult]:
-    """Build ``context_window_info``."""
-    return _build("context_window_info", {"model": dict(model)})
-
-
-def should_compact(
-    usage: Usage | None,
-    model: Model,
-    *,
-    threshold: float | None = None,
-    task: str | None = None,
-    messages: Messages | None = None,
-    ephemeral: bool | None = None,
-) -> Call[ShouldCompactResult]:
-    """Build ``should_compact``."""
-    return _build(
-        "should_compact",
-        {"usage": None if usage is None else dict(usage), "model": dict(model)},
-        threshold=threshold,
-        task=task,
-        messages=None if messages is None else _messages(messages),
-        ephemeral=ephemeral,
-    )
-
-
-def next_truncation_range(
-    messages: Messages, deleted_range: DeletedRange, keep: Keep
-) -> Call[NextTruncationRangeResult]:
-    """Build ``next_truncation_range``."""
-    return _build(
-        "next_truncation_range",
-        {
-            "messages": _messages(messages),
-            "deleted_range": None if deleted_range is None else list(deleted_range),
-            "keep": keep,
-        },
-    )
-
-
-def prepare_request(
-    task: str,
-    messages: Messages,
-    model: Model,
-    *,
-    previous_request: Usage | None = None,
-    use_auto_condense: bool | None = None,
-    deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-    strategy: Strategy | None = None,
-    proactive: bool | None = None,
-    estimate: bool | None = None,
-) -> Call[PrepareRequestResult]:
-    """Build ``prepare_request``.
-
-    ``strategy="fit"``, ``proactive=True`` and ``estimate=True`` opt into token
-    estimates (see :class:`~ctxwin.proto.PrepareRequestResult`); without them
-    the daemon follows SPEC.md exactly.
-    """
-    return _build(
-        "prepare_request",
-        {"task": task, "messages": _messages(messages), "model": dict(model)},
-        previous_request=None if previous_request is None else dict(previous_request),
-        use_auto_condense=use_auto_condense,
-        deleted_range=deleted_range,
-        ephemeral=ephemeral,
-        strategy=strategy,
-        proactive=proactive,
-        estimate=estimate,
-    )
-
-
-def plan(
-    task: str,
-    messages: Messages,
-    model: Model,
-    *,
-    previous_request: Usage | None = None,
-    use_auto_condense: bool | None = None,
-    ephemeral: bool | None = None,
-    strategy: Strategy | None = None,
-    proactive: bool | None = None,
-) -> Call[PlanResult]:
-    """Build ``plan``: what ``prepare_request`` with these arguments would do, changing nothing."""
-    return _build(
-        "plan",
-        {"task": task, "messages": _messages(messages), "model": dict(model)},
-        previous_request=None if previous_request is None else dict(previous_request),
-        use_auto_condense=use_auto_condense,
-        ephemeral=ephemeral,
-        strategy=strategy,
-        proactive=proactive,
-    )
-
-
-def truncated_messages(
-    task: str,
-    messages: Messages,
-    *,
-    deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-) -> Call[TruncatedMessagesResult]:
-    """Build ``truncated_messages``."""
-    return _build(
-        "truncated_messages",
-        {"task": task, "messages": _messages(messages)},
-        deleted_range=deleted_range,
-        ephemeral=ephemeral,
-    )
-
-
-def optimize_file_reads(
-    task: str,
-    messages: Messages,
-    *,
-    ts: int | None = None,
-    deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-) -> Call[OptimizeFileReadsResult]:
-    """Build ``optimize_file_reads`` (``ts`` defaults to now)."""
-    return _build(
-        "optimize_file_reads",
-        {"task": task, "messages": _messages(messages), "ts": _ts(ts)},
-        deleted_range=deleted_range,
-        ephemeral=ephemeral,
-    )
-
-
-def optimize_file_reads_in_memory(
-    task: str,
-    messages: Messages,
-    *,
-    ts: int | None = None,
-    deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-) -> Call[OptimizeFileReadsInMemoryResult]:
-    """Build ``optimize_file_reads_in_memory`` (``ts`` defaults to now)."""
-    return _build(
-        "optimize_file_reads_in_memory",
-        {"task": task, "messages": _messages(messages), "ts": _ts(ts)},
-        deleted_range=deleted_range,
-        ephemeral=ephemeral,
-    )
-
-
-def compact_subagent(
-    task: str,
-    messages: Messages,
-    *,
-    deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-) -> Call[CompactSubagentResult]:
-    """Build ``compact_subagent``."""
-    return _build(
-        "compact_subagent",
-        {"task": task, "messages": _messages(messages)},
-        deleted_range=deleted_range,
-        ephemeral=ephemeral,
-    )
-
-
-def apply_truncation_notice(
-    task: str,
-    messages: Messages,
-    *,
-    ts: int | None = None,
-    ephemeral: bool | None = None,
-) -> Call[ApplyTruncationNoticeResult]:
-    """Build ``apply_truncation_notice`` (``ts`` defaults to now)."""
-    return _build(
-        "apply_truncation_notice",
-        {"task": task, "messages": _messages(messages), "ts": _ts(ts)},
-        ephemeral=ephemeral,
-    )
-
-
-def compact(
-    task: str,
-    messages: Messages,
-    keep: CompactKeep = "quarter",
-    *,
-    ts: int | None = None,
-    ephemeral: bool | None = None,
-) -> Call[CompactResult]:
-    """Build ``compact`` (``ts`` defaults to now)."""
-    return _build(
-        "compact",
-        {"task": task, "messages": _messages(messages), "keep": keep, "ts": _ts(ts)},
-        ephemeral=ephemeral,
-    )
-
-
-def condensed(
-    task: str, messages: Messages, *, ephemeral: bool | None = None
-) -> Call[CondensedResult]:
-    """Build ``condensed``."""
-    return _build("condensed", {"task": task, "messages": _messages(messages)}, ephemeral=ephemeral)
-
-
-def rollback(
-    task: str,
-    ts: int,
-    *,
-    deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-) -> Call[RollbackResult]:
-    """Build ``rollback``."""
-    return _build(
-        "rollback", {"task": task, "ts": ts}, deleted_range=deleted_range, ephemeral=ephemeral
-    )
-
-
-def inspect(task: str, *, ephemeral: bool | None = None) -> Call[InspectResult]:
-    """Build ``inspect``."""
-    return _build("inspect", {"task": task}, ephemeral=ephemeral)
-
-
-def flush(task: str | None = None) -> Call[FlushResult]:
-    """Build ``flush`` (every task when ``task`` is None)."""
-    return _build("flush", {}, task=task)
-
-
-def close(task: str) -> Call[CloseResult]:
-    """Build ``close``."""
-    return _build("close", {"task": task})
-
-
-def count_tokens(
-    messages: Messages | None = None, *, text: str | None = None
-) -> Call[CountTokensResult]:
-    """Build ``count_tokens`` over either messages or a text."""
-    return _build(
-        "count_tokens",
-        {},
-        messages=None if messages is None else _messages(messages),
-        text=text,
-    )
 
 
 # Delta sync: send what a turn adds, get views back as patches.
@@ -463,7 +186,7 @@ class DeltaSync:
         rebuilt from it): task handles pass a copy taken when called.
         """
         if not self.enabled:
-            return _with_history(call, {"messages": _messages(messages)})
+            return _with_history(call, {"messages": copy_messages(messages)})
         history = self.sender.args_for(messages)
         sender, patches = self.sender, self.patches
 
@@ -505,7 +228,7 @@ def _with_history(
         proto.validate_args(call.op, args)
     except ProtocolError as exc:
         raise _error_from_protocol(exc) from None
-    return Call(call.op, args, finish)
+    return Call(call.op, args, finish, call.timeout)
 
 
 # Framing, matching and outcome.
@@ -527,6 +250,13 @@ def left(deadline: float) -> float:
 def budget(timeout: float) -> float:
     """A call's timeout as seconds to spend: never negative (NaN counts as 0)."""
     return timeout if timeout > 0 else 0.0
+
+
+def call_budget(call: Call[Any], timeout: float | None, default: float) -> float:
+    """Seconds ``call`` may take: ``timeout`` if given, else the call's own, else ``default``."""
+    if timeout is None:
+        timeout = default if call.timeout is None else call.timeout
+    return budget(timeout)
 
 
 def lock_wait(seconds: float) -> float | None:

@@ -56,7 +56,7 @@ class UnknownOpError(_CodedError):
 
 
 class InvalidTaskIdError(BadRequestError):
-    """The task id does not match ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``."""
+    """The task id does not match :data:`ctxwin.proto.TASK_ID_PATTERN`."""
 
     code = ErrorCode.INVALID_TASK_ID.value
 

@@ -16,9 +16,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxwin.proto import DeletedRange, Model, Usage
+from ctxwin.proto import (
+    DeletedRange,
+    Model,
+    OverlayFormatError,
+    Update,
+    Usage,
+    now_ms,
+    read_overlay,
+    update_text,
+)
 
-from ._core import now_ms
+from ._errors import BadReplyError
 from ._sync import Client
 from ._task import Task
 from ._usage import total_tokens, usage_from_metrics
@@ -182,17 +191,24 @@ def with_overlay(message: Mapping[str, Any], index: int, overlay: Overlay) -> di
 
 
 def parse_updates(updates: Any) -> Overlay:
-    """The on-disk overlay (SPEC.md §1) as (message, block) -> (edit type, texts)."""
-    overlay: Overlay = {}
-    for entry in updates if isinstance(updates, list) else []:
-        try:
-            index, (edit_type, blocks) = entry
-            for block_index, block_updates in blocks:
-                texts = [str(update[2][0]) for update in block_updates]
-                overlay[(int(index), int(block_index))] = (int(edit_type), texts)
-        except (TypeError, ValueError, IndexError):
-            continue
-    return overlay
+    """The on-disk overlay (SPEC.md §1) as (message, block) -> (edit type, texts).
+
+    Raises:
+        BadReplyError: ``updates`` does not have the on-disk shape.
+    """
+    try:
+        edits = read_overlay(updates)
+    except OverlayFormatError as exc:
+        raise BadReplyError(f"inspect: unreadable overlay: {exc}") from None
+
+    def texts(updates: list[Update]) -> list[str]:
+        return [text for text in map(update_text, updates) if text is not None]
+
+    return {
+        (message.message, block): (message.edit_type, texts(updates))
+        for message in edits
+        for block, updates in message.blocks.items()
+    }
 
 
 def request_points(history: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -11,44 +11,10 @@ from typing import Any, TypeVar
 import zmq
 
 from ctxwin import proto
-from ctxwin.proto import (
-    ApplyTruncationNoticeResult,
-    CloseResult,
-    CompactResult,
-    CompactSubagentResult,
-    CondensedResult,
-    ContextWindowInfoResult,
-    CountTokensResult,
-    DeletedRange,
-    FlushResult,
-    InspectResult,
-    Keep,
-    Model,
-    NextTruncationRangeResult,
-    OptimizeFileReadsInMemoryResult,
-    OptimizeFileReadsResult,
-    PingResult,
-    PlanResult,
-    PrepareRequestResult,
-    Reply,
-    RollbackResult,
-    ShouldCompactResult,
-    StatsResult,
-    TruncatedMessagesResult,
-    Usage,
-)
+from ctxwin.proto import Reply
 
-from . import _autostart, _core
-from ._core import (
-    DEFAULT_TIMEOUT,
-    UNSET,
-    Call,
-    CompactKeep,
-    Messages,
-    RangeArg,
-    RetryPolicy,
-    Strategy,
-)
+from . import _autostart, _core, _ops
+from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import Task
 from ._turns import Turns
@@ -188,13 +154,14 @@ class Client:
         """Send a built request and return its typed result.
 
         Args:
-            call: from one of the builders in ``ctxwin.client._core``.
-            timeout: seconds for the whole call, busy retries included.
+            call: from one of the builders in ``ctxwin.client._ops``.
+            timeout: seconds for the whole call, busy retries included (the
+                call's own timeout, else the client's, when None).
 
         Raises:
             CtxwinError: the subclass for the error (see ``ctxwin.client``).
         """
-        budget = _core.budget(self.timeout if timeout is None else timeout)
+        budget = _core.call_budget(call, timeout, self.timeout)
         deadline = time.monotonic() + budget
         too_long = functools.partial(_core.queued_too_long, call.op, self.endpoint, "client")
         with self._turns.take(_core.lock_wait(budget), too_long):
@@ -207,257 +174,24 @@ class Client:
                 time.sleep(step.delay)
                 attempt += 1
 
-    # One method per wire op (DESIGN.md table); the logic is in _core.
+    # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 
-    def ping(self, *, timeout: float | None = None) -> PingResult:
-        """``ping``: whether the daemon answers, its version and protocol."""
-        return self.call(_core.ping(), timeout=timeout)
-
-    def stats(self, *, timeout: float | None = None) -> StatsResult:
-        """``stats``: the daemon's counters."""
-        return self.call(_core.stats(), timeout=timeout)
-
-    def context_window_info(
-        self, model: Model, *, timeout: float | None = None
-    ) -> ContextWindowInfoResult:
-        """``context_window_info``: the window and the largest allowed size (SPEC.md §2)."""
-        return self.call(_core.context_window_info(model), timeout=timeout)
-
-    def should_compact(
-        self,
-        usage: Usage | None,
-        model: Model,
-        *,
-        threshold: float | None = None,
-        task: str | None = None,
-        messages: Messages | None = None,
-        timeout: float | None = None,
-    ) -> ShouldCompactResult:
-        """``should_compact``: whether the last request's usage calls for compaction."""
-        return self.call(
-            _core.should_compact(usage, model, threshold=threshold, task=task, messages=messages),
-            timeout=timeout,
-        )
-
-    def next_truncation_range(
-        self,
-        messages: Messages,
-        deleted_range: DeletedRange,
-        keep: Keep,
-        *,
-        timeout: float | None = None,
-    ) -> NextTruncationRangeResult:
-        """``next_truncation_range`` (SPEC.md §3)."""
-        return self.call(
-            _core.next_truncation_range(messages, deleted_range, keep), timeout=timeout
-        )
-
-    def prepare_request(
-        self,
-        task: str,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        estimate: bool | None = None,
-        timeout: float | None = None,
-    ) -> PrepareRequestResult:
-        """``prepare_request``: the messages to send to the model this turn (SPEC.md §7)."""
-        return self.call(
-            _core.prepare_request(
-                task,
-                messages,
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                deleted_range=deleted_range,
-                ephemeral=ephemeral,
-                strategy=strategy,
-                proactive=proactive,
-                estimate=estimate,
-            ),
-            timeout=timeout,
-        )
-
-    def plan(
-        self,
-        task: str,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        ephemeral: bool | None = None,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        timeout: float | None = None,
-    ) -> PlanResult:
-        """``plan``: what ``prepare_request`` would do now, changing nothing."""
-        return self.call(
-            _core.plan(
-                task,
-                messages,
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                ephemeral=ephemeral,
-                strategy=strategy,
-                proactive=proactive,
-            ),
-            timeout=timeout,
-        )
-
-    def truncated_messages(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> TruncatedMessagesResult:
-        """``truncated_messages``: the view under the task's range and overlay (SPEC.md §4)."""
-        return self.call(
-            _core.truncated_messages(
-                task, messages, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    def optimize_file_reads(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsResult:
-        """``optimize_file_reads``: replace stale duplicate file reads (SPEC.md §6)."""
-        return self.call(
-            _core.optimize_file_reads(
-                task, messages, ts=ts, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    def optimize_file_reads_in_memory(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsInMemoryResult:
-        """``optimize_file_reads_in_memory`` (SPEC.md §8)."""
-        return self.call(
-            _core.optimize_file_reads_in_memory(
-                task, messages, ts=ts, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    def compact_subagent(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> CompactSubagentResult:
-        """``compact_subagent``: compact a subagent's conversation (SPEC.md §8)."""
-        return self.call(
-            _core.compact_subagent(
-                task, messages, deleted_range=deleted_range, ephemeral=ephemeral
-            ),
-            timeout=timeout,
-        )
-
-    def apply_truncation_notice(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> ApplyTruncationNoticeResult:
-        """``apply_truncation_notice`` (SPEC.md §5)."""
-        return self.call(
-            _core.apply_truncation_notice(task, messages, ts=ts, ephemeral=ephemeral),
-            timeout=timeout,
-        )
-
-    def compact(
-        self,
-        task: str,
-        messages: Messages,
-        keep: CompactKeep = "quarter",
-        *,
-        ts: int | None = None,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> CompactResult:
-        """``compact``: force a cut (``quarter`` after a context-window error) (SPEC.md §8)."""
-        return self.call(
-            _core.compact(task, messages, keep, ts=ts, ephemeral=ephemeral), timeout=timeout
-        )
-
-    def condensed(
-        self,
-        task: str,
-        messages: Messages,
-        *,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> CondensedResult:
-        """``condensed``: hide the summary request and its turn (SPEC.md §8)."""
-        return self.call(_core.condensed(task, messages, ephemeral=ephemeral), timeout=timeout)
-
-    def rollback(
-        self,
-        task: str,
-        ts: int,
-        *,
-        deleted_range: RangeArg = UNSET,
-        ephemeral: bool | None = None,
-        timeout: float | None = None,
-    ) -> RollbackResult:
-        """``rollback``: drop overlay updates newer than ``ts`` (SPEC.md §9)."""
-        return self.call(
-            _core.rollback(task, ts, deleted_range=deleted_range, ephemeral=ephemeral),
-            timeout=timeout,
-        )
-
-    def inspect(
-        self, task: str, *, ephemeral: bool | None = None, timeout: float | None = None
-    ) -> InspectResult:
-        """``inspect``: the task's overlay, range and dirty flag."""
-        return self.call(_core.inspect(task, ephemeral=ephemeral), timeout=timeout)
-
-    def flush(self, task: str | None = None, *, timeout: float | None = None) -> FlushResult:
-        """``flush``: returns once the task (or every task) is durable on disk."""
-        return self.call(_core.flush(task), timeout=timeout)
-
-    def close_task(self, task: str, *, timeout: float | None = None) -> CloseResult:
-        """``close``: flush the task and stop its actor (``close`` closes the client)."""
-        return self.call(_core.close(task), timeout=timeout)
-
-    def count_tokens(
-        self,
-        messages: Messages | None = None,
-        *,
-        text: str | None = None,
-        timeout: float | None = None,
-    ) -> CountTokensResult:
-        """``count_tokens``: tokens of either ``messages`` or ``text``."""
-        return self.call(_core.count_tokens(messages, text=text), timeout=timeout)
+    ping = _ops.blocking(_ops.ping)
+    stats = _ops.blocking(_ops.stats)
+    context_window_info = _ops.blocking(_ops.context_window_info)
+    should_compact = _ops.blocking(_ops.should_compact)
+    next_truncation_range = _ops.blocking(_ops.next_truncation_range)
+    prepare_request = _ops.blocking(_ops.prepare_request)
+    plan = _ops.blocking(_ops.plan)
+    truncated_messages = _ops.blocking(_ops.truncated_messages)
+    optimize_file_reads = _ops.blocking(_ops.optimize_file_reads)
+    optimize_file_reads_in_memory = _ops.blocking(_ops.optimize_file_reads_in_memory)
+    compact_subagent = _ops.blocking(_ops.compact_subagent)
+    apply_truncation_notice = _ops.blocking(_ops.apply_truncation_notice)
+    compact = _ops.blocking(_ops.compact)
+    condensed = _ops.blocking(_ops.condensed)
+    rollback = _ops.blocking(_ops.rollback)
+    inspect = _ops.blocking(_ops.inspect)
+    flush = _ops.blocking(_ops.flush)
+    close_task = _ops.blocking(_ops.close)
+    count_tokens = _ops.blocking(_ops.count_tokens)

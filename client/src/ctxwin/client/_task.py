@@ -1,49 +1,37 @@
-"""Handles bound to one task id, for the blocking and the asyncio client."""
+"""Handles bound to one task id, for the blocking and the asyncio client.
 
-# The per-call ``timeout=`` of the twins is the wire call's deadline (it also decides
-# when the socket is renewed), not a substitute for cancel scopes: keep ASYNC109 off.
-# ruff: noqa: ASYNC109
+A handle's methods are made from the op builders in ``_ops`` (every builder
+whose first argument is the task): each takes its builder's arguments after
+the task id, and arguments the handle holds (``ephemeral``) default to the
+handle's. Handles type against the small :class:`~ctxwin.client._ops.Caller`
+protocols, not against the clients.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import inspect
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from ctxwin.proto import (
-    TASK_ID_PATTERN,
-    ApplyTruncationNoticeResult,
-    CloseResult,
-    CompactResult,
-    CompactSubagentResult,
-    CondensedResult,
-    FlushResult,
-    InspectResult,
-    Model,
-    OptimizeFileReadsInMemoryResult,
-    OptimizeFileReadsResult,
-    PlanResult,
-    PrepareRequestResult,
-    RollbackResult,
-    ShouldCompactResult,
-    TruncatedMessagesResult,
-    Usage,
-    is_valid_task_id,
-)
+from ctxwin.proto import OPS, TASK_ID_PATTERN, is_valid_task_id
 
-from . import _core
-from ._core import UNSET, Call, CompactKeep, Messages, RangeArg, Strategy
+from . import _core, _ops
+from ._core import Call, Messages
 from ._errors import CtxwinError, InvalidTaskIdError
+from ._ops import AsyncCaller, Caller
 from ._turns import Turns
 
+__all__ = ["AsyncTask", "Task"]
+
+P = ParamSpec("P")
 T = TypeVar("T")
 
-if TYPE_CHECKING:
-    from ._async import AsyncClient
-    from ._sync import Client
+HISTORY_OPS = frozenset(name for name, spec in OPS.items() if ("messages", "append") in spec.one_of)
+"""Ops over a task's history: a handle syncs their ``messages`` by delta."""
 
 
 class _TaskBase:
@@ -78,50 +66,106 @@ class _TaskBase:
         """Send the whole history with the next op (after editing old messages in place)."""
         self._delta.reset()
 
-    @property
-    def _open(self) -> bool | None:
-        # Sent with every op that accepts it: an ephemeral task's state may be
-        # dropped when idle, and the next call must re-create it as ephemeral.
-        return True if self.ephemeral else None
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r}, ephemeral={self.ephemeral})"
 
 
+class _Shape(Generic[T]):
+    """How a handle calls one builder: with its id first, its defaults, its history apart."""
+
+    __slots__ = ("build", "history", "opens")
+
+    def __init__(self, build: Callable[..., Call[T]]) -> None:
+        self.build = build
+        self.history = build.__name__ in HISTORY_OPS
+        # Sent with every op that accepts it: an ephemeral task's state may be
+        # dropped when idle, and the next call must re-create it as ephemeral.
+        self.opens = "ephemeral" in inspect.signature(build).parameters
+
+    def call(
+        self, handle: _TaskBase, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Call[T], Messages | None]:
+        """The call for ``handle``, and for a history op the caller's messages (else None).
+
+        A history op is built with no messages: the handle's delta sync adds
+        them (whole or as a delta) from the caller's list.
+        """
+        if self.opens and handle.ephemeral and kwargs.get("ephemeral") is None:
+            kwargs = {**kwargs, "ephemeral": True}
+        messages: Messages | None = None
+        if self.history:
+            if "messages" in kwargs:
+                messages, kwargs = kwargs["messages"], {**kwargs, "messages": ()}
+            elif args:
+                messages, args = args[0], ((), *args[1:])
+        return self.build(handle.id, *args, **kwargs), messages
+
+
+def _blocking(build: Callable[Concatenate[str, P], Call[T]]) -> Callable[Concatenate[Task, P], T]:
+    shape = _Shape(build)
+
+    def method(self: Task, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        call, messages = shape.call(self, args, kwargs)
+        if messages is None:
+            return self.client.call(call)
+        return self._history(call, messages)
+
+    _ops.as_method(method, build, drop=1)
+    return method
+
+
+def _awaiting(
+    build: Callable[Concatenate[str, P], Call[T]],
+) -> Callable[Concatenate[AsyncTask, P], Coroutine[Any, Any, T]]:
+    shape = _Shape(build)
+
+    async def method(self: AsyncTask, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        call, messages = shape.call(self, args, kwargs)
+        if messages is None:
+            return await self.client.call(call)
+        return await self._history(call, messages)
+
+    _ops.as_method(method, build, drop=1)
+    return method
+
+
 class Task(_TaskBase):
-    """A task of a blocking :class:`Client`; every method is the op of that name for the task.
+    """A task of a blocking client; every method is the op of that name for the task.
 
     Args:
         client: the client to send through.
         task_id: the task.
         ephemeral: keep the task in the daemon's memory only (subagent runners).
+        delta: sync the history by delta (send what each turn adds).
     """
 
     def __init__(
-        self, client: Client, task_id: str, *, ephemeral: bool = False, delta: bool = True
+        self, client: Caller, task_id: str, *, ephemeral: bool = False, delta: bool = True
     ) -> None:
         super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
         self._syncing = Turns()
 
     @contextlib.contextmanager
-    def _turn(self, op: str, timeout: float | None) -> Iterator[float]:
-        """Wait for this handle's history op before, within ``timeout``; yields the deadline."""
-        budget = _core.budget(self.client.timeout if timeout is None else timeout)
+    def _turn(self, call: Call[Any]) -> Iterator[float]:
+        """Wait for this handle's history op before, within the call's time; yields the deadline."""
+        budget = _core.call_budget(call, None, self.client.timeout)
         deadline = time.monotonic() + budget
-        too_long = functools.partial(_core.queued_too_long, op, self.client.endpoint, "task handle")
+        too_long = functools.partial(
+            _core.queued_too_long, call.op, self.client.endpoint, "task handle"
+        )
         with self._syncing.take(_core.lock_wait(budget), too_long):
             yield deadline
 
-    def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
+    def _history(self, call: Call[T], messages: Messages) -> T:
         """Send a history op by delta, resending in full when the daemon asks to.
 
         History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called; ``timeout`` covers
-        the whole op: the wait for the one before, the call and any resend.
+        daemon applies them in the order they were called; the call's timeout
+        covers the whole op: the wait for the one before, the call and any resend.
         """
         snapshot = list(messages)  # as it is now, for the resend too
-        with self._turn(call.op, timeout) as deadline:
+        with self._turn(call) as deadline:
             try:
                 return self.client.call(
                     self._delta.call(call, snapshot), timeout=_core.left(deadline)
@@ -134,217 +178,43 @@ class Task(_TaskBase):
                     retry, timeout=_core.left_for_resend(deadline, exc, self.client.endpoint)
                 )
 
-    def plan(
-        self,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        timeout: float | None = None,
-    ) -> PlanResult:
-        """``plan`` for this task: what ``prepare_request`` would do, changing nothing."""
-        return self._history(
-            _core.plan(
-                self.id,
-                (),
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                ephemeral=self._open,
-                strategy=strategy,
-                proactive=proactive,
-            ),
-            messages,
-            timeout,
-        )
-
-    def prepare_request(
-        self,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        deleted_range: RangeArg = UNSET,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        estimate: bool | None = None,
-        timeout: float | None = None,
-    ) -> PrepareRequestResult:
-        """``prepare_request`` for this task (see :func:`ctxwin.client._core.prepare_request`)."""
-        return self._history(
-            _core.prepare_request(
-                self.id,
-                (),
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                deleted_range=deleted_range,
-                ephemeral=self._open,
-                strategy=strategy,
-                proactive=proactive,
-                estimate=estimate,
-            ),
-            messages,
-            timeout,
-        )
-
-    def should_compact(
-        self,
-        usage: Usage | None,
-        model: Model,
-        *,
-        threshold: float | None = None,
-        messages: Messages | None = None,
-        timeout: float | None = None,
-    ) -> ShouldCompactResult:
-        """``should_compact`` for this task."""
-        return self.client.call(
-            _core.should_compact(
-                usage,
-                model,
-                threshold=threshold,
-                task=self.id,
-                messages=messages,
-                ephemeral=self._open,
-            ),
-            timeout=timeout,
-        )
-
-    def truncated_messages(
-        self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
-    ) -> TruncatedMessagesResult:
-        """``truncated_messages`` for this task."""
-        return self._history(
-            _core.truncated_messages(
-                self.id, (), deleted_range=deleted_range, ephemeral=self._open
-            ),
-            messages,
-            timeout,
-        )
-
-    def optimize_file_reads(
-        self,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsResult:
-        """``optimize_file_reads`` for this task."""
-        return self._history(
-            _core.optimize_file_reads(
-                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
-            ),
-            messages,
-            timeout,
-        )
-
-    def optimize_file_reads_in_memory(
-        self,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsInMemoryResult:
-        """``optimize_file_reads_in_memory`` for this task."""
-        return self._history(
-            _core.optimize_file_reads_in_memory(
-                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
-            ),
-            messages,
-            timeout,
-        )
-
-    def compact_subagent(
-        self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
-    ) -> CompactSubagentResult:
-        """``compact_subagent`` for this task."""
-        return self._history(
-            _core.compact_subagent(self.id, (), deleted_range=deleted_range, ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    def apply_truncation_notice(
-        self, messages: Messages, *, ts: int | None = None, timeout: float | None = None
-    ) -> ApplyTruncationNoticeResult:
-        """``apply_truncation_notice`` for this task."""
-        return self._history(
-            _core.apply_truncation_notice(self.id, (), ts=ts, ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    def compact(
-        self,
-        messages: Messages,
-        keep: CompactKeep = "quarter",
-        *,
-        ts: int | None = None,
-        timeout: float | None = None,
-    ) -> CompactResult:
-        """``compact`` for this task."""
-        return self._history(
-            _core.compact(self.id, (), keep, ts=ts, ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    def condensed(self, messages: Messages, *, timeout: float | None = None) -> CondensedResult:
-        """``condensed`` for this task."""
-        return self._history(
-            _core.condensed(self.id, (), ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    def rollback(
-        self, ts: int, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
-    ) -> RollbackResult:
-        """``rollback`` for this task."""
-        return self.client.call(
-            _core.rollback(self.id, ts, deleted_range=deleted_range, ephemeral=self._open),
-            timeout=timeout,
-        )
-
-    def inspect(self, *, timeout: float | None = None) -> InspectResult:
-        """``inspect`` for this task."""
-        return self.client.call(_core.inspect(self.id, ephemeral=self._open), timeout=timeout)
-
-    def flush(self, *, timeout: float | None = None) -> FlushResult:
-        """``flush`` for this task."""
-        return self.client.call(_core.flush(self.id), timeout=timeout)
-
-    def close(self, *, timeout: float | None = None) -> CloseResult:
-        """``close`` for this task."""
-        return self.client.call(_core.close(self.id), timeout=timeout)
+    plan = _blocking(_ops.plan)
+    prepare_request = _blocking(_ops.prepare_request)
+    should_compact = _blocking(_ops.task_should_compact)
+    truncated_messages = _blocking(_ops.truncated_messages)
+    optimize_file_reads = _blocking(_ops.optimize_file_reads)
+    optimize_file_reads_in_memory = _blocking(_ops.optimize_file_reads_in_memory)
+    compact_subagent = _blocking(_ops.compact_subagent)
+    apply_truncation_notice = _blocking(_ops.apply_truncation_notice)
+    compact = _blocking(_ops.compact)
+    condensed = _blocking(_ops.condensed)
+    rollback = _blocking(_ops.rollback)
+    inspect = _blocking(_ops.inspect)
+    flush = _blocking(_ops.flush)
+    close = _blocking(_ops.close)
 
 
 class AsyncTask(_TaskBase):
-    """A task of an :class:`AsyncClient`; every method is the op of that name for the task.
+    """A task of an asyncio client; every method is the op of that name for the task.
 
     Args:
         client: the client to send through.
         task_id: the task.
         ephemeral: keep the task in the daemon's memory only (subagent runners).
+        delta: sync the history by delta (send what each turn adds).
     """
 
     def __init__(
-        self, client: AsyncClient, task_id: str, *, ephemeral: bool = False, delta: bool = True
+        self, client: AsyncCaller, task_id: str, *, ephemeral: bool = False, delta: bool = True
     ) -> None:
         super().__init__(task_id, ephemeral=ephemeral, delta=delta)
         self.client = client
         self._syncing: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @contextlib.asynccontextmanager
-    async def _turn(self, op: str, timeout: float | None) -> AsyncIterator[float]:
-        """Wait for this handle's history op before, within ``timeout``; yields the deadline."""
-        budget = _core.budget(self.client.timeout if timeout is None else timeout)
+    async def _turn(self, call: Call[Any]) -> AsyncIterator[float]:
+        """Wait for this handle's history op before, within the call's time; yields the deadline."""
+        budget = _core.call_budget(call, None, self.client.timeout)
         deadline = time.monotonic() + budget
         loop = asyncio.get_running_loop()
         if self._syncing is None or self._syncing[0] is not loop:
@@ -354,21 +224,16 @@ class AsyncTask(_TaskBase):
             async with asyncio.timeout(_core.lock_wait(budget)):
                 await lock.acquire()
         except TimeoutError:
-            raise _core.queued_too_long(op, self.client.endpoint, "task handle") from None
+            raise _core.queued_too_long(call.op, self.client.endpoint, "task handle") from None
         try:
             yield deadline
         finally:
             lock.release()
 
-    async def _history(self, call: Call[T], messages: Messages, timeout: float | None) -> T:
-        """Send a history op by delta, resending in full when the daemon asks to.
-
-        History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called; ``timeout`` covers
-        the whole op: the wait for the one before, the call and any resend.
-        """
+    async def _history(self, call: Call[T], messages: Messages) -> T:
+        """Send a history op by delta, resending in full when the daemon asks to (see Task)."""
         snapshot = list(messages)  # as it is now, for the resend too
-        async with self._turn(call.op, timeout) as deadline:
+        async with self._turn(call) as deadline:
             try:
                 return await self.client.call(
                     self._delta.call(call, snapshot), timeout=_core.left(deadline)
@@ -381,194 +246,17 @@ class AsyncTask(_TaskBase):
                     retry, timeout=_core.left_for_resend(deadline, exc, self.client.endpoint)
                 )
 
-    async def plan(
-        self,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        timeout: float | None = None,
-    ) -> PlanResult:
-        """``plan`` for this task: what ``prepare_request`` would do, changing nothing."""
-        return await self._history(
-            _core.plan(
-                self.id,
-                (),
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                ephemeral=self._open,
-                strategy=strategy,
-                proactive=proactive,
-            ),
-            messages,
-            timeout,
-        )
-
-    async def prepare_request(
-        self,
-        messages: Messages,
-        model: Model,
-        *,
-        previous_request: Usage | None = None,
-        use_auto_condense: bool | None = None,
-        deleted_range: RangeArg = UNSET,
-        strategy: Strategy | None = None,
-        proactive: bool | None = None,
-        estimate: bool | None = None,
-        timeout: float | None = None,
-    ) -> PrepareRequestResult:
-        """``prepare_request`` for this task (see :func:`ctxwin.client._core.prepare_request`)."""
-        return await self._history(
-            _core.prepare_request(
-                self.id,
-                (),
-                model,
-                previous_request=previous_request,
-                use_auto_condense=use_auto_condense,
-                deleted_range=deleted_range,
-                ephemeral=self._open,
-                strategy=strategy,
-                proactive=proactive,
-                estimate=estimate,
-            ),
-            messages,
-            timeout,
-        )
-
-    async def should_compact(
-        self,
-        usage: Usage | None,
-        model: Model,
-        *,
-        threshold: float | None = None,
-        messages: Messages | None = None,
-        timeout: float | None = None,
-    ) -> ShouldCompactResult:
-        """``should_compact`` for this task."""
-        return await self.client.call(
-            _core.should_compact(
-                usage,
-                model,
-                threshold=threshold,
-                task=self.id,
-                messages=messages,
-                ephemeral=self._open,
-            ),
-            timeout=timeout,
-        )
-
-    async def truncated_messages(
-        self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
-    ) -> TruncatedMessagesResult:
-        """``truncated_messages`` for this task."""
-        return await self._history(
-            _core.truncated_messages(
-                self.id, (), deleted_range=deleted_range, ephemeral=self._open
-            ),
-            messages,
-            timeout,
-        )
-
-    async def optimize_file_reads(
-        self,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsResult:
-        """``optimize_file_reads`` for this task."""
-        return await self._history(
-            _core.optimize_file_reads(
-                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
-            ),
-            messages,
-            timeout,
-        )
-
-    async def optimize_file_reads_in_memory(
-        self,
-        messages: Messages,
-        *,
-        ts: int | None = None,
-        deleted_range: RangeArg = UNSET,
-        timeout: float | None = None,
-    ) -> OptimizeFileReadsInMemoryResult:
-        """``optimize_file_reads_in_memory`` for this task."""
-        return await self._history(
-            _core.optimize_file_reads_in_memory(
-                self.id, (), ts=ts, deleted_range=deleted_range, ephemeral=self._open
-            ),
-            messages,
-            timeout,
-        )
-
-    async def compact_subagent(
-        self, messages: Messages, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
-    ) -> CompactSubagentResult:
-        """``compact_subagent`` for this task."""
-        return await self._history(
-            _core.compact_subagent(self.id, (), deleted_range=deleted_range, ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    async def apply_truncation_notice(
-        self, messages: Messages, *, ts: int | None = None, timeout: float | None = None
-    ) -> ApplyTruncationNoticeResult:
-        """``apply_truncation_notice`` for this task."""
-        return await self._history(
-            _core.apply_truncation_notice(self.id, (), ts=ts, ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    async def compact(
-        self,
-        messages: Messages,
-        keep: CompactKeep = "quarter",
-        *,
-        ts: int | None = None,
-        timeout: float | None = None,
-    ) -> CompactResult:
-        """``compact`` for this task."""
-        return await self._history(
-            _core.compact(self.id, (), keep, ts=ts, ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    async def condensed(
-        self, messages: Messages, *, timeout: float | None = None
-    ) -> CondensedResult:
-        """``condensed`` for this task."""
-        return await self._history(
-            _core.condensed(self.id, (), ephemeral=self._open),
-            messages,
-            timeout,
-        )
-
-    async def rollback(
-        self, ts: int, *, deleted_range: RangeArg = UNSET, timeout: float | None = None
-    ) -> RollbackResult:
-        """``rollback`` for this task."""
-        return await self.client.call(
-            _core.rollback(self.id, ts, deleted_range=deleted_range, ephemeral=self._open),
-            timeout=timeout,
-        )
-
-    async def inspect(self, *, timeout: float | None = None) -> InspectResult:
-        """``inspect`` for this task."""
-        return await self.client.call(_core.inspect(self.id, ephemeral=self._open), timeout=timeout)
-
-    async def flush(self, *, timeout: float | None = None) -> FlushResult:
-        """``flush`` for this task."""
-        return await self.client.call(_core.flush(self.id), timeout=timeout)
-
-    async def close(self, *, timeout: float | None = None) -> CloseResult:
-        """``close`` for this task."""
-        return await self.client.call(_core.close(self.id), timeout=timeout)
+    plan = _awaiting(_ops.plan)
+    prepare_request = _awaiting(_ops.prepare_request)
+    should_compact = _awaiting(_ops.task_should_compact)
+    truncated_messages = _awaiting(_ops.truncated_messages)
+    optimize_file_reads = _awaiting(_ops.optimize_file_reads)
+    optimize_file_reads_in_memory = _awaiting(_ops.optimize_file_reads_in_memory)
+    compact_subagent = _awaiting(_ops.compact_subagent)
+    apply_truncation_notice = _awaiting(_ops.apply_truncation_notice)
+    compact = _awaiting(_ops.compact)
+    condensed = _awaiting(_ops.condensed)
+    rollback = _awaiting(_ops.rollback)
+    inspect = _awaiting(_ops.inspect)
+    flush = _awaiting(_ops.flush)
+    close = _awaiting(_ops.close)

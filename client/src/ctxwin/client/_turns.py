@@ -61,3 +61,8 @@ class Turns:
     def busy(self) -> bool:
         """Whether someone holds the turn."""
         return self._busy
+
+    @property
+    def waiting(self) -> int:
+        """How many wait for the turn."""
+        return len(self._queue)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._classify import is_context_window_error
+from ._clock import now_ms
 from ._codec import (
     DEFAULT_MAX_BYTES,
     Limits,
@@ -28,6 +29,19 @@ from ._delta import (
 )
 from ._endpoint import ENDPOINT_ENV, default_endpoint, default_runtime_dir, resolve_endpoint
 from ._errors import ErrorCode, ProtocolError
+from ._overlay import (
+    EDIT_FILE_CHANGE,
+    EDIT_FILE_MENTION,
+    EDIT_NO_FILE_READ,
+    EDIT_READ_FILE,
+    EDIT_TYPES,
+    EDIT_UNDEFINED,
+    MessageEdits,
+    OverlayFormatError,
+    Update,
+    read_overlay,
+    update_text,
+)
 from ._results import (
     RESULT_FIELDS,
     ApplyTruncationNoticeResult,
@@ -71,6 +85,12 @@ __all__ = [
     "COMPACT_KEEP_VALUES",
     "DEFAULT_MAX_BYTES",
     "DIGEST_SIZE",
+    "EDIT_FILE_CHANGE",
+    "EDIT_FILE_MENTION",
+    "EDIT_NO_FILE_READ",
+    "EDIT_READ_FILE",
+    "EDIT_TYPES",
+    "EDIT_UNDEFINED",
     "EMPTY_DIGEST",
     "ENDPOINT_ENV",
     "FEATURES",
@@ -96,11 +116,13 @@ __all__ = [
     "Keep",
     "Limits",
     "Message",
+    "MessageEdits",
     "Model",
     "NextTruncationRangeResult",
     "OpSpec",
     "OptimizeFileReadsInMemoryResult",
     "OptimizeFileReadsResult",
+    "OverlayFormatError",
     "PatchReceiver",
     "PingResult",
     "PlanResult",
@@ -112,6 +134,7 @@ __all__ = [
     "ShouldCompactResult",
     "StatsResult",
     "TruncatedMessagesResult",
+    "Update",
     "Usage",
     "__version__",
     "apply_view_patch",
@@ -126,8 +149,11 @@ __all__ = [
     "is_context_window_error",
     "is_valid_task_id",
     "message_digest",
+    "now_ms",
     "pack",
+    "read_overlay",
     "resolve_endpoint",
     "unpack",
+    "update_text",
     "validate_args",
 ]
