@@ -211,7 +211,7 @@ def test_every_op_of_the_design_table_is_known() -> None:
         ({"messages": [], "base": 0, "base_digest": bytes(16)}, "either messages"),
         ({"append": [], "base": -1, "base_digest": bytes(16)}, "base must be a non-negative"),
         ({"append": [], "base": 0, "base_digest": b"short"}, "base_digest must be 16 bytes"),
-        ({"append": [{"role": "x"}], "base": 0, "base_digest": bytes(16)}, "append [0].role"),
+        ({"append": [{"role": "x"}], "base": 3, "base_digest": bytes(16)}, "messages[3].role"),
         ({"messages": [], "view": "diff"}, "view must be one of list, patch"),
     ],
 )

@@ -105,15 +105,24 @@ class AsyncClient:
         """Whether :meth:`aclose` was called."""
         return self._closed
 
-    def task(self, task_id: str, *, ephemeral: bool = False, delta: bool = True) -> AsyncTask:
+    def task(
+        self,
+        task_id: str,
+        *,
+        ephemeral: bool = False,
+        delta: bool = True,
+        dialect: str | None = None,
+    ) -> AsyncTask:
         """A handle bound to one task id.
 
         Args:
             task_id: the task.
             ephemeral: keep the task in the daemon's memory only (subagent runners).
+            dialect: the task's message dialect (``openai-chat``, ``anthropic``,
+                ``openai-responses``, ``gemini``; None: ``cline``), fixed at first use.
             delta: sync the history by delta (send what each turn adds).
         """
-        return AsyncTask(self, task_id, ephemeral=ephemeral, delta=delta)
+        return AsyncTask(self, task_id, ephemeral=ephemeral, delta=delta, dialect=dialect)
 
     # Transport.
 

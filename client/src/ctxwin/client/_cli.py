@@ -19,6 +19,7 @@ from ctxwin import proto
 
 from . import _autostart
 from ._core import DEFAULT_TIMEOUT
+from ._corpus import load_conversation
 from ._errors import CtxwinError, DaemonUnavailableError
 from ._plot import plot, plot_problem
 from ._replay import (
@@ -142,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     play.add_argument("file", type=Path, metavar="FILE")
+    play.add_argument(
+        "--dialect",
+        choices=proto.DIALECTS,
+        help="the conversation's message dialect (default: from the file's shape: a Cline "
+        "array, an object with messages, input or contents, a Claude Code JSONL log)",
+    )
     play.add_argument(
         "--model-window",
         type=_non_negative_int,
@@ -372,8 +379,18 @@ class _Bar:
         self.stream.flush()
 
 
+def _load_conversation(path: Path) -> tuple[list[dict[str, Any]], str]:
+    try:
+        return load_conversation(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"cannot read {path}: JSON nested too deeply") from None
+
+
 def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    history = _load(args.file)
+    history, detected = _load_conversation(args.file)
+    dialect = args.dialect or detected
     if args.plot is not None:
         problem = plot_problem(args.plot)  # before the replay, not after it
         if problem is not None:
@@ -393,6 +410,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         ephemeral=not args.keep,
         file=str(args.file),
         progress=_Bar(err) if show else None,
+        dialect=dialect,
     )
     if not args.keep:
         client.close_task(task_id)

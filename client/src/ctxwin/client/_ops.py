@@ -104,6 +104,7 @@ def should_compact(
     task: str | None = None,
     messages: Messages | None = None,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[ShouldCompactResult]:
     """``should_compact``: whether the last request's usage calls for compaction."""
@@ -115,6 +116,7 @@ def should_compact(
         task=task,
         messages=None if messages is None else copy_messages(messages),
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -126,6 +128,7 @@ def task_should_compact(
     threshold: float | None = None,
     messages: Messages | None = None,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[ShouldCompactResult]:
     """``should_compact`` for a task: whether the last request's usage calls for compaction.
@@ -140,6 +143,7 @@ def task_should_compact(
         task=task,
         messages=messages,
         ephemeral=ephemeral,
+        dialect=dialect,
         timeout=timeout,
     )
 
@@ -172,6 +176,7 @@ def prepare_request(
     use_auto_condense: bool | None = None,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     strategy: Strategy | None = None,
     proactive: bool | None = None,
     estimate: bool | None = None,
@@ -191,6 +196,7 @@ def prepare_request(
         use_auto_condense=use_auto_condense,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
+        dialect=dialect,
         strategy=strategy,
         proactive=proactive,
         estimate=estimate,
@@ -205,6 +211,7 @@ def plan(
     previous_request: Usage | None = None,
     use_auto_condense: bool | None = None,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     strategy: Strategy | None = None,
     proactive: bool | None = None,
     timeout: float | None = None,
@@ -217,6 +224,7 @@ def plan(
         previous_request=None if previous_request is None else dict(previous_request),
         use_auto_condense=use_auto_condense,
         ephemeral=ephemeral,
+        dialect=dialect,
         strategy=strategy,
         proactive=proactive,
     )
@@ -228,6 +236,7 @@ def truncated_messages(
     *,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[TruncatedMessagesResult]:
     """``truncated_messages``: the view under the task's range and overlay (SPEC.md §4)."""
@@ -237,6 +246,7 @@ def truncated_messages(
         timeout,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -247,6 +257,7 @@ def optimize_file_reads(
     ts: int | None = None,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[OptimizeFileReadsResult]:
     """``optimize_file_reads``: replace stale duplicate file reads (SPEC.md §6; ``ts``: now)."""
@@ -256,6 +267,7 @@ def optimize_file_reads(
         timeout,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -266,6 +278,7 @@ def optimize_file_reads_in_memory(
     ts: int | None = None,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[OptimizeFileReadsInMemoryResult]:
     """``optimize_file_reads_in_memory`` (SPEC.md §8; ``ts`` defaults to now)."""
@@ -275,6 +288,7 @@ def optimize_file_reads_in_memory(
         timeout,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -284,6 +298,7 @@ def compact_subagent(
     *,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[CompactSubagentResult]:
     """``compact_subagent``: compact a subagent's conversation (SPEC.md §8)."""
@@ -293,6 +308,7 @@ def compact_subagent(
         timeout,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -302,6 +318,7 @@ def apply_truncation_notice(
     *,
     ts: int | None = None,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[ApplyTruncationNoticeResult]:
     """``apply_truncation_notice`` (SPEC.md §5; ``ts`` defaults to now)."""
@@ -310,6 +327,7 @@ def apply_truncation_notice(
         {"task": task, "messages": copy_messages(messages), "ts": _ts(ts)},
         timeout,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -320,6 +338,7 @@ def compact(
     *,
     ts: int | None = None,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[CompactResult]:
     """``compact``: force a cut (``quarter`` after a context-window error) (SPEC.md §8)."""
@@ -328,6 +347,7 @@ def compact(
         {"task": task, "messages": copy_messages(messages), "keep": keep, "ts": _ts(ts)},
         timeout,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -336,6 +356,7 @@ def condensed(
     messages: Messages,
     *,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[CondensedResult]:
     """``condensed``: hide the summary request and its turn (SPEC.md §8)."""
@@ -344,6 +365,7 @@ def condensed(
         {"task": task, "messages": copy_messages(messages)},
         timeout,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
@@ -353,6 +375,7 @@ def rollback(
     *,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
+    dialect: str | None = None,
     timeout: float | None = None,
 ) -> Call[RollbackResult]:
     """``rollback``: drop overlay updates newer than ``ts`` (SPEC.md §9)."""
@@ -362,14 +385,19 @@ def rollback(
         timeout,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
+        dialect=dialect,
     )
 
 
 def inspect(
-    task: str, *, ephemeral: bool | None = None, timeout: float | None = None
+    task: str,
+    *,
+    ephemeral: bool | None = None,
+    dialect: str | None = None,
+    timeout: float | None = None,
 ) -> Call[InspectResult]:
     """``inspect``: the task's overlay, range and dirty flag."""
-    return build("inspect", {"task": task}, timeout, ephemeral=ephemeral)
+    return build("inspect", {"task": task}, timeout, ephemeral=ephemeral, dialect=dialect)
 
 
 def flush(task: str | None = None, *, timeout: float | None = None) -> Call[FlushResult]:
@@ -383,15 +411,20 @@ def close(task: str, *, timeout: float | None = None) -> Call[CloseResult]:
 
 
 def count_tokens(
-    messages: Messages | None = None, *, text: str | None = None, timeout: float | None = None
+    messages: Messages | None = None,
+    *,
+    text: str | None = None,
+    dialect: str | None = None,
+    timeout: float | None = None,
 ) -> Call[CountTokensResult]:
-    """``count_tokens``: tokens of either ``messages`` or ``text``."""
+    """``count_tokens``: tokens of either ``messages`` (of ``dialect``) or ``text``."""
     return build(
         "count_tokens",
         {},
         timeout,
         messages=None if messages is None else copy_messages(messages),
         text=text,
+        dialect=dialect,
     )
 
 

@@ -27,6 +27,7 @@ from ctxwin.proto import (
     update_text,
 )
 
+from ._corpus import user_side
 from ._errors import BadReplyError
 from ._sync import Client
 from ._task import Task
@@ -211,13 +212,36 @@ def parse_updates(updates: Any) -> Overlay:
     }
 
 
-def request_points(history: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Where the agent calls the model: after every user message (exclusive end index)."""
-    return [i for i in range(1, len(history) + 1) if history[i - 1].get("role") == "user"]
+def request_points(history: Sequence[Mapping[str, Any]], dialect: str = "cline") -> list[int]:
+    """Where the agent calls the model (exclusive end indices).
+
+    After every user message; in another dialect, after the last message of
+    each run of the user's side (a user message, tool results).
+    """
+    if dialect == "cline":
+        return [i for i in range(1, len(history) + 1) if history[i - 1].get("role") == "user"]
+    return [
+        i
+        for i in range(1, len(history) + 1)
+        if user_side(history[i - 1], dialect)
+        and (i == len(history) or not user_side(history[i], dialect))
+    ]
 
 
-def _tokens(client: Client, messages: Sequence[Mapping[str, Any]]) -> int:
-    return client.count_tokens(list(messages))["tokens"] if messages else 0
+def _tokens(client: Client, messages: Sequence[Mapping[str, Any]], dialect: str = "cline") -> int:
+    if not messages:
+        return 0
+    if dialect == "cline":
+        return client.count_tokens(list(messages))["tokens"]
+    return client.count_tokens(list(messages), dialect=dialect)["tokens"]
+
+
+def _removed_from_view(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """Messages of the view ``before`` that the view ``after`` no longer sends."""
+    kept = {json.dumps(message, sort_keys=True, default=repr) for message in after}
+    return [m for m in before if json.dumps(m, sort_keys=True, default=repr) not in kept]
 
 
 def _text_tokens(client: Client, text: str) -> int:
@@ -233,6 +257,7 @@ def replay(
     ephemeral: bool = True,
     file: str = "",
     progress: Progress | None = None,
+    dialect: str = "cline",
 ) -> ReplayReport:
     """Send ``history`` to the daemon turn by turn and record what changed.
 
@@ -244,6 +269,11 @@ def replay(
         ephemeral: keep the task in memory only (the default).
         file: the file name, for the report.
         progress: called after each turn.
+        dialect: the history's dialect. In a dialect other than ``cline`` the
+            range and the overlay count the engine's internal messages
+            (docs/DIALECTS.md); a truncation's savings are those of the
+            messages the view stopped sending, and an optimisation event names
+            internal indices and counts no savings.
 
     Returns:
         The report.
@@ -252,7 +282,7 @@ def replay(
         CtxwinError: from the daemon.
     """
     info = client.context_window_info(model)
-    points = request_points(history)
+    points = request_points(history, dialect)
     has_metrics = any(isinstance(m.get("metrics"), Mapping) for m in history)
     report = ReplayReport(
         file=file,
@@ -263,7 +293,9 @@ def replay(
         max_allowed_size=info["max_allowed_size"],
         usage_source="metrics.tokens" if has_metrics else "count_tokens",
     )
-    task = Task(client, task_id, ephemeral=ephemeral)
+    native = dialect != "cline"
+    task = Task(client, task_id, ephemeral=ephemeral, dialect=dialect if native else None)
+    last_view: list[Any] = []
     start = task.inspect()
     deleted_range: DeletedRange = start["deleted_range"]
     overlay = parse_updates(start["updates"])
@@ -276,7 +308,10 @@ def replay(
             first = deleted_range[1] + 1 if deleted_range else 2
             hidden = list(range(first, new_range[1] + 1))
             # As the model last saw them: with the overlay of the previous turn.
-            removed = [with_overlay(history[index], index, overlay) for index in hidden]
+            if native:
+                removed = _removed_from_view(last_view, sent["messages"])
+            else:
+                removed = [with_overlay(history[index], index, overlay) for index in hidden]
             report.events.append(
                 ReplayEvent(
                     turn=turn,
@@ -286,17 +321,18 @@ def replay(
                     removed_messages=len(hidden),
                     messages=hidden,
                     chars_saved=sum(chars_of(message.get("content")) for message in removed),
-                    tokens_saved=_tokens(client, removed),
+                    tokens_saved=_tokens(client, removed, dialect),
                 )
             )
         deleted_range = new_range
         now = parse_updates(task.inspect()["updates"])
-        event = _optimisation(client, history, overlay, now, turn, end, deleted_range)
+        event = _optimisation(client, history, overlay, now, turn, end, deleted_range, native)
         if event is not None:
             report.events.append(event)
         overlay = now
         answer = history[end] if end < len(history) else None
-        previous = _usage_after(client, answer, sent["messages"], clock + turn)
+        previous = _usage_after(client, answer, sent["messages"], clock + turn, dialect)
+        last_view = sent["messages"]
         if previous is not None:
             report.peak_tokens = max(report.peak_tokens, total_tokens(previous))
         report.per_turn.append(
@@ -323,6 +359,7 @@ def _optimisation(
     turn: int,
     end: int,
     deleted_range: DeletedRange,
+    native: bool = False,
 ) -> ReplayEvent | None:
     """The optimisation event of a turn: blocks whose latest update is new (notices excluded)."""
     old_texts: list[str] = []
@@ -346,6 +383,8 @@ def _optimisation(
         touched.add(index)
     if not touched:
         return None
+    if native:  # internal indices: the history's texts are not at them
+        return ReplayEvent(turn, end, "optimisation", deleted_range, 0, sorted(touched), 0, 0)
     old, new = "\n".join(old_texts), "\n".join(new_texts)
     return ReplayEvent(
         turn=turn,
@@ -364,9 +403,10 @@ def _usage_after(
     answer: Mapping[str, Any] | None,
     sent: Sequence[Mapping[str, Any]],
     fallback_ts: int,
+    dialect: str = "cline",
 ) -> Usage | None:
     """The usage of the request just made: from the answer's metrics, else counted."""
-    if answer is None or answer.get("role") != "assistant":
+    if answer is None or (dialect == "cline" and answer.get("role") != "assistant"):
         return None
     ts = answer.get("ts")
     ts = ts if isinstance(ts, int) and not isinstance(ts, bool) and ts >= 0 else fallback_ts
@@ -374,7 +414,11 @@ def _usage_after(
     tokens = metrics.get("tokens") if isinstance(metrics, Mapping) else None
     if isinstance(tokens, Mapping):
         return usage_from_metrics(tokens, ts=ts)
-    return Usage(ts=ts, tokens_in=_tokens(client, sent), tokens_out=_tokens(client, [answer]))
+    return Usage(
+        ts=ts,
+        tokens_in=_tokens(client, sent, dialect),
+        tokens_out=_tokens(client, [answer], dialect),
+    )
 
 
 def input_tokens(usage: Usage) -> int:

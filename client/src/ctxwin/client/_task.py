@@ -46,7 +46,14 @@ class _TaskBase:
     sends whole lists every time.
     """
 
-    def __init__(self, task_id: str, *, ephemeral: bool = False, delta: bool = True) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        *,
+        ephemeral: bool = False,
+        delta: bool = True,
+        dialect: str | None = None,
+    ) -> None:
         if not is_valid_task_id(task_id):  # fail where the handle is made, not on first use
             error = InvalidTaskIdError(
                 f"task id {task_id!r} does not match {TASK_ID_PATTERN.pattern}"
@@ -55,6 +62,7 @@ class _TaskBase:
             raise error
         self.id = task_id
         self.ephemeral = ephemeral
+        self.dialect = dialect
         self._delta = _core.DeltaSync(delta)
 
     @property
@@ -67,7 +75,8 @@ class _TaskBase:
         self._delta.reset()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.id!r}, ephemeral={self.ephemeral})"
+        shown = "" if self.dialect is None else f", dialect={self.dialect!r}"
+        return f"{type(self).__name__}({self.id!r}, ephemeral={self.ephemeral}{shown})"
 
 
 class _Shape(Generic[T]):
@@ -92,6 +101,8 @@ class _Shape(Generic[T]):
         """
         if self.opens and handle.ephemeral and kwargs.get("ephemeral") is None:
             kwargs = {**kwargs, "ephemeral": True}
+        if self.opens and handle.dialect is not None and kwargs.get("dialect") is None:
+            kwargs = {**kwargs, "dialect": handle.dialect}
         messages: Messages | None = None
         if self.history:
             if "messages" in kwargs:
@@ -137,12 +148,21 @@ class Task(_TaskBase):
         task_id: the task.
         ephemeral: keep the task in the daemon's memory only (subagent runners).
         delta: sync the history by delta (send what each turn adds).
+        dialect: the task's message dialect (``openai-chat``, ``anthropic``,
+            ``openai-responses``, ``gemini``; None: the daemon's default, ``cline``),
+            sent with every op that takes it.
     """
 
     def __init__(
-        self, client: Caller, task_id: str, *, ephemeral: bool = False, delta: bool = True
+        self,
+        client: Caller,
+        task_id: str,
+        *,
+        ephemeral: bool = False,
+        delta: bool = True,
+        dialect: str | None = None,
     ) -> None:
-        super().__init__(task_id, ephemeral=ephemeral, delta=delta)
+        super().__init__(task_id, ephemeral=ephemeral, delta=delta, dialect=dialect)
         self.client = client
         self._syncing = Turns()
 
@@ -202,12 +222,19 @@ class AsyncTask(_TaskBase):
         task_id: the task.
         ephemeral: keep the task in the daemon's memory only (subagent runners).
         delta: sync the history by delta (send what each turn adds).
+        dialect: the task's message dialect (see :class:`Task`).
     """
 
     def __init__(
-        self, client: AsyncCaller, task_id: str, *, ephemeral: bool = False, delta: bool = True
+        self,
+        client: AsyncCaller,
+        task_id: str,
+        *,
+        ephemeral: bool = False,
+        delta: bool = True,
+        dialect: str | None = None,
     ) -> None:
-        super().__init__(task_id, ephemeral=ephemeral, delta=delta)
+        super().__init__(task_id, ephemeral=ephemeral, delta=delta, dialect=dialect)
         self.client = client
         self._syncing: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 

@@ -6,6 +6,9 @@ What is counted for a list of messages:
 - a ``text`` block: its ``text``;
 - a ``tool_use`` block: its ``name`` plus its ``input`` as compact JSON;
 - a ``tool_result`` block: its ``content`` (a string, or its blocks by these rules);
+- an ``opaque`` block (a dialect's reasoning or other part the engine never
+  edits, docs/DIALECTS.md): its ``visible`` text (reasoning counted by its
+  visible size, not by the signature or encrypted payload);
 - an ``image`` block: a fixed :data:`IMAGE_TOKENS`, whatever its size (the
   data is base64 and its pixel size is unknown here; the figure is the cost of
   a full-size image on current vision models, so estimates err high);
@@ -146,4 +149,7 @@ class TokenCounter:
             return self._count_content(block.get("content"))
         if kind == "image":
             return IMAGE_TOKENS
+        if kind == "opaque":
+            visible = block.get("visible")
+            return self.count_text(visible) if isinstance(visible, str) else 0
         return 0

@@ -106,7 +106,7 @@ class History:
         repairs = self.messages.repairs
         while repairs and repairs[-1] >= first_pair:
             repairs.pop()
-        repairs.extend(find_repairs(self.messages, first_pair))
+        repairs.extend(find_repairs(self.messages, first_pair, self.messages.strict))
 
     @property
     def size(self) -> int:

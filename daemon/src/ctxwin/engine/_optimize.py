@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ._blocks import Message, text_of, utf16_len
 from ._notices import Notices
 from ._overlay import EDIT_FILE_CHANGE, EDIT_FILE_MENTION, EDIT_READ_FILE, Overlay, update_text
+from ._reads import ReadRules, native_reads
 
 # JavaScript's \s, spelled out so that the header rule reads the same characters
 # as the reference strategy (Python's \s differs on \ufeff and \x1c-\x1f, \x85).
@@ -149,16 +150,29 @@ class MessageFacts:
     through the same functions, so both give the same results.
     """
 
-    __slots__ = ("_chars", "_reads")
+    __slots__ = ("_chars", "_native", "_reads")
 
     def __init__(self) -> None:
         self._reads: list[tuple[str, ReadFacts] | None] = []
         self._chars: list[MessageChars | None] = []
+        self._native: list[tuple[ReadRules, tuple[tuple[str, int], ...]] | None] = []
 
     def truncate(self, length: int) -> None:
         """Forget the facts of messages from ``length`` on."""
         del self._reads[length:]
         del self._chars[length:]
+        del self._native[length:]
+
+    def native(
+        self, messages: Sequence[Message], index: int, rules: ReadRules
+    ) -> tuple[tuple[str, int], ...]:
+        cache = self._native
+        if len(cache) < len(messages):
+            cache.extend([None] * (len(messages) - len(cache)))
+        held = cache[index]
+        if held is None or held[0] is not rules:
+            held = cache[index] = (rules, native_reads(messages, index, rules))
+        return held[1]
 
     def reads(self, messages: Sequence[Message], index: int, notice: str) -> ReadFacts:
         cache = self._reads
@@ -226,6 +240,33 @@ def scan(messages: Sequence[Message], start: int, overlay: Overlay, notice: str)
                     search=element,
                 ),
             )
+    return found
+
+
+def scan_native(
+    messages: Sequence[Message], start: int, overlay: Overlay, notice: str, rules: ReadRules
+) -> Scan:
+    """Find every native tool read from ``start`` on (docs/DIALECTS.md, "File reads").
+
+    A result block that was already replaced is no candidate any more; the
+    other reads in its message still are (a message can answer parallel reads).
+    """
+    found = Scan()
+    edits = overlay.messages
+    facts = _facts_of(messages)
+    for index in range(max(start, 0), len(messages)):
+        reads = (
+            facts.native(messages, index, rules)
+            if facts is not None
+            else native_reads(messages, index, rules)
+        )
+        if not reads:
+            continue
+        entry = edits.get(index)
+        for key, block in reads:
+            if entry is not None and block in entry.blocks:
+                continue
+            found.add(key, Candidate(index, EDIT_READ_FILE, block, notice))
     return found
 
 
@@ -371,14 +412,21 @@ def optimize_file_reads(
     overlay: Overlay,
     ts: int | float,
     notices: Notices,
+    rules: ReadRules | None = None,
 ) -> Optimisation:
     """Replace superseded file reads from ``start`` on, in ``overlay`` (SPEC.md §6).
 
     Returns:
         Whether anything changed and whether truncation is still needed
         (nothing changed, or less than 30% of the characters saved).
+        ``rules`` None reads Cline's result headers; otherwise native tool
+        calls are the reads.
     """
-    found = scan(messages, start, overlay, notices.duplicate_file_read)
+    notice = notices.duplicate_file_read
+    if rules is None:
+        found = scan(messages, start, overlay, notice)
+    else:
+        found = scan_native(messages, start, overlay, notice, rules)
     indices = apply(found, messages, overlay, ts)
     if not indices:
         return Optimisation(False, True, 0.0, frozenset())

@@ -19,7 +19,8 @@ from ._overlay import (
     Overlay,
 )
 from ._range import Keep, next_truncation_range
-from ._view import keep_from, truncated_messages
+from ._reads import ReadRules
+from ._view import NEW_TEXT_BLOCK, keep_from, truncated_messages
 from ._window import context_window_info, total_tokens
 
 
@@ -171,6 +172,16 @@ def _check_range(value: object) -> list[int] | None:
     return [value[0], value[1]]
 
 
+def _first_text_block(message: Message) -> int:
+    """The index of the first text block, or :data:`NEW_TEXT_BLOCK` when there is none."""
+    content = message.get("content")
+    if isinstance(content, list):
+        for index, block in enumerate(content):
+            if block.get("type") == "text":
+                return index
+    return NEW_TEXT_BLOCK
+
+
 class TaskState:
     """A task's overlay and deleted range, with the engine's operations on them.
 
@@ -180,10 +191,13 @@ class TaskState:
     written.
     """
 
-    __slots__ = ("_deleted_range", "notices", "overlay", "revision")
+    __slots__ = ("_deleted_range", "notices", "overlay", "reads", "revision")
 
-    def __init__(self, notices: Notices = DEFAULT_NOTICES) -> None:
+    def __init__(self, notices: Notices = DEFAULT_NOTICES, reads: ReadRules | None = None) -> None:
         self.notices = notices
+        # None: the Cline dialect (SPEC.md exactly); otherwise a native dialect's
+        # internal form, whose file reads are tool calls (docs/DIALECTS.md).
+        self.reads = reads
         self.overlay = Overlay()
         self._deleted_range: list[int] | None = None
         self.revision = 0
@@ -202,7 +216,11 @@ class TaskState:
 
     @classmethod
     def load(
-        cls, updates: object, deleted_range: object = None, notices: Notices = DEFAULT_NOTICES
+        cls,
+        updates: object,
+        deleted_range: object = None,
+        notices: Notices = DEFAULT_NOTICES,
+        reads: ReadRules | None = None,
     ) -> TaskState:
         """Rebuild a state from its stored form.
 
@@ -214,7 +232,7 @@ class TaskState:
         Raises:
             CorruptStateError: when either value does not have its stored shape.
         """
-        state = cls(notices)
+        state = cls(notices, reads)
         if updates is not None:
             state.overlay = Overlay.load(updates)
         state._deleted_range = _check_range(deleted_range)
@@ -231,13 +249,45 @@ class TaskState:
         """The view of ``messages`` under this task's range and overlay (SPEC.md §4)."""
         return truncated_messages(messages, self._deleted_range, self.overlay, self.notices)
 
+    def _keep_newest(
+        self, messages: Sequence[Message], before: list[int] | None, proposed: list[int] | None
+    ) -> list[int] | None:
+        """A native dialect's range stops short of the turn the newest message answers.
+
+        SPEC.md §4 drops the results after a cut; when those are the newest
+        message, the view would lose it, so the cut keeps that whole turn
+        (docs/DIALECTS.md). The range still never shrinks.
+        """
+        if (
+            self.reads is None
+            or proposed is None
+            or len(messages) < 2
+            or proposed[1] != len(messages) - 2
+        ):
+            return proposed
+        content = messages[-1].get("content")
+        if not isinstance(content, list) or not any(
+            block.get("type") == "tool_result" for block in content
+        ):
+            return proposed
+        floor = before[1] if before else proposed[0] - 1
+        return [proposed[0], max(proposed[1] - 2, floor)]
+
     # §5 -----------------------------------------------------------------
 
-    def add_truncation_notice(self, ts: int) -> bool:
-        """Replace message 1 with the truncation notice unless it has edits already."""
+    def add_truncation_notice(self, ts: int, messages: Sequence[Message] = ()) -> bool:
+        """Replace message 1 with the truncation notice unless it has edits already.
+
+        In a native dialect the notice replaces message 1's first text block,
+        or is added as a new text block when it has none (never into an
+        opaque part, docs/DIALECTS.md); the Cline dialect edits block 0.
+        """
         if 1 in self.overlay:
             return False
-        self.overlay.append(1, EDIT_UNDEFINED, 0, [ts, "text", [self.notices.truncation], []])
+        block = 0
+        if self.reads is not None and len(messages) > 1:
+            block = _first_text_block(messages[1])
+        self.overlay.append(1, EDIT_UNDEFINED, block, [ts, "text", [self.notices.truncation], []])
         return True
 
     def add_first_user_replacement(self, ts: int, messages: Sequence[Message]) -> bool:
@@ -255,7 +305,7 @@ class TaskState:
 
     def apply_truncation_notice(self, ts: int, messages: Sequence[Message]) -> bool:
         """Both notices of SPEC.md §5; True when either was added."""
-        changed = self.add_truncation_notice(ts)
+        changed = self.add_truncation_notice(ts, messages)
         changed = self.add_first_user_replacement(ts, messages) or changed
         if changed:
             self._changed()
@@ -265,7 +315,7 @@ class TaskState:
 
     def _optimize(self, messages: Sequence[Message], ts: int, whole: bool) -> Optimisation:
         start = 2 if whole else keep_from(self._deleted_range)
-        return optimize_file_reads(messages, start, self.overlay, ts, self.notices)
+        return optimize_file_reads(messages, start, self.overlay, ts, self.notices, self.reads)
 
     def optimize_file_reads(self, messages: Sequence[Message], ts: int) -> OptimizeResult:
         """Replace superseded file reads after the range and persist (SPEC.md §6)."""
@@ -326,7 +376,7 @@ class TaskState:
             result = self._optimize(messages, trigger_ts, whole=False)
             changed = result.changed
             if result.need_to_truncate:
-                changed = self.add_truncation_notice(trigger_ts) or changed
+                changed = self.add_truncation_notice(trigger_ts, messages) or changed
                 before = self._deleted_range
                 if budgeting is not None and budgeting.strategy == "fit":
                     budget = limit * budgeting.target
@@ -334,9 +384,9 @@ class TaskState:
                     proposed, _ = fit_range(messages, before, self.overlay, budget, sizing)
                 else:
                     proposed = next_truncation_range(messages, before, keep)
-                self.deleted_range = proposed
+                self.deleted_range = self._keep_newest(messages, before, proposed)
                 range_updated = True
-                stalled = not result.changed and keep_from(proposed) == keep_from(before)
+                stalled = not result.changed and keep_from(self._deleted_range) == keep_from(before)
             if changed:
                 self._changed()
         view = self.truncated_messages(messages)
@@ -383,7 +433,7 @@ class TaskState:
 
     def clone(self) -> TaskState:
         """An independent copy: changes to either never show in the other."""
-        copy = TaskState(self.notices)
+        copy = TaskState(self.notices, self.reads)
         copy.overlay = self.overlay.copy()
         copy._deleted_range = self.deleted_range
         copy.revision = self.revision
@@ -419,7 +469,7 @@ class TaskState:
 
     def compact_subagent(self, messages: Sequence[Message], ts: int) -> SubagentResult:
         """Make a subagent's conversation fit: optimise in memory, else cut a quarter (§8)."""
-        result = optimize_file_reads(messages, 2, self.overlay, ts, self.notices)
+        result = optimize_file_reads(messages, 2, self.overlay, ts, self.notices, self.reads)
         conversation: Sequence[Message] = messages
         if result.changed:
             conversation = truncated_messages(messages, None, self.overlay, self.notices)
@@ -429,13 +479,14 @@ class TaskState:
         proposed = next_truncation_range(conversation, current, "quarter")
         if proposed[1] < proposed[0] or proposed == current:
             return SubagentResult(False, self.deleted_range, self.truncated_messages(messages))
-        self.deleted_range = proposed
+        self.deleted_range = self._keep_newest(messages, current, proposed)
         return SubagentResult(True, self.deleted_range, self.truncated_messages(messages))
 
     def compact(self, messages: Sequence[Message], keep: Keep, ts: int) -> CompactResult:
         """Force a cut: after a context-window error (quarter) or a summary (none) (§8)."""
         before = self.revision
-        self.deleted_range = next_truncation_range(messages, self._deleted_range, keep)
+        proposed = next_truncation_range(messages, self._deleted_range, keep)
+        self.deleted_range = self._keep_newest(messages, self._deleted_range, proposed)
         self.apply_truncation_notice(ts, messages)
         return CompactResult(self.deleted_range, self.revision != before)
 

@@ -11,6 +11,8 @@ from ._optimize import MessageFacts
 from ._overlay import Overlay
 
 FIRST_REMOVABLE = 2
+NEW_TEXT_BLOCK = -1
+"""The block index of an update that adds a text block (for a message with no text to edit)."""
 
 
 def keep_from(deleted_range: Sequence[int] | None) -> int:
@@ -30,15 +32,28 @@ def apply_overlay(message: Message, overlay_entry: Any) -> Message:
     if not isinstance(content, list):
         return message
     blocks: list[Block] | None = None
+    added: Block | None = None
     for block_index, updates in overlay_entry.blocks.items():
-        if not updates or not 0 <= block_index < len(content):
+        if not updates:
             continue
         latest = updates[-1]
         if latest[1] != "text":
             continue
+        if block_index == NEW_TEXT_BLOCK:
+            added = {"type": "text", "text": latest[2][0]}
+            continue
+        if not 0 <= block_index < len(content):
+            continue
         if blocks is None:
             blocks = list(content)
         blocks[block_index] = with_text(blocks[block_index], latest[2][0])
+    if added is not None:
+        # After the leading opaque parts (reasoning), which must stay first.
+        blocks = list(content) if blocks is None else blocks
+        place = 0
+        while place < len(blocks) and blocks[place].get("type") == "opaque":
+            place += 1
+        blocks.insert(place, added)
     if blocks is None:
         return message
     return {**message, "content": blocks}
@@ -99,20 +114,24 @@ def repair_tool_results(ids: list[str], message: Message, notices: Notices) -> M
     return {**message, "content": ordered + others}
 
 
-def pair_needs_repair(assistant: Message, user: Message) -> bool:
-    """Whether the user message after ``assistant`` must be repaired (SPEC.md §4 step 5)."""
+def pair_needs_repair(assistant: Message, user: Message, strict: bool = False) -> bool:
+    """Whether the user message after ``assistant`` must be repaired (SPEC.md §4 step 5).
+
+    ``strict`` (every dialect but Cline's): results after a message without
+    calls are orphans too, and are dropped.
+    """
     ids = _tool_use_ids(assistant)
-    if not ids or user.get("role") != "user":
+    if (not ids and not strict) or user.get("role") != "user":
         return False
     return repair_tool_results(ids, user, DEFAULT_NOTICES) is not user
 
 
-def find_repairs(messages: Sequence[Message], first: int = 0) -> list[int]:
+def find_repairs(messages: Sequence[Message], first: int = 0, strict: bool = False) -> list[int]:
     """Indices ``i >= first`` whose pair ``(messages[i], messages[i + 1])`` needs repair."""
     return [
         index
         for index in range(max(first, 0), len(messages) - 1)
-        if pair_needs_repair(messages[index], messages[index + 1])
+        if pair_needs_repair(messages[index], messages[index + 1], strict)
     ]
 
 
@@ -124,11 +143,12 @@ class KnownPairs(list[Message]):
     range or the overlay changed, instead of every pair.
     """
 
-    __slots__ = ("clean_until", "facts", "repairs", "view_cache")
+    __slots__ = ("clean_until", "facts", "repairs", "strict", "view_cache")
 
-    def __init__(self, messages: Sequence[Message] = ()) -> None:
+    def __init__(self, messages: Sequence[Message] = (), strict: bool = False) -> None:
         super().__init__(messages)
-        self.repairs: list[int] = find_repairs(self)
+        self.strict = strict  # orphan results are dropped wherever they stand
+        self.repairs: list[int] = find_repairs(self, 0, strict)
         self.facts = MessageFacts()  # what the duplicate-read pass parsed, per message
         # The last view built from this history and what it depended on; messages
         # from ``clean_until`` on changed since (History lowers it on every change).
@@ -239,8 +259,10 @@ def _finish_view(
                 position = original + offset
                 view[position] = apply_overlay(view[position], entry)
                 changed.update((position - 1, position))
+    strict = False
     if isinstance(messages, KnownPairs):
         # Pairs of two untouched history messages repair as the history's own pairs do.
+        strict = messages.strict
         low = max(first - 1, start)
         changed.update(index + offset for index in messages.repairs if index >= low)
         positions: Iterable[int] = sorted(p for p in changed if p < len(view) - 1)
@@ -248,5 +270,5 @@ def _finish_view(
         positions = range(len(view) - 1)
     for position in positions:
         ids = _tool_use_ids(view[position])
-        if ids and view[position + 1].get("role") == "user":
+        if (ids or strict) and view[position + 1].get("role") == "user":
             view[position + 1] = repair_tool_results(ids, view[position + 1], notices)

@@ -66,6 +66,8 @@ from ._results import (
 )
 from ._schema import (
     COMPACT_KEEP_VALUES,
+    DEFAULT_DIALECT,
+    DIALECTS,
     KEEP_VALUES,
     OPS,
     TASK_ID_PATTERN,
@@ -83,7 +85,9 @@ from ._version import FEATURES, PROTOCOL_VERSION, __version__
 
 __all__ = [
     "COMPACT_KEEP_VALUES",
+    "DEFAULT_DIALECT",
     "DEFAULT_MAX_BYTES",
+    "DIALECTS",
     "DIGEST_SIZE",
     "EDIT_FILE_CHANGE",
     "EDIT_FILE_MENTION",

@@ -108,6 +108,8 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
         or length != len(history)
     ):
         raise ValueError("view patch does not match the history it is applied to")
+    if "order" in patch:
+        return _apply_ordered(history, patch["order"], overrides)
     if length < 2:
         view, start, shift = list(history), 0, 0
     else:
@@ -124,6 +126,41 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
             view[origin - shift] = item[1]
         else:
             raise ValueError("view patch overrides an index that is not in the view")
+    return view
+
+
+def _apply_ordered(history: Sequence[Any], order: object, overrides: list[Any]) -> list[Any]:
+    """A dialect view: the history indices of ``order`` (``[start, end)`` runs, in view order),
+    each replaced by its override: one message, or a list of messages (docs/DIALECTS.md)."""
+    if not isinstance(order, list):
+        raise ValueError("view patch order must be a list of [start, end] runs")
+    replaced: dict[int, Any] = {}
+    for item in overrides:
+        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
+            raise ValueError("view patch overrides an index that is not in the view")
+        replaced[item[0]] = item[1]
+    view: list[Any] = []
+    used = 0
+    for run in order:
+        if (
+            not isinstance(run, list)
+            or len(run) != 2
+            or not all(isinstance(bound, int) for bound in run)
+            or not 0 <= run[0] <= run[1] <= len(history)
+        ):
+            raise ValueError("view patch order holds a run outside the history")
+        for index in range(run[0], run[1]):
+            if index in replaced:
+                used += 1
+                value = replaced[index]
+                if isinstance(value, list):
+                    view.extend(value)
+                else:
+                    view.append(value)
+            else:
+                view.append(history[index])
+    if used != len(replaced):
+        raise ValueError("view patch overrides an index that is not in the view")
     return view
 
 

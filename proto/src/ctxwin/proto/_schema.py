@@ -24,6 +24,9 @@ COMPACT_KEEP_VALUES = ("quarter", "none")
 USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
 VIEW_VALUES = ("list", "patch")
 STRATEGY_VALUES = ("default", "fit")
+DIALECTS = ("cline", "openai-chat", "anthropic", "openai-responses", "gemini")
+"""A task's message dialects (docs/DIALECTS.md); ``cline`` (SPEC.md) is the default."""
+DEFAULT_DIALECT = "cline"
 DELTA_FIELDS = ("base", "base_digest", "append")
 """Sent instead of ``messages`` by a caller that syncs by delta (DESIGN.md, delta sync)."""
 
@@ -62,7 +65,15 @@ def is_valid_task_id(task: object) -> bool:
 
 
 class _Invalid(Exception):
-    """An argument failed its check; converted to a ProtocolError by validate_args."""
+    """An argument failed its check; converted to a ProtocolError by validate_args.
+
+    ``placed``: the message already names where (``messages[3].role``), not
+    only what is wrong with the argument.
+    """
+
+    def __init__(self, message: str, placed: str = "") -> None:
+        super().__init__(message)
+        self.placed = placed
 
 
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
@@ -101,23 +112,35 @@ def _check_str(value: object) -> None:
         raise _Invalid("must be a string")
 
 
-def _check_messages(value: object) -> None:
+def _check_messages(value: object, first: int = 0, cline: bool = True) -> None:
+    """Messages of the Cline dialect, or, for another dialect, maps (its own checks follow).
+
+    ``first`` is the history index of ``value[0]`` (a delta's ``base``): errors
+    name the absolute index, ``messages[312].role``.
+    """
     if not isinstance(value, list):
         raise _Invalid("must be a list of messages")
-    for index, message in enumerate(value):
+    for offset, message in enumerate(value):
+        where = f"messages[{first + offset}]"
         if not isinstance(message, dict):
-            raise _Invalid(f"[{index}] must be a map")
+            raise _Invalid(f"{where} must be a map", where)
+        if not cline:
+            continue
         role = message.get("role")
         if role not in ("user", "assistant"):
-            raise _Invalid(f"[{index}].role must be 'user' or 'assistant'")
+            raise _Invalid(
+                f"{where}.role must be 'user' or 'assistant' (the cline dialect; "
+                "give 'dialect' for another)",
+                where,
+            )
         content = message.get("content")
         if isinstance(content, str):
             continue
         if not isinstance(content, list):
-            raise _Invalid(f"[{index}].content must be a string or a list of blocks")
+            raise _Invalid(f"{where}.content must be a string or a list of blocks", where)
         for block_index, block in enumerate(content):
             if not isinstance(block, dict):
-                raise _Invalid(f"[{index}].content[{block_index}] must be a map")
+                raise _Invalid(f"{where}.content[{block_index}] must be a map", where)
 
 
 def _check_model(value: object) -> None:
@@ -212,6 +235,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "use_auto_condense": _check_bool,
     "text": _check_str,
     "ephemeral": _check_bool,
+    "dialect": _one_of(DIALECTS),
     "append": _check_messages,
     "base": _check_base,
     "base_digest": _check_digest,
@@ -253,7 +277,7 @@ class OpSpec:
         return frozenset(names)
 
 
-_OPEN = ("ephemeral",)
+_OPEN = ("ephemeral", "dialect")
 _HISTORY = (("messages", "append"),)
 _DELTA = ("base", "base_digest", "view", "patch_base")
 _BUDGETING = ("strategy", "proactive", "estimate")
@@ -300,7 +324,7 @@ OPS: dict[str, OpSpec] = {
         OpSpec("inspect", ("task",), _OPEN),
         OpSpec("flush", (), ("task",)),
         OpSpec("close", ("task",)),
-        OpSpec("count_tokens", one_of=(("messages", "text"),)),
+        OpSpec("count_tokens", optional=("dialect",), one_of=(("messages", "text"),)),
     )
 }
 """Every op of protocol version 1, by name."""
@@ -348,12 +372,19 @@ def validate_args(op: str, args: Mapping[str, Any]) -> OpSpec:
     # The task id first: a bad one must be refused as such, whatever else is wrong.
     if "task" in args:
         _check_task(args["task"])
+    dialect = args.get("dialect", DEFAULT_DIALECT)
     for name, value in args.items():
         if name == "task":
             continue
-        check = (spec.checks or {}).get(name) or CHECKS[name]
         try:
+            if name in ("messages", "append"):
+                base = args.get("base") if name == "append" else 0
+                first = base if isinstance(base, int) and _is_int(base) and base >= 0 else 0
+                _check_messages(value, first, dialect == DEFAULT_DIALECT)
+                continue
+            check = (spec.checks or {}).get(name) or CHECKS[name]
             check(value)
         except _Invalid as exc:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{op}: {name} {exc}") from None
+            where = f"{op}: {exc}" if exc.placed else f"{op}: {name} {exc}"
+            raise ProtocolError(ErrorCode.BAD_REQUEST, where) from None
     return spec

@@ -1,0 +1,132 @@
+"""Saved conversations in the shapes agents write them, and the dialect each shape is in.
+
+- a JSON array of messages (Cline's ``api_conversation_history.json``, or any
+  dialect's message list);
+- a JSON object holding ``messages`` (OpenAI Chat or Anthropic), ``input``
+  (OpenAI Responses) or ``contents`` (Gemini);
+- a Claude Code JSONL event log: ``user``/``assistant`` lines hold an
+  Anthropic ``message``; the lines of one API response share ``message.id``
+  and are merged into one message; bookkeeping lines are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["detect_dialect", "load_conversation", "parse_conversation", "user_side"]
+
+_CLAUDE_CODE_TYPES = ("user", "assistant")
+
+
+class ConversationFormatError(ValueError):
+    """A file that holds no conversation in a known shape."""
+
+
+def _claude_code_log(lines: list[Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    last_id: object = None
+    for line in lines:
+        if not isinstance(line, dict) or line.get("type") not in _CLAUDE_CODE_TYPES:
+            continue
+        message = line.get("message")
+        if not isinstance(message, dict) or message.get("role") not in _CLAUDE_CODE_TYPES:
+            continue
+        content = message.get("content")
+        blocks = list(content) if isinstance(content, list) else content
+        message_id = message.get("id") if message.get("role") == "assistant" else None
+        if message_id is not None and message_id == last_id and isinstance(blocks, list):
+            previous = messages[-1]["content"]
+            if isinstance(previous, list):
+                previous.extend(blocks)
+                continue
+        last_id = message_id
+        messages.append({"role": message["role"], "content": blocks})
+    return messages
+
+
+def detect_dialect(messages: Sequence[Any], hint: str = "") -> str:
+    """The dialect a message list is in, from its shape (``hint``: the key it was under)."""
+    if hint == "contents":
+        return "gemini"
+    if hint == "input":
+        return "openai-responses"
+    kinds: set[str] = set()
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        if "parts" in message:
+            return "gemini"
+        kind = message.get("type")
+        if isinstance(kind, str) and kind != "message":
+            return "openai-responses"
+        if message.get("role") in ("tool", "system", "developer") or "tool_calls" in message:
+            return "openai-chat"
+        content = message.get("content")
+        if isinstance(content, list):
+            kinds.update(str(block.get("type")) for block in content if isinstance(block, Mapping))
+    if kinds & {"input_text", "output_text"}:
+        return "openai-responses"
+    if hint == "messages":
+        return "anthropic"  # an object with Anthropic-shaped messages, not Cline's file
+    return "cline"
+
+
+def parse_conversation(text: str) -> tuple[list[dict[str, Any]], str]:
+    """The messages of a saved conversation and their dialect.
+
+    Raises:
+        ConversationFormatError: the text holds no conversation in a known shape.
+    """
+    stripped = text.lstrip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+        if not stripped.startswith("{"):
+            raise ConversationFormatError("not JSON, nor a JSONL event log") from None
+    if data is None:
+        try:
+            lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as exc:
+            raise ConversationFormatError(f"not JSON, nor a JSONL event log: {exc}") from None
+        messages = _claude_code_log(lines)
+        if not messages:
+            raise ConversationFormatError("a JSONL file with no user or assistant lines")
+        return messages, "anthropic"
+    if isinstance(data, list):
+        return data, detect_dialect(data)
+    if isinstance(data, dict):
+        for key in ("messages", "input", "contents"):
+            found = data.get(key)
+            if isinstance(found, list):
+                return found, detect_dialect(found, key)
+        if isinstance(data.get("message"), dict):  # a JSONL log of one line
+            return _claude_code_log([data]), "anthropic"
+    raise ConversationFormatError(
+        "expected a list of messages, an object with messages, input or contents, "
+        "or a Claude Code JSONL log"
+    )
+
+
+def load_conversation(path: Path) -> tuple[list[dict[str, Any]], str]:
+    """:func:`parse_conversation` of a file.
+
+    Raises:
+        OSError: the file cannot be read.
+        ConversationFormatError: it holds no conversation in a known shape.
+    """
+    return parse_conversation(path.read_text(encoding="utf-8"))
+
+
+def user_side(message: Mapping[str, Any], dialect: str) -> bool:
+    """Whether ``message`` is the user's side of a turn (a model request may follow it)."""
+    role = message.get("role")
+    if dialect == "openai-chat":
+        return role in ("user", "tool")
+    if dialect == "openai-responses":
+        kind = message.get("type")
+        return role == "user" or (isinstance(kind, str) and kind.endswith("_output"))
+    return role == "user"

@@ -1,0 +1,165 @@
+"""The Anthropic Messages dialect (docs/DIALECTS.md, "anthropic").
+
+``messages`` of ``{"role": "user"|"assistant", "content": str | [block]}``;
+``tool_use`` blocks in assistant messages, ``tool_result`` blocks in user
+messages; ``thinking``/``redacted_thinking`` and every other block type are
+opaque parts, sent as they are or dropped with their turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._blocks import Block, Message
+from ._dialect import ASSISTANT, PART, USER, Dialect, DialectError, Mapped, MappedHistory, block
+
+WHOLE = "content"
+"""The part of a message whose content is one string."""
+
+
+def inner_blocks(content: object) -> list[Block]:
+    """A result's content as internal blocks: text stays text, everything else is opaque."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        return []
+    inner: list[Block] = []
+    for item in content:
+        if (
+            isinstance(item, dict)
+            and item.get("type") == "text"
+            and isinstance(item.get("text"), str)
+        ):
+            inner.append({"type": "text", "text": item["text"]})
+        else:
+            inner.append({"type": "opaque", "visible": ""})
+    return inner
+
+
+def outer_content(original: object, inner: list[Block], mapped: list[Block]) -> object:
+    """A result's content with the texts the engine changed written back into ``original``."""
+    if isinstance(original, str):
+        return inner[0]["text"] if inner and inner[0].get("type") == "text" else original
+    if not isinstance(original, list):
+        return original
+    out = list(original)
+    for place, item in enumerate(inner[: len(out)]):
+        if place < len(mapped) and item is not mapped[place] and item.get("type") == "text":
+            part = out[place]
+            if isinstance(part, dict):
+                out[place] = {**part, "text": item["text"]}
+    return out
+
+
+def _visible(part: dict[str, Any]) -> str:
+    thinking = part.get("thinking")
+    return thinking if isinstance(thinking, str) else ""
+
+
+class AnthropicDialect(Dialect):
+    """Anthropic Messages: the internal form's own shape, with opaque parts."""
+
+    name = "anthropic"
+    new_inside = True
+
+    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise DialectError(f"{where} must be a map")
+        role = message.get("role")
+        if role not in (USER, ASSISTANT):
+            raise DialectError(
+                f"{where}.role must be 'user' or 'assistant' in the anthropic dialect "
+                "(the system prompt is not a message there)"
+            )
+        content = message.get("content")
+        if isinstance(content, str):
+            return Mapped(role, [block("text", index, WHOLE, text=content)])
+        if not isinstance(content, list):
+            raise DialectError(f"{where}.content must be a string or a list of blocks")
+        blocks: list[Block] = []
+        calls = False
+        for place, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise DialectError(f"{where}.content[{place}] must be a map with a 'type'")
+            kind = part["type"]
+            if kind == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise DialectError(f"{where}.content[{place}].text must be a string")
+                blocks.append(block("text", index, place, text=text))
+            elif kind == "tool_use":
+                tool_id = part.get("id")
+                name = part.get("name")
+                if not isinstance(tool_id, str) or not isinstance(name, str):
+                    raise DialectError(f"{where}.content[{place}] needs a string id and name")
+                blocks.append(
+                    block("tool_use", index, place, id=tool_id, name=name, input=part.get("input"))
+                )
+                history.calls[tool_id] = (name, index)
+                calls = True
+            elif kind == "tool_result":
+                tool_use_id = part.get("tool_use_id")
+                if not isinstance(tool_use_id, str):
+                    raise DialectError(f"{where}.content[{place}].tool_use_id must be a string")
+                blocks.append(
+                    block(
+                        "tool_result",
+                        index,
+                        place,
+                        tool_use_id=tool_use_id,
+                        content=inner_blocks(part.get("content", "")),
+                    )
+                )
+            elif kind == "image":
+                blocks.append(block("image", index, place, source=part.get("source")))
+            else:
+                blocks.append(block("opaque", index, place, visible=_visible(part)))
+        return Mapped(role, blocks, calls)
+
+    def _part(self, item: Block, source: Message, history: MappedHistory) -> dict[str, Any]:
+        content = source["content"]
+        place = item.get(PART)
+        if place == WHOLE:
+            original: dict[str, Any] = {"type": "text", "text": content}
+        elif isinstance(place, int):
+            original = content[place]
+        else:
+            return _new_part(item)
+        own = history.mapped[item["_src"]].blocks
+        mapped = next((b for b in own if b.get(PART) == place), None)
+        if mapped is item:
+            return original
+        if item["type"] == "text":
+            return {**original, "text": item["text"]}
+        if item["type"] == "tool_result" and mapped is not None:
+            inner = outer_content(original.get("content", ""), item["content"], mapped["content"])
+            return {**original, "content": inner}
+        return original
+
+    def rebuild(
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+    ) -> list[Message]:
+        parts = [self._part(item, source, history) for item in blocks]
+        if not parts:
+            return []
+        if isinstance(source["content"], str) and len(blocks) == 1 and blocks[0].get(PART) == WHOLE:
+            return [{**source, "content": parts[0]["text"]}]
+        return [{**source, "content": parts}]
+
+    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+        return [{"role": role, "content": [_new_part(item) for item in blocks]}]
+
+
+def _new_part(item: Block) -> dict[str, Any]:
+    """The Anthropic form of a block the view added."""
+    if item["type"] == "tool_result":
+        inner = item.get("content")
+        text = inner if isinstance(inner, str) else ""
+        if isinstance(inner, list) and inner and inner[0].get("type") == "text":
+            text = inner[0]["text"]
+        return {"type": "tool_result", "tool_use_id": item["tool_use_id"], "content": text}
+    return {"type": "text", "text": item.get("text", "")}
+
+
+ANTHROPIC = AnthropicDialect()

@@ -1,0 +1,212 @@
+"""The OpenAI Chat Completions dialect (docs/DIALECTS.md, "openai-chat").
+
+``messages`` with roles ``system``/``developer`` (kept out), ``user``,
+``assistant`` (``content`` a string, null or parts; ``tool_calls``;
+``reasoning_content`` as an opaque part) and ``tool`` (one result each,
+``tool_call_id``). A tool message must follow its assistant message at once,
+so a message with calls ends its turn.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._blocks import Block, Message
+from ._dialect import (
+    ASSISTANT,
+    KEPT_OUT,
+    PART,
+    SRC,
+    USER,
+    Dialect,
+    DialectError,
+    Mapped,
+    MappedHistory,
+    block,
+    originals,
+)
+from ._dialect_anthropic import inner_blocks, outer_content
+
+WHOLE = "content"
+REASONING = "reasoning_content"
+KEPT_OUT_ROLES = ("system", "developer")
+
+
+def parse_arguments(arguments: object) -> object:
+    """A call's ``arguments`` JSON as a value (the string itself when it is not JSON)."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def text_parts(content: object, index: int, where: str, kinds: tuple[str, ...]) -> list[Block]:
+    """Internal blocks of a string or a list of content parts; parts of ``kinds`` are texts."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [block("text", index, WHOLE, text=content)]
+    if not isinstance(content, list):
+        raise DialectError(f"{where}.content must be a string, null or a list of parts")
+    blocks: list[Block] = []
+    for place, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise DialectError(f"{where}.content[{place}] must be a map")
+        text = part.get("text")
+        if part.get("type") in kinds and isinstance(text, str):
+            blocks.append(block("text", index, place, text=text))
+        else:
+            visible = part.get("refusal")
+            blocks.append(
+                block("opaque", index, place, visible=visible if isinstance(visible, str) else "")
+            )
+    return blocks
+
+
+def written_content(original: object, texts: list[Block], mapped: dict[object, Block]) -> object:
+    """``original`` content with the view's text blocks written back (new ones appended)."""
+    if not isinstance(original, list):
+        return "\n\n".join(item["text"] for item in texts) if texts else original
+    out = list(original)
+    for item in texts:
+        place = item.get(PART)
+        if isinstance(place, int) and item.get(SRC) is not None:
+            if mapped.get(place) is not item:
+                out[place] = {**out[place], "text": item["text"]}
+        else:
+            out.insert(0, {"type": "text", "text": item["text"]})
+    return out
+
+
+class ChatDialect(Dialect):
+    """OpenAI Chat Completions messages."""
+
+    name = "openai-chat"
+    calls_end_turn = True
+
+    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise DialectError(f"{where} must be a map")
+        role = message.get("role")
+        if role in KEPT_OUT_ROLES:
+            return KEPT_OUT
+        if role == USER:
+            kinds = ("text",)
+            return Mapped(USER, text_parts(message.get("content"), index, where, kinds))
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise DialectError(f"{where}.tool_call_id must be a string")
+            content = message.get("content")
+            if not isinstance(content, str | list):
+                raise DialectError(f"{where}.content must be a string or a list of parts")
+            result = block(
+                "tool_result", index, WHOLE, tool_use_id=call_id, content=inner_blocks(content)
+            )
+            return Mapped(USER, [result])
+        if role != ASSISTANT:
+            raise DialectError(
+                f"{where}.role must be 'system', 'developer', 'user', 'assistant' or 'tool' "
+                "in the openai-chat dialect"
+            )
+        blocks: list[Block] = []
+        reasoning = message.get(REASONING)
+        if isinstance(reasoning, str) and reasoning:
+            blocks.append(block("opaque", index, REASONING, visible=reasoning))
+        blocks.extend(text_parts(message.get("content"), index, where, ("text",)))
+        calls = message.get("tool_calls")
+        if calls is None:
+            return Mapped(ASSISTANT, blocks)
+        if not isinstance(calls, list):
+            raise DialectError(f"{where}.tool_calls must be a list")
+        for place, call in enumerate(calls):
+            at = f"{where}.tool_calls[{place}]"
+            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+                raise DialectError(f"{at} must be a map with a string id")
+            function = call.get("function") if call.get("type", "function") == "function" else None
+            if function is None:
+                function = call.get("custom")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise DialectError(f"{at}.function must be a map with a string name")
+            arguments = function.get("arguments", function.get("input"))
+            name = function["name"]
+            blocks.append(
+                block(
+                    "tool_use",
+                    index,
+                    ("tool_calls", place),
+                    id=call["id"],
+                    name=name,
+                    input=parse_arguments(arguments),
+                )
+            )
+            history.calls[call["id"]] = (name, index)
+        return Mapped(ASSISTANT, blocks, bool(calls))
+
+    def holds_results(self, message: Message) -> bool:
+        return message.get("role") == "tool"
+
+    def rebuild(
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+    ) -> list[Message]:
+        mapped = originals(history, index)
+        if source.get("role") == "tool":
+            out = self.fresh(role, [b for b in blocks if b.get(SRC) is None], history)
+            own = [b for b in blocks if b.get(SRC) is not None]
+            if own:
+                inner = outer_content(source.get("content"), own[0]["content"], _inner(mapped))
+                out.append({**source, "content": inner})
+            return out
+        if role == USER:
+            new = [b for b in blocks if b["type"] == "tool_result"]
+            out = self.fresh(role, new, history)
+            texts = [b for b in blocks if b["type"] == "text"]
+            kept = [b for b in blocks if b.get(SRC) is not None]
+            if kept:
+                content = written_content(source.get("content"), texts, mapped)
+                if isinstance(content, list):
+                    present = {b.get(PART) for b in kept}
+                    content = [
+                        part
+                        for place, part in enumerate(content)
+                        if place in present or place not in mapped
+                    ]
+                out.append({**source, "content": content})
+            return out
+        texts = [b for b in blocks if b["type"] == "text"]
+        rebuilt = {**source, "content": written_content(source.get("content"), texts, mapped)}
+        return [rebuilt]
+
+    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+        out: list[Message] = []
+        for item in blocks:
+            if item["type"] == "tool_result":
+                out.append(
+                    {"role": "tool", "tool_call_id": item["tool_use_id"], "content": _text(item)}
+                )
+            else:
+                out.append({"role": role, "content": item.get("text", "")})
+        return out
+
+
+def _inner(mapped: dict[object, Block]) -> list[Block]:
+    found = mapped.get(WHOLE)
+    return found["content"] if found is not None else []
+
+
+def _text(item: Block) -> str:
+    """The text of a result block the view made (its content is a string)."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and content[0].get("type") == "text":
+        text: str = content[0]["text"]
+        return text
+    return ""
+
+
+CHAT = ChatDialect()

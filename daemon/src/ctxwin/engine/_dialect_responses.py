@@ -1,0 +1,161 @@
+"""The OpenAI Responses dialect (docs/DIALECTS.md, "openai-responses").
+
+``input`` items: ``message`` items (``role`` system/developer kept out,
+user, assistant), ``*_call`` items with a ``call_id`` (``function_call``,
+``custom_tool_call``, ...) and their ``*_call_output`` items, ``reasoning``
+items (opaque, with ``encrypted_content``) and any other item as an opaque
+part of the assistant's turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._blocks import Block, Message
+from ._dialect import (
+    ASSISTANT,
+    KEPT_OUT,
+    SRC,
+    USER,
+    Dialect,
+    DialectError,
+    Mapped,
+    MappedHistory,
+    block,
+    originals,
+)
+from ._dialect_chat import parse_arguments, text_parts, written_content
+
+TEXT_KINDS = ("input_text", "output_text", "text")
+ITEM = "item"
+
+
+def _visible(item: dict[str, Any]) -> str:
+    texts: list[str] = []
+    for key in ("summary", "content"):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            for part in parts:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _output_blocks(output: object) -> list[Block]:
+    if isinstance(output, str):
+        return [{"type": "text", "text": output}]
+    inner: list[Block] = []
+    if isinstance(output, list):
+        for part in output:
+            if isinstance(part, dict) and part.get("type") in TEXT_KINDS:
+                text = part.get("text")
+                if isinstance(text, str):
+                    inner.append({"type": "text", "text": text})
+                    continue
+            inner.append({"type": "opaque", "visible": ""})
+    return inner
+
+
+def _written_output(original: object, inner: list[Block], mapped: list[Block]) -> object:
+    if isinstance(original, str):
+        return inner[0]["text"] if inner and inner[0].get("type") == "text" else original
+    if not isinstance(original, list):
+        return original
+    out = list(original)
+    for place, item in enumerate(inner[: len(out)]):
+        if place < len(mapped) and item is not mapped[place] and item.get("type") == "text":
+            out[place] = {**out[place], "text": item["text"]}
+    return out
+
+
+class ResponsesDialect(Dialect):
+    """OpenAI Responses input items."""
+
+    name = "openai-responses"
+
+    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+        where = f"input[{index}]"
+        if not isinstance(message, dict):
+            raise DialectError(f"{where} must be a map")
+        kind = message.get("type")
+        if kind is None or kind == "message":
+            role = message.get("role")
+            if role in ("system", "developer"):
+                return KEPT_OUT
+            if role not in (USER, ASSISTANT):
+                raise DialectError(
+                    f"{where}.role must be 'system', 'developer', 'user' or 'assistant'"
+                )
+            return Mapped(role, text_parts(message.get("content"), index, where, TEXT_KINDS))
+        if not isinstance(kind, str):
+            raise DialectError(f"{where}.type must be a string")
+        call_id = message.get("call_id")
+        if kind.endswith("_call_output"):
+            if not isinstance(call_id, str):
+                raise DialectError(f"{where}.call_id must be a string")
+            result = block(
+                "tool_result",
+                index,
+                ITEM,
+                tool_use_id=call_id,
+                content=_output_blocks(message.get("output")),
+            )
+            return Mapped(USER, [result])
+        if kind.endswith("_call") and isinstance(call_id, str):
+            name = message.get("name")
+            name = name if isinstance(name, str) else kind
+            arguments = message.get("arguments", message.get("input"))
+            call = block("tool_use", index, ITEM, id=call_id, name=name)
+            call["input"] = parse_arguments(arguments)
+            history.calls[call_id] = (name, index)
+            return Mapped(ASSISTANT, [call], True)
+        visible = _visible(message) if kind == "reasoning" else ""
+        return Mapped(ASSISTANT, [block("opaque", index, ITEM, visible=visible)])
+
+    def joins(self, previous: Mapped, mapped: Mapped) -> bool:
+        # Parallel calls are items of their own; anything else after a call is a new turn.
+        return not (previous.calls and mapped.role == ASSISTANT and not mapped.calls)
+
+    def holds_results(self, message: Message) -> bool:
+        kind = message.get("type")
+        return isinstance(kind, str) and kind.endswith("_call_output")
+
+    def rebuild(
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+    ) -> list[Message]:
+        mapped = originals(history, index)
+        new = [b for b in blocks if b.get(SRC) is None]
+        own = [b for b in blocks if b.get(SRC) is not None]
+        out = self.fresh(role, new, history)
+        if not own:
+            return out
+        if self.holds_results(source):
+            inner = mapped[ITEM]["content"]
+            output = _written_output(source.get("output"), own[0]["content"], inner)
+            out.append({**source, "output": output})
+            return out
+        if source.get("type", "message") == "message":
+            content = written_content(source.get("content"), own, mapped)
+            out.append({**source, "content": content})
+            return out
+        out.append(source)
+        return out
+
+    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+        out: list[Message] = []
+        for item in blocks:
+            if item["type"] == "tool_result":
+                call_id = item["tool_use_id"]
+                kind = "function_call_output"
+                call = history.calls.get(call_id)
+                if call is not None and history.source[call[1]].get("type") == "custom_tool_call":
+                    kind = "custom_tool_call_output"
+                content = item.get("content")
+                text = content if isinstance(content, str) else ""
+                out.append({"type": kind, "call_id": call_id, "output": text})
+            else:
+                out.append({"type": "message", "role": role, "content": item.get("text", "")})
+        return out
+
+
+RESPONSES = ResponsesDialect()

@@ -1,0 +1,182 @@
+"""File reads made by native tool calls, for the duplicate-read pass (docs/DIALECTS.md).
+
+In the Cline dialect a read is recognised by the ``[read_file for '...']``
+header of its result (SPEC.md §6). In the other dialects a read is a tool
+call whose name and arguments name a file, from a table of :class:`ReadTool`
+entries; its result is the ``tool_result`` that answers the call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._blocks import Message, text_of
+
+SHELL_READ_PATTERN = (
+    r"^\s*(?:cat|head(?:\s+-n\s*\d+|\s+-\d+)?|tail(?:\s+-n\s*\d+|\s+-\d+)?"
+    r"|sed\s+-n\s+(?:'[^']*'|\"[^\"]*\"|\S+))\s+(?P<path>[^\s|;&<>()`$]+)\s*$"
+)
+"""A command that prints (part of) one file: ``cat``, ``head``, ``tail``, ``sed -n``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTool:
+    """One tool whose calls read a file.
+
+    Attributes:
+        name: the tool's name as the model calls it.
+        arg: the argument that names the path (for a shell tool: the command).
+        when: other arguments that must have these values (``command: view``).
+        pattern: for a shell tool, a regular expression the command must match
+            in full; its group ``path`` is the path.
+    """
+
+    name: str
+    arg: str
+    when: tuple[tuple[str, str], ...] = ()
+    pattern: re.Pattern[str] | None = None
+
+    def key(self, arguments: object) -> str | None:
+        """What this call reads (calls with the same key read the same thing), or None."""
+        if not isinstance(arguments, Mapping):
+            return None
+        value = arguments.get(self.arg)
+        if not isinstance(value, str) or not value:
+            return None
+        for name, wanted in self.when:
+            if arguments.get(name) != wanted:
+                return None
+        if self.pattern is not None:
+            match = self.pattern.fullmatch(value)
+            if match is None:
+                return None
+            path = match.group("path")
+            return path if value.strip().startswith("cat ") else f"{path}#{value.strip()}"
+        # Other arguments (a line range) make it another read of the same path.
+        rest = {k: v for k, v in arguments.items() if k != self.arg and k not in dict(self.when)}
+        if not rest:
+            return value
+        return f"{value}#{json.dumps(rest, sort_keys=True, default=repr)}"
+
+
+DEFAULT_READ_TOOLS: tuple[ReadTool, ...] = (
+    ReadTool("read_file", "path"),
+    ReadTool("Read", "file_path"),
+    ReadTool("str_replace_based_edit_tool", "path", when=(("command", "view"),)),
+    ReadTool("view", "path"),
+)
+"""The read tools known without configuration (docs/DIALECTS.md, "File reads")."""
+
+
+class ReadRules:
+    """The read tools of one task, by name."""
+
+    __slots__ = ("_by_name", "tools")
+
+    def __init__(self, tools: Iterable[ReadTool] = DEFAULT_READ_TOOLS) -> None:
+        self.tools = tuple(tools)
+        self._by_name: dict[str, list[ReadTool]] = {}
+        for tool in self.tools:
+            self._by_name.setdefault(tool.name, []).append(tool)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReadRules) and other.tools == self.tools
+
+    def __hash__(self) -> int:
+        return hash(self.tools)
+
+    def extended(self, tools: Iterable[ReadTool]) -> ReadRules:
+        """These rules plus ``tools``."""
+        return ReadRules((*self.tools, *tools))
+
+    def key(self, name: object, arguments: object) -> str | None:
+        """What a call of tool ``name`` with ``arguments`` reads, or None when it reads no file."""
+        if not isinstance(name, str):
+            return None
+        for tool in self._by_name.get(name, ()):
+            found = tool.key(arguments)
+            if found is not None:
+                return found
+        return None
+
+
+DEFAULT_READ_RULES = ReadRules()
+
+
+def read_tool_from_config(item: Mapping[str, Any]) -> ReadTool:
+    """A :class:`ReadTool` from its configuration form.
+
+    The form is ``{"name": str, "arg": str, "when"?: {arg: value}, "pattern"?: str}``;
+    ``pattern: "shell"`` stands for :data:`SHELL_READ_PATTERN`.
+
+    Raises:
+        ValueError: the item does not have that form.
+    """
+    name = item.get("name")
+    arg = item.get("arg")
+    if not isinstance(name, str) or not name or not isinstance(arg, str) or not arg:
+        raise ValueError("a read tool needs a non-empty 'name' and 'arg'")
+    when = item.get("when", {})
+    if not isinstance(when, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in when.items()
+    ):
+        raise ValueError("a read tool's 'when' must map argument names to strings")
+    unknown = set(item) - {"name", "arg", "when", "pattern"}
+    if unknown:
+        raise ValueError(f"a read tool has unknown keys {sorted(unknown)}")
+    pattern = item.get("pattern")
+    compiled: re.Pattern[str] | None = None
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise ValueError("a read tool's 'pattern' must be a string")
+        source = SHELL_READ_PATTERN if pattern == "shell" else pattern
+        try:
+            compiled = re.compile(source)
+        except re.error as exc:
+            raise ValueError(f"a read tool's pattern does not compile: {exc}") from None
+        if "path" not in compiled.groupindex:
+            raise ValueError("a read tool's pattern needs a group named 'path'")
+    return ReadTool(name, arg, tuple(sorted(when.items())), compiled)
+
+
+def _calls(message: Message) -> dict[str, tuple[object, object]]:
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, list):
+        return {}
+    return {
+        block["id"]: (block.get("name"), block.get("input"))
+        for block in content
+        if block.get("type") == "tool_use" and isinstance(block.get("id"), str)
+    }
+
+
+def native_reads(
+    messages: Sequence[Message], index: int, rules: ReadRules
+) -> tuple[tuple[str, int], ...]:
+    """The file reads that message ``index`` answers, as ``(key, block index)``.
+
+    A read's result is a ``tool_result`` block with a text, answering a call
+    of the message before that the rules count as a read.
+    """
+    message = messages[index]
+    content = message.get("content")
+    if index == 0 or message.get("role") != "user" or not isinstance(content, list):
+        return ()
+    calls: dict[str, tuple[object, object]] | None = None
+    found: list[tuple[str, int]] = []
+    for block_index, block in enumerate(content):
+        if block.get("type") != "tool_result" or not text_of(block):
+            continue
+        if calls is None:
+            calls = _calls(messages[index - 1])
+        call = calls.get(block.get("tool_use_id", ""))
+        if call is None:
+            continue
+        key = rules.key(*call)
+        if key is not None:
+            found.append((key, block_index))
+    return tuple(found)

@@ -1,0 +1,154 @@
+"""Properties of every dialect's views over generated conversations (docs/DIALECTS.md)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxwin.engine import TaskState
+from ctxwin.engine._dialect import MappedHistory
+from ctxwin.engine._dialects import DIALECTS
+from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
+from tests._dialect_data import RENDER, Turn, conversations, render_cline, sdk_validator
+from tests._dialect_rules import CHECKS
+
+PROFILE = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MODEL = {"id": "m", "context_window": 64_000}
+OVER = {"ts": 0, "tokens_in": 200_000}  # a previous request over the limit: prepare_request cuts
+DIALECT_NAMES = sorted(DIALECTS)
+VALIDATORS = {name: sdk_validator(name) for name in DIALECT_NAMES}
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["prepare", "prepare_over", "compact", "notice", "optimize", "rollback"]),
+        st.floats(0.2, 1.0),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def _kept_out(dialect: str, message: dict[str, Any]) -> bool:
+    return message.get("role") in ("system", "developer")
+
+
+def _bare_results(message: dict[str, Any]) -> bool:
+    content = message["content"]
+    return isinstance(content, list) and any(b.get("type") == "tool_result" for b in content)
+
+
+class Run:
+    """One task of a dialect: its state, its mapped history, and the op that runs on both."""
+
+    def __init__(self, dialect: str, reads: ReadRules = DEFAULT_READ_RULES) -> None:
+        self.dialect = dialect
+        self.state = TaskState(reads=reads)
+        self.history = MappedHistory(DIALECTS[dialect])
+        self.ts = 0
+
+    def op(self, name: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.ts += 1
+        history = self.history
+        history.sync(messages)
+        internal = history.internal
+        if name in ("prepare", "prepare_over"):
+            previous = {**OVER, "ts": self.ts} if name == "prepare_over" else None
+            view = self.state.prepare_request(internal, previous, MODEL).messages
+            return history.view(view, self.state.deleted_range)
+        if name == "compact":
+            self.state.compact(internal, "quarter", self.ts)
+        elif name == "notice":
+            self.state.apply_truncation_notice(self.ts, internal)
+        elif name == "optimize":
+            self.state.optimize_file_reads(internal, self.ts)
+        else:
+            self.state.rollback(self.ts - 2)
+        return history.view(self.state.truncated_messages(internal), self.state.deleted_range)
+
+
+def check_view(run: Run, messages: list[dict[str, Any]], view: list[dict[str, Any]]) -> None:
+    """Every property a view of ``messages`` must have."""
+    CHECKS[run.dialect](view)
+    VALIDATORS[run.dialect](view)
+    held = {id(message) for message in view}
+    # Kept-out messages are never cut, and keep their order.
+    kept_out = [m for m in messages if _kept_out(run.dialect, m)]
+    assert kept_out == [m for m in view if id(m) in {id(k) for k in kept_out}]
+    # The newest message is always sent (as given, or rebuilt last when the view changed
+    # it), unless all it holds is an orphan result.
+    newest = messages[-1]
+    if id(newest) not in held and "call_orphan" not in json.dumps(newest):
+        assert view[-1].get("role") == newest.get("role")
+    # The kept head: the first message (the task) is in the view, as given or edited.
+    history = run.history
+    if history.members and 0 not in run.state.overlay:
+        assert id(messages[history.members[0][0]]) in held
+    # Internal messages the engine did not touch come back as the caller's own objects.
+    internal_view = run.state.truncated_messages(history.internal)
+    for message in internal_view:
+        if any(message is m for m in history.internal):
+            index = next(i for i, m in enumerate(history.internal) if m is message)
+            for member in history.members[index]:
+                assert id(messages[member]) in held, (index, member)
+
+
+@pytest.mark.parametrize("dialect", DIALECT_NAMES)
+@PROFILE
+@given(turns=conversations(), ops=operations)
+def test_every_view_satisfies_the_provider_and_keeps_what_must_be_kept(
+    dialect: str, turns: list[Turn], ops: list[tuple[str, float]]
+) -> None:
+    """After every op on a growing history, the view is valid and keeps head, newest, kept-out."""
+    messages = RENDER[dialect](turns)
+    snapshot = copy.deepcopy(messages)
+    run = Run(dialect)
+    length = 1
+    for name, fraction in ops:
+        length = max(length, round(len(messages) * fraction))  # the history grows
+        prefix = messages[:length]
+        view = run.op(name, prefix)
+        check_view(run, prefix, view)
+    assert snapshot == messages
+
+
+@pytest.mark.parametrize("dialect", DIALECT_NAMES)
+@PROFILE
+@given(turns=conversations(systems=False, exact=True), ops=operations)
+def test_a_conversation_cuts_as_its_cline_translation_does(
+    dialect: str, turns: list[Turn], ops: list[tuple[str, float]]
+) -> None:
+    """Where the translation into the Cline dialect is exact, both give the same ranges."""
+    native = RENDER[dialect](turns)
+    cline = render_cline(turns)
+    run = Run(dialect, ReadRules(()))
+    run.history.sync(native)
+    assert len(cline) == len(run.history.internal)
+    ends = [members[-1] + 1 for members in run.history.members]
+    state = TaskState()
+    length = 1
+    for name, fraction in ops:
+        if name == "rollback":
+            continue
+        length = max(length, round(len(cline) * fraction))
+        while length < len(cline) and _bare_results(cline[length - 1]):
+            length += 1  # a newest message of results only: native cuts keep its turn
+        if _bare_results(cline[length - 1]):
+            break
+        run.op(name, native[: ends[length - 1]])
+        ts = run.ts
+        prefix = cline[:length]
+        if name in ("prepare", "prepare_over"):
+            previous = {**OVER, "ts": ts} if name == "prepare_over" else None
+            state.prepare_request(prefix, previous, MODEL)
+        elif name == "compact":
+            state.compact(prefix, "quarter", ts)
+        elif name == "notice":
+            state.apply_truncation_notice(ts, prefix)
+        else:
+            state.optimize_file_reads(prefix, ts)
+        assert state.deleted_range == run.state.deleted_range
