@@ -50,7 +50,7 @@ def _retried_once_each_time(statuses: list[int]) -> None:
 # LangChain
 
 
-@tool
+@tool("read_file")
 def lc_read_file(path: str) -> str:
     """Read a file of the project."""
     return read_file(path)
@@ -124,7 +124,7 @@ def _pydantic_run(
     )
     agent = Agent(model, system_prompt="You fix bugs.", capabilities=[capability])
 
-    @agent.tool_plain
+    @agent.tool_plain(name="read_file")
     def read_project_file(path: str) -> str:
         """Read a file of the project."""
         return read_file(path)
@@ -161,7 +161,7 @@ def test_the_pydantic_ai_capability_compacts_and_retries_after_the_error(
 # OpenAI Agents SDK
 
 
-@function_tool
+@function_tool(name_override="read_file")
 def agents_read_file(path: str) -> str:
     """Read a file of the project."""
     return read_file(path)

@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from ctxwin.client.integrations.agents import ContextWindowFilter
 
 
-@function_tool
+@function_tool(name_override="read_file")
 def read_project_file(path: str) -> str:
     """Read a file of the project."""
     return read_file(path)

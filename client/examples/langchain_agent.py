@@ -18,7 +18,7 @@ from langchain_openai import ChatOpenAI
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 
 
-@tool
+@tool("read_file")
 def read_project_file(path: str) -> str:
     """Read a file of the project."""
     return read_file(path)

@@ -42,7 +42,7 @@ def main() -> None:
             capabilities=[context_window],
         )
 
-        @agent.tool_plain
+        @agent.tool_plain(name="read_file")
         def read_project_file(path: str) -> str:
             """Read a file of the project."""
             return read_file(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -90,6 +91,7 @@ class ContextWindowFilter:
             endpoint=endpoint,
             on_turn=on_turn,
         )
+        weakref.finalize(self, self._ctxwin_window.close)
         self._plain = Plain()
         self._pending: dict[int, Request] = {}  # by agent, until its response arrives
         self.hooks: RunHooks[Any] = _UsageHooks(self)

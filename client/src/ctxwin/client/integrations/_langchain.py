@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -212,11 +213,13 @@ class ContextWindowMiddleware(AgentMiddleware):
     def _window(self) -> Window:
         if self._sync is None:
             self._sync = Window(**self._options)
+            weakref.finalize(self, self._sync.close)
         return self._sync
 
     def _async_window(self) -> AsyncWindow:
         if self._async is None:
             self._async = AsyncWindow(**self._options)
+            weakref.finalize(self, self._async.close)
         return self._async
 
     def _convert(self, request: ModelRequest[Any]) -> tuple[Converted[BaseMessage], list[Any]]:

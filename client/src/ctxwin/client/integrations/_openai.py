@@ -308,6 +308,7 @@ def wrap(
             endpoint=endpoint,
             on_turn=on_turn,
         )
+        weakref.finalize(copy, async_window.close)
         return _wrap_async(copy, async_window)
     window = Window(
         task=task,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -278,6 +279,7 @@ class ContextWindow(AbstractCapability[Any]):
             endpoint=endpoint,
             on_turn=on_turn,
         )
+        weakref.finalize(self, self._ctxwin_window.close)
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}
         self._pending: dict[str, tuple[Request, Converted[ModelMessage]]] = {}
 

@@ -424,8 +424,13 @@ class AsyncWindow:
         """The latest turn of ``task`` (default: of the conversation used last)."""
         return self.state.last(task)
 
+    def close(self) -> None:
+        """Close the ctxwin client now, if this window made it."""
+        if self._own_client:
+            self.client.close()
+
     async def aclose(self) -> None:
-        """Close the ctxwin client, if this window made it."""
+        """Close the ctxwin client, if this window made it, waiting for its reader to end."""
         if self._own_client:
             await self.client.aclose()
 
