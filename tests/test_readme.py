@@ -68,7 +68,7 @@ def test_the_integrations_section_has_one_block_per_sdk_and_framework() -> None:
 def test_integration_block_runs_against_the_daemon_and_a_fake_provider(
     daemon: DaemonProcess, index: int
 ) -> None:
-    """Each block runs as written, its SDK pointed at the fake provider by the SDK's own variables."""
+    """Each block runs as written, the SDK pointed at the fake provider by its own variables."""
     code = python_blocks(README.read_text(), INTEGRATIONS)[index]
     with FakeProvider(tool_turns=3) as provider:
         env = {
