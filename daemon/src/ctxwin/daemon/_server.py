@@ -1,4 +1,4 @@
-"""The ROUTER socket, request envelopes, dispatch, and the daemon's lifecycle.
+"""The ROUTER socket: receiving, request envelopes, dispatch, replies.
 
 The socket is a plain (blocking-API) pyzmq socket whose FD the event loop
 watches with ``add_reader``; on wake-up it is drained with ``NOBLOCK`` until
@@ -26,35 +26,29 @@ actor that stops, are answered ``busy`` (send again).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
-import stat
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-import msgpack
 import structlog
 import zmq
 
 from ctxwin import engine, proto
 
 from ._accept import FD_RESERVE, MIN_CLIENTS, AcceptGate, soft_open_files_limit
-from ._actors import ActorStoppedError, ActorSystem, BusyError, Counters, FlushError
+from ._actors import ActorStoppedError, ActorSystem, BusyError, Counters
 from ._config import Config
-from ._memory import MemoryRelease
-from ._notify import Notifier
-from ._ops import run_free_op, wants_actor
-from ._persist import LockedError, acquire_lock
+from ._ops import run_free_op
+from ._schedule import FlushError
+from ._store import FileStore
 from ._tokens import TokenCounter
 
-__all__ = ["DaemonStatistics", "Server", "StartupError", "run_daemon"]
+__all__ = ["DaemonStatistics", "Server", "StartupError"]
 
 _log = structlog.get_logger("ctxwin.daemon.server")
 
@@ -63,7 +57,6 @@ _DRAIN_BUDGET = 256
 _EVENTS_CHECKS = 4
 # Replies made while draining leave in batches of at most this many (see Server.send).
 _SEND_BATCH = 32
-_STATUS_INTERVAL_S = 10.0
 
 # The hot path calls the backend socket methods with plain int flags: the
 # high-level wrappers turn flags and EVENTS into enums, which costs more than
@@ -76,20 +69,17 @@ _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _SHUTDOWN_GRACE_S = 30.0
-# What the codec does per request, without what it costs on this path: msgpack.packb
-# builds a Packer per call (0.79 -> 0.41 us for a ping reply), and decode_request's
-# checks take 1.2 us where the well-formed case needs 0.5 (_decode_request).
-_pack = msgpack.Packer(use_bin_type=True).pack
-_unpackb = msgpack.unpackb
-_PROTOCOL_VERSION = proto.PROTOCOL_VERSION
+# The codec's hot-path twins (one Packer for the event loop's thread).
+_decode_request = proto.decode_request_parts
+_encode_result = proto.result_encoder()
 _PING_RESULT: dict[str, Any] = {
     "pong": True,
     "version": proto.__version__,
     "proto": proto.PROTOCOL_VERSION,
     "features": list(proto.FEATURES),
+    "dialects": list(proto.DIALECTS),
 }
 _CLOSE_LINGER_MS = 2000
-_FORCE_AFTER_S = 2.0
 
 
 class StartupError(RuntimeError):
@@ -138,67 +128,6 @@ class DaemonStatistics:
             "calibrated_tasks": self.calibrated_tasks,
             "calibration_median": self.calibration_median,
         }
-
-
-def _decode_request(body: bytes, limits: proto.Limits) -> tuple[int, str, dict[str, Any]]:
-    """``proto.decode_request`` for the well-formed request, cheaply: (id, op, args).
-
-    A map of exactly ``v`` (the protocol version), ``id`` (an int), ``op`` (a
-    str) and ``args`` (a map) is taken as it is; anything else goes through
-    ``proto.decode_request``, which accepts it the same way or raises the
-    exact error.
-
-    Raises:
-        ProtocolError: as ``proto.decode_request``.
-    """
-    if len(body) <= limits.max_frame_bytes:
-        try:
-            value = _unpackb(body, raw=False, strict_map_key=True)
-        except Exception:
-            value = None
-        if type(value) is dict and len(value) == 4:
-            request_id = value.get("id")
-            version = value.get("v")
-            op = value.get("op")
-            args = value.get("args")
-            if (
-                type(request_id) is int
-                and type(version) is int
-                and version == _PROTOCOL_VERSION
-                and type(op) is str
-                and type(args) is dict
-            ):
-                return request_id, op, args
-    request = proto.decode_request(body, limits)
-    return request.id, request.op, request.args
-
-
-_PEEK_BYTES = 64
-
-
-def peek_request_id(body: bytes | memoryview) -> int | None:
-    """The ``id`` of a request body too large to decode, read from its first bytes.
-
-    Clients write ``v`` and ``id`` first, so a refusal can name the request it
-    refuses and a caller with several requests in flight gets the error on the
-    right one. None when the first bytes do not show an integer id.
-    """
-    unpacker = msgpack.Unpacker(max_buffer_size=_PEEK_BYTES)
-    unpacker.feed(body[:_PEEK_BYTES])
-    try:
-        for _ in range(min(unpacker.read_map_header(), 4)):
-            if unpacker.unpack() == "id":
-                value = unpacker.unpack()
-                return value if type(value) is int else None
-            unpacker.skip()
-    except (ValueError, msgpack.UnpackException, msgpack.OutOfData):
-        return None
-    return None
-
-
-def _encode_result(request_id: int, result: dict[str, Any]) -> bytes:
-    """``proto.encode_result``, byte for byte, with one Packer for the process."""
-    return _pack({"v": _PROTOCOL_VERSION, "id": request_id, "ok": True, "result": result})
 
 
 def _error_reply(exc: BaseException, request_id: int | None, op: str) -> bytes:
@@ -269,16 +198,16 @@ class Server:
         self.in_flight = 0
         self._quiet = asyncio.Event()
         self.system = ActorSystem(
-            config.state_dir,
-            notices,
-            config.mailbox_size,
-            config.debounce_ms,
-            config.debounce_max_ms,
-            config.idle_timeout,
-            self.spawn,
-            self.counters,
-            tokens,
-            config.history_cache_mb * 1024 * 1024,
+            store=FileStore(config.state_dir, notices),
+            notices=notices,
+            mailbox_size=config.mailbox_size,
+            debounce_ms=config.debounce_ms,
+            debounce_max_ms=config.debounce_max_ms,
+            idle_timeout=config.idle_timeout,
+            spawn=self.spawn,
+            counters=self.counters,
+            tokens=tokens,
+            history_cache_bytes=config.history_cache_mb * 1024 * 1024,
         )
         self.context = zmq.Context()
         self.socket: zmq.Socket[bytes] = self.context.socket(zmq.ROUTER)
@@ -295,6 +224,7 @@ class Server:
         self._drain_scheduled = False
         self._reading = False
         self._outbox: list[tuple[list[bytes], bytes]] = []
+        self._routes = self._build_routes()
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -315,8 +245,9 @@ class Server:
                 self.socket.bind(endpoint)
             except zmq.ZMQError as exc:
                 raise StartupError(f"cannot bind {endpoint}: {exc}") from None
-            if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-                os.chmod(endpoint[len("ipc://") :], 0o600)
+            path = proto.ipc_path(endpoint)
+            if path is not None:
+                os.chmod(path, 0o600)
             _log.info("listening", endpoint=endpoint)
         self.gate.start()
         room = self.gate.room() - FD_RESERVE
@@ -487,20 +418,15 @@ class Server:
                 else f"message of {total} bytes exceeds {limits.max_total_bytes}"
             )
             _log.info("request_refused", code="too_large", reason=reason)
-            envelope = [frames[0], b""] if len(frames) > 2 and frames[1] == b"" else frames[:1]
-            request_id = peek_request_id(frame.buffer)  # the body is the last frame
+            envelope = _bare_envelope(frames)
+            request_id = proto.peek_request_id(frame.buffer)  # the body is the last frame
             self.send(envelope, proto.encode_error(request_id, proto.ErrorCode.TOO_LARGE, reason))
             return None
         return frames
 
     def _handle_frames(self, frames: list[bytes]) -> None:
-        count = len(frames)
-        if count == 2:
-            envelope = frames[:1]
-        elif count >= 3 and frames[-2] == b"":
-            envelope = frames[:-1]
-        else:
-            envelope = [frames[0], b""] if count > 2 and frames[1] == b"" else frames[:1]
+        envelope, body = _split(frames)
+        if body is None:
             _log.info("request_refused", code="bad_request", reason="not one body frame")
             self.send(
                 envelope,
@@ -515,60 +441,97 @@ class Server:
         op = "?"
         task: str | None = None
         try:
-            request_id, op, args = _decode_request(frames[-1], self.limits)
+            request_id, op, args = _decode_request(body, self.limits)
             proto.validate_args(op, args)
             task = args.get("task")
-            self._dispatch(envelope, request_id, op, args, task)
+            result = self._routes[op](envelope, request_id, op, args, task)
+            if result is not None:
+                self.send(envelope, _encode_result(request_id, result))
         except Exception as exc:
             self.log_failure(exc, request_id, op, task)
             self.send(envelope, _error_reply(exc, request_id, op))
 
-    def _dispatch(
-        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
-    ) -> None:
-        if op == "ping":
-            result = _PING_RESULT
-        elif op == "stats":
-            result = self.statistics().wire()
-        elif op == "flush":
-            self._flush(envelope, request_id, task)
-            return
-        elif op == "close" and self.system.get(task) is None:
-            result = {"closed": True}
-        elif op == "count_tokens":
-            self._count_tokens(envelope, request_id, args)
-            return
-        elif wants_actor(op, args):
-            reply = _WireReply(self, envelope, request_id, op, task)
-            try:
-                actor = self.system.actor_for(task, bool(args.get("ephemeral", False)))
-                actor.tell(op, args, reply)
-            except Exception:
-                self.reply_done()
-                raise
-            return
-        else:
-            result = run_free_op(op, args, self.tokens)
-        self.send(envelope, _encode_result(request_id, result))
+    # -- dispatch: one route per op ------------------------------------------------
+    #
+    # A route answers at once (returns the result map) or later through a
+    # _WireReply (returns None); it raises for a refusal.
 
-    def _count_tokens(self, envelope: list[bytes], request_id: int, args: dict[str, Any]) -> None:
+    def _build_routes(self) -> dict[str, _Route]:
+        own: dict[str, _Route] = {
+            "ping": self._ping,
+            "stats": self._stats,
+            "flush": self._flush,
+            "close": self._close,
+            "count_tokens": self._count_tokens,
+            "should_compact": self._should_compact,
+        }
+        return {
+            op: own.get(op) or (self._to_actor if spec.needs_task else self._free)
+            for op, spec in proto.OPS.items()
+        }
+
+    def _ping(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
+        return _PING_RESULT
+
+    def _stats(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
+        return self.statistics().wire()
+
+    def _free(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
+        return run_free_op(op, args, self.tokens)
+
+    def _to_actor(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
+        reply = _WireReply(self, envelope, request_id, op, task)
+        try:
+            actor = self.system.actor_for(task, bool(args.get("ephemeral", False)))
+            actor.tell(op, args, reply)
+        except Exception:
+            self.reply_done()
+            raise
+        return None
+
+    def _close(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
+        if self.system.get(task) is None:
+            return {"closed": True}  # nothing loaded: nothing to start an actor for
+        return self._to_actor(envelope, request_id, op, args, task)
+
+    def _should_compact(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
+        if "task" in args:
+            return self._to_actor(envelope, request_id, op, args, task)
+        return self._free(envelope, request_id, op, args, task)
+
+    def _count_tokens(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
         """Count in a worker thread: a cold 1 MB count takes 50-100 ms of the event loop."""
-        reply = _WireReply(self, envelope, request_id, "count_tokens", None)
+        reply = _WireReply(self, envelope, request_id, op, None)
 
         async def count() -> None:
             try:
-                result = await anyio.to_thread.run_sync(
-                    run_free_op, "count_tokens", args, self.tokens
-                )
+                result = await anyio.to_thread.run_sync(run_free_op, op, args, self.tokens)
             except Exception as exc:
                 reply.set_exception(exc)
             else:
                 reply.set_result(result)
 
         self.spawn(count)
+        return None
 
-    def _flush(self, envelope: list[bytes], request_id: int, task: str | None) -> None:
-        reply = _WireReply(self, envelope, request_id, "flush", task)
+    def _flush(
+        self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
+    ) -> dict[str, Any] | None:
+        reply = _WireReply(self, envelope, request_id, op, task)
         if task is None:
 
             async def flush_all() -> None:
@@ -580,24 +543,25 @@ class Server:
                     reply.set_result({"flushed": written})
 
             self.spawn(flush_all)
-            return
+            return None
         actor = self.system.get(task)
         if actor is not None:
             try:
                 actor.tell("flush", {}, reply, force=True)
             except ActorStoppedError as exc:
                 reply.set_exception(exc)
-            return
+            return None
         stopping = self.system.stopping_actor(task)
         if stopping is None:
             reply.set_result({"flushed": 0})
-            return
+            return None
 
         async def wait_for_stop() -> None:
             await stopping.done.wait()
             reply.set_result({"flushed": 0})
 
         self.spawn(wait_for_stop)
+        return None
 
     def statistics(self) -> DaemonStatistics:
         """The daemon's counts now."""
@@ -630,210 +594,29 @@ class Server:
         return self.system.final_flush_failures == 0 and not self.system.actors
 
 
+_Route = Callable[[list[bytes], int, str, dict[str, Any], Any], dict[str, Any] | None]
+
+
+def _split(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
+    """A message's envelope (what the reply goes back with) and its body frame.
+
+    ``[peer, body]`` or ``[peer, ..., b"", body]``; any other shape has no
+    body (None) and is answered on ``[peer, b""]`` or ``[peer]``.
+    """
+    count = len(frames)
+    if count == 2:
+        return frames[:1], frames[1]
+    if count >= 3 and frames[-2] == b"":
+        return frames[:-1], frames[-1]
+    return _bare_envelope(frames), None
+
+
+def _bare_envelope(frames: list[bytes]) -> list[bytes]:
+    """The envelope of a message refused before its body is read: the peer, and a delimiter."""
+    return [frames[0], b""] if len(frames) > 2 and frames[1] == b"" else frames[:1]
+
+
 def _code_of(exc: BaseException) -> str:
     if isinstance(exc, proto.ProtocolError):
         return exc.code.value
     return proto.ErrorCode.BUSY.value
-
-
-# -- lifecycle --------------------------------------------------------------------
-
-
-def _ipc_path(endpoint: str) -> Path | None:
-    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        return Path(endpoint[len("ipc://") :])
-    return None
-
-
-def _make_private_dir(directory: Path, *, default: bool) -> None:
-    """Create ``directory`` (0700), or check an existing one is safe to put a socket in.
-
-    An existing directory owned by another uid is refused when it is the
-    default one (anyone can create ``/tmp/ctxwin-<uid>`` first and then swap
-    the socket) or when others may write to it; the default one is tightened
-    to 0700.
-
-    Raises:
-        StartupError: the directory is not ours to use.
-    """
-    existed = os.path.lexists(directory)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode):
-        raise StartupError(f"socket dir {directory} is not a directory")
-    if info.st_uid != os.getuid():
-        if default or info.st_mode & 0o022:
-            raise StartupError(
-                f"socket dir {directory} belongs to uid {info.st_uid} "
-                f"(mode {stat.S_IMODE(info.st_mode):o}); refusing to put the socket there"
-            )
-        return
-    if (not existed or default) and stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(directory, 0o700)
-
-
-@contextlib.contextmanager
-def _locks(config: Config) -> Iterator[list[Path]]:
-    """Take the state dir's lock and one beside each ipc socket; remove stale sockets.
-
-    Yields the ipc socket paths (removed again on exit, lock still held).
-
-    Raises:
-        StartupError: a lock is held by another daemon, or a directory is unusable.
-    """
-    fds: list[int] = []
-    sockets: list[Path] = []
-    try:
-        try:
-            config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            (config.state_dir / "tasks").mkdir(mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise StartupError(f"state dir {config.state_dir} is not usable: {exc}") from None
-        if not os.access(config.state_dir / "tasks", os.W_OK | os.X_OK):
-            raise StartupError(f"state dir {config.state_dir} is not writable")
-        lock = config.state_dir / "ctxwind.lock"
-        try:
-            fds.append(acquire_lock(lock))
-        except LockedError:
-            raise StartupError(
-                f"another ctxwind is using the state dir {config.state_dir} (lock {lock} is held)"
-            ) from None
-        except OSError as exc:
-            raise StartupError(f"cannot create lock file {lock}: {exc}") from None
-        default_dir = proto.default_runtime_dir()
-        for endpoint in config.endpoints:
-            path = _ipc_path(endpoint)
-            if path is None:
-                continue
-            try:
-                _make_private_dir(path.parent, default=path.parent == default_dir)
-            except OSError as exc:
-                raise StartupError(f"cannot create socket dir {path.parent}: {exc}") from None
-            lock = path.with_name(path.name + ".lock")
-            try:
-                fds.append(acquire_lock(lock))
-            except LockedError:
-                raise StartupError(
-                    f"another ctxwind is listening on {endpoint} (lock {lock} is held)"
-                ) from None
-            except OSError as exc:
-                raise StartupError(f"cannot create lock file {lock}: {exc}") from None
-            if path.exists() or path.is_symlink():
-                _log.info("stale_socket_removed", path=str(path))
-                path.unlink()
-            sockets.append(path)
-        yield sockets
-    finally:
-        for path in sockets:
-            try:
-                path.unlink()
-            except OSError:
-                pass
-        for fd in fds:
-            os.close(fd)
-
-
-async def _watch_signals(stop: anyio.Event) -> None:
-    first_at = 0.0
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if not stop.is_set():
-                _log.info("signal_received", signal=name)
-                first_at = time.monotonic()
-                stop.set()
-            elif time.monotonic() - first_at < _FORCE_AFTER_S:
-                # Wrappers such as timeout(1) signal both the child and its group.
-                _log.info("signal_ignored", signal=name, reason="already stopping")
-            else:
-                # Asked again well after the first: the operator does not want to wait.
-                _log.warning("forced_exit", signal=name)
-                os._exit(1)
-
-
-async def _tick(server: Server, notifier: Notifier) -> None:
-    """STATUS= lines and WATCHDOG=1 pings from the event loop."""
-    interval = notifier.watchdog_interval
-    step = min(interval, _STATUS_INTERVAL_S) if interval else _STATUS_INTERVAL_S
-    next_status = 0.0
-    while True:
-        now = time.monotonic()
-        if now >= next_status:
-            stats = server.statistics()
-            notifier.status(
-                f"{stats.actors} active tasks, {stats.requests} requests, "
-                f"{stats.write_failures} write failures"
-            )
-            next_status = now + _STATUS_INTERVAL_S
-        if interval:
-            notifier.watchdog()
-        await anyio.sleep(step)
-
-
-async def run_daemon(
-    config: Config,
-    notices: engine.Notices,
-    tokens: TokenCounter,
-    notifier: Notifier,
-) -> int:
-    """Run ctxwind until SIGTERM or SIGINT.
-
-    Args:
-        config: the configuration.
-        notices: notice texts.
-        tokens: the token counter (loaded in the background at start).
-        notifier: the systemd notifier.
-
-    Returns:
-        The exit status: 0 once every task's state is durable, 1 otherwise.
-
-    Raises:
-        StartupError: a lock is held, a directory is unusable, or a bind failed.
-    """
-    with _locks(config):
-        stop = anyio.Event()
-        server = Server(config, notices, tokens)
-        try:
-            server.bind()
-        except BaseException:
-            server.close()
-            raise
-        async with anyio.create_task_group() as task_group:
-            server.task_group = task_group
-            task_group.start_soon(_watch_signals, stop)
-            task_group.start_soon(server.system.reap_idle)
-            task_group.start_soon(MemoryRelease(server.system).run)
-            task_group.start_soon(anyio.to_thread.run_sync, _preload, tokens)
-            server.start_reading()
-            notifier.ready()
-            task_group.start_soon(_tick, server, notifier)
-            _log.info(
-                "started",
-                pid=os.getpid(),
-                state_dir=str(config.state_dir),
-                endpoints=list(config.endpoints),
-                open_files_limit=soft_open_files_limit(),
-                accept_gated=len(server.gate.listeners),
-            )
-            await stop.wait()
-            notifier.stopping()
-            _log.info("stopping", actors=len(server.system.actors), in_flight=server.in_flight)
-            durable = await server.shutdown()
-            task_group.cancel_scope.cancel()
-        server.close()
-    stats = server.statistics()
-    _log.info(
-        "stopped",
-        durable=durable,
-        requests=stats.requests,
-        flushes=stats.flushes,
-        write_failures=stats.write_failures,
-    )
-    return 0 if durable else 1
-
-
-def _preload(tokens: TokenCounter) -> None:
-    try:
-        tokens.load()
-    except Exception as exc:
-        _log.error("encoding_unavailable", encoding=tokens.encoding_name, error=str(exc))

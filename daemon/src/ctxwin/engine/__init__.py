@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
+from ._dialect import Dialect, DialectError, MappedHistory
+from ._dialects import CLINE, DIALECT_NAMES, DIALECTS, get_dialect, kept_out_text
 from ._history import History, ResyncRequired, view_patch
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay
 from ._range import Keep, next_truncation_range
+from ._reads import (
+    DEFAULT_READ_RULES,
+    DEFAULT_READ_TOOLS,
+    SHELL_READ_PATTERN,
+    ReadRules,
+    ReadTool,
+    read_tool_from_config,
+)
 from ._state import (
     CompactResult,
     InMemoryResult,
@@ -28,16 +38,25 @@ from ._window import (
 )
 
 __all__ = [
+    "CLINE",
     "DEFAULT_NOTICES",
+    "DEFAULT_READ_RULES",
+    "DEFAULT_READ_TOOLS",
+    "DIALECTS",
+    "DIALECT_NAMES",
+    "SHELL_READ_PATTERN",
     "Budgeting",
     "Calibration",
     "CompactDecision",
     "CompactResult",
     "CorruptStateError",
     "Counter",
+    "Dialect",
+    "DialectError",
     "History",
     "InMemoryResult",
     "Keep",
+    "MappedHistory",
     "MessageUpdates",
     "Notices",
     "Optimisation",
@@ -45,6 +64,8 @@ __all__ = [
     "Overlay",
     "PlanResult",
     "PrepareResult",
+    "ReadRules",
+    "ReadTool",
     "ResyncRequired",
     "Strategy",
     "SubagentResult",
@@ -52,9 +73,12 @@ __all__ = [
     "WindowInfo",
     "context_window_info",
     "fit_range",
+    "get_dialect",
     "keep_from",
+    "kept_out_text",
     "next_truncation_range",
     "optimize_file_reads",
+    "read_tool_from_config",
     "should_compact",
     "text_of",
     "total_tokens",

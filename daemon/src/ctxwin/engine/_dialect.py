@@ -22,13 +22,15 @@ are in docs/DIALECTS.md:
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ._blocks import Block, Message
-from ._budget import view_origins
-from ._view import KnownPairs, find_repairs
+from ._view import KnownPairs, find_repairs, keep_from
 
 SRC = "_src"
 """Key of an internal block: the history index of the message it came from."""
@@ -157,7 +159,10 @@ class MappedHistory:
         """
         held = self.source
         limit = min(len(held), len(messages))
-        common = 0
+        # The first message that is not the same object (a C-speed scan), then equal ones.
+        common = next(
+            itertools.compress(itertools.count(), map(operator.is_not, held, messages)), limit
+        )
         while common < limit:
             mine, theirs = held[common], messages[common]
             if mine is not theirs:
@@ -168,9 +173,11 @@ class MappedHistory:
         if common == len(held) == len(messages):
             return
         dirty = self._cut(common)
-        for offset in range(common, len(messages)):
-            dirty = min(dirty, self._append(messages[offset], offset))
-        self._settle(dirty)
+        try:
+            for offset in range(common, len(messages)):
+                dirty = min(dirty, self._append(messages[offset], offset))
+        finally:
+            self._settle(dirty)  # what was mapped stands, up to a message that failed
 
     def _settle(self, dirty: int) -> None:
         """Tell the internal list that messages from ``dirty`` on changed."""
@@ -245,10 +252,17 @@ class MappedHistory:
     def view(self, view: Sequence[Message], deleted_range: Sequence[int] | None) -> list[Message]:
         """The dialect's view of an internal view of :attr:`internal` under ``deleted_range``.
 
-        Kept-out messages all come back, in their order among the others,
-        but never between calls and their results.
+        Kept-out messages all come back, in their order among the others;
+        those the cut moves next to a call come after its results.
         """
-        return [message for _, message in self.placed(view, deleted_range)]
+        source = self.source
+        out: list[Message] = []
+        for index, message, end in self._pieces(view, deleted_range):
+            if message is None:
+                out.extend(source[index:end])
+            else:
+                out.append(message)
+        return out
 
     def patch(
         self, view: Sequence[Message], deleted_range: Sequence[int] | None
@@ -261,14 +275,22 @@ class MappedHistory:
         the view added before it; an empty list drops it). None when the view
         holds no message of the history at all (send it whole).
         """
-        placed = self.placed(view, deleted_range)
         source = self.source
         order: list[list[int]] = []
         replaced: dict[int, list[Message]] = {}
         pending: list[Message] = []
-        for index, message in placed:
+        for index, message, end in self._pieces(view, deleted_range):
             if index is None:
-                pending.append(message)
+                pending.append(message)  # type: ignore[arg-type]
+                continue
+            if message is None:  # a run of the history's own messages
+                if pending:
+                    replaced[index] = [*pending, source[index]]
+                    pending = []
+                if order and order[-1][1] == index:
+                    order[-1][1] = end
+                else:
+                    order.append([index, end])
                 continue
             held = replaced.get(index)
             if held is not None and order and order[-1][1] == index + 1:
@@ -292,39 +314,82 @@ class MappedHistory:
         ]
         return {"length": len(source), "keep_from": 0, "order": order, "overrides": overrides}
 
-    def placed(
+    def _pieces(
         self, view: Sequence[Message], deleted_range: Sequence[int] | None
-    ) -> list[tuple[int | None, Message]]:
-        """The dialect's view, each message with the history index it stands for (None: new)."""
+    ) -> list[tuple[int | None, Message | None, int]]:
+        """The dialect's view in pieces: ``(start, None, end)`` a run of history messages
+        ``[start, end)`` as they are; ``(index, message, 0)`` a rebuilt message standing
+        for history message ``index``, or one the view added (index None).
+
+        Runs of internal messages the view did not change cost O(1) each, so
+        a view of a long kept history costs its changed messages, not its length.
+        """
         internal = self.internal
-        origins = view_origins(len(internal), deleted_range)
-        if len(origins) != len(view):
+        count = len(internal)
+        start = keep_from(deleted_range) if count >= 2 else count
+        spans = [(0, count)] if count < 2 else [(0, 2), (start, count)]
+        kept: list[Message] = [*internal[:2], *internal[start:]] if count >= 2 else list(internal)
+        if len(kept) != len(view):
             raise ValueError(f"a view of {len(view)} messages is not one of this history")
+        changed = list(itertools.compress(range(len(view)), map(operator.is_not, view, kept)))
         source = self.source
         systems = self.systems
+        members = self.members
         holds_results = self.dialect.holds_results
-        out: list[tuple[int | None, Message]] = []
-        waiting = 0  # systems[:waiting] are out
         rebuilds = self._rebuilds
-        if len(rebuilds) > 2 * len(internal) + 64:
+        if len(rebuilds) > 2 * count + 64:
             rebuilds.clear()  # rebuilt messages of views long gone
-        for origin, message in zip(origins, view, strict=True):
-            if message is internal[origin]:
-                items: list[tuple[int | None, Message]] = [
-                    (index, source[index]) for index in self.members[origin]
-                ]
-            else:
-                held = rebuilds.get(id(message))
-                if held is None or held[0] is not message:
-                    held = rebuilds[id(message)] = (message, self._rebuilt(message))
-                items = held[1]
-            for index, item in items:
-                if index is not None and waiting < len(systems) and not holds_results(item):
-                    while waiting < len(systems) and systems[waiting] < index:
-                        out.append((systems[waiting], source[systems[waiting]]))
-                        waiting += 1
-                out.append((index, item))
-        out.extend((index, source[index]) for index in systems[waiting:])
+        out: list[tuple[int | None, Message | None, int]] = []
+        waiting = 0  # systems[:waiting] are out
+
+        def flush(before: int) -> None:
+            nonlocal waiting
+            stop = bisect.bisect_left(systems, before, waiting)
+            for place in range(waiting, stop):
+                out.append((systems[place], source[systems[place]], 0))
+            waiting = max(waiting, stop)
+
+        def run(first: int, end: int) -> None:
+            nonlocal waiting
+            if waiting < len(systems) and systems[waiting] < first:
+                results = first
+                while results < end and holds_results(source[results]):
+                    results += 1
+                if results > first:  # kept-out messages come after the results
+                    out.append((first, None, results))
+                    waiting = bisect.bisect_left(systems, results, waiting)
+                    first = results
+                flush(first)
+            if first < end:
+                out.append((first, None, end))
+                waiting = bisect.bisect_left(systems, end, waiting)
+
+        offset = 0  # view position of the span's first internal message
+        for low, high in spans:
+            k = low
+            while k < high:
+                position = offset + k - low
+                at = bisect.bisect_left(changed, position)
+                if at < len(changed) and changed[at] == position:
+                    held = rebuilds.get(id(view[position]))
+                    if held is None or held[0] is not view[position]:
+                        held = (view[position], self._rebuilt(view[position]))
+                        rebuilds[id(view[position])] = held
+                    for index, item in held[1]:
+                        if index is not None and not holds_results(item):
+                            flush(index)
+                        out.append((index, item, 0))
+                    k += 1
+                    continue
+                # Untouched internal messages up to the next changed one: one run.
+                stop = high if at == len(changed) else min(high, changed[at] - offset + low)
+                first = next((members[g][0] for g in range(k, stop) if members[g]), -1)
+                if first >= 0:
+                    last = next(members[g][-1] for g in range(stop - 1, k - 1, -1) if members[g])
+                    run(first, last + 1)
+                k = stop
+            offset += high - low
+        flush(len(source))
         return out
 
     def _rebuilt(self, message: Message) -> list[tuple[int | None, Message]]:

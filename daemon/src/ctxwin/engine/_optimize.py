@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 
 from ._blocks import Message, text_of, utf16_len
 from ._notices import Notices
-from ._overlay import EDIT_FILE_CHANGE, EDIT_FILE_MENTION, EDIT_READ_FILE, Overlay, update_text
+from ._overlay import (
+    EDIT_FILE_CHANGE,
+    EDIT_FILE_MENTION,
+    EDIT_READ_FILE,
+    Overlay,
+    replaced_paths,
+    update_metadata,
+    update_text,
+)
 from ._reads import ReadRules, native_reads
 
 # JavaScript's \s, spelled out so that the header rule reads the same characters
@@ -193,16 +201,19 @@ class MessageFacts:
         return held
 
 
-def _facts_of(messages: Sequence[Message]) -> MessageFacts | None:
-    facts = getattr(messages, "facts", None)
-    return facts if isinstance(facts, MessageFacts) else None
+def scan(
+    messages: Sequence[Message],
+    start: int,
+    overlay: Overlay,
+    notice: str,
+    facts: MessageFacts | None = None,
+) -> Scan:
+    """Find every file read from ``start`` on that a later read could supersede.
 
-
-def scan(messages: Sequence[Message], start: int, overlay: Overlay, notice: str) -> Scan:
-    """Find every file read from ``start`` on that a later read could supersede."""
+    ``facts``: the history's parse results, when it keeps them (else parsed here).
+    """
     found = Scan()
     edits = overlay.messages
-    facts = _facts_of(messages)
     for index in range(max(start, 0), len(messages)):
         replaced: list[str] = []
         entry = edits.get(index)
@@ -212,10 +223,10 @@ def scan(messages: Sequence[Message], start: int, overlay: Overlay, notice: str)
             first = next(iter(entry.blocks.values()))
             if not first:
                 continue
-            metadata = first[-1][3] if len(first[-1]) > 3 else []
+            metadata = update_metadata(first[-1])
             if len(metadata) >= 2 and len(metadata[0]) == len(metadata[1]):
                 continue
-            replaced = list(metadata[0]) if metadata else []
+            replaced = replaced_paths(first[-1])
         reads = (
             facts.reads(messages, index, notice)
             if facts is not None
@@ -244,7 +255,12 @@ def scan(messages: Sequence[Message], start: int, overlay: Overlay, notice: str)
 
 
 def scan_native(
-    messages: Sequence[Message], start: int, overlay: Overlay, notice: str, rules: ReadRules
+    messages: Sequence[Message],
+    start: int,
+    overlay: Overlay,
+    notice: str,
+    rules: ReadRules,
+    facts: MessageFacts | None = None,
 ) -> Scan:
     """Find every native tool read from ``start`` on (docs/DIALECTS.md, "File reads").
 
@@ -253,7 +269,6 @@ def scan_native(
     """
     found = Scan()
     edits = overlay.messages
-    facts = _facts_of(messages)
     for index in range(max(start, 0), len(messages)):
         reads = (
             facts.native(messages, index, rules)
@@ -297,8 +312,7 @@ def apply(found: Scan, messages: Sequence[Message], overlay: Overlay, ts: int | 
         latest_text = update_text(previous[-1]) if previous else None
         if previous and latest_text is not None:
             text = latest_text
-            metadata = previous[-1][3] if len(previous[-1]) > 3 else []
-            replaced = list(metadata[0]) if metadata else []
+            replaced = replaced_paths(previous[-1])
         else:
             original = text_of(messages[index]["content"][block])
             text = original or ""
@@ -356,7 +370,11 @@ def message_chars(message: Message) -> MessageChars:
 
 
 def savings(
-    messages: Sequence[Message], start: int, overlay: Overlay, changed: set[int]
+    messages: Sequence[Message],
+    start: int,
+    overlay: Overlay,
+    changed: set[int],
+    facts: MessageFacts | None = None,
 ) -> tuple[int, int]:
     """Characters (UTF-16 units) in the view's range and how many this run saved.
 
@@ -368,7 +386,6 @@ def savings(
     total = 0
     saved = 0
     edits = overlay.messages
-    facts = _facts_of(messages)
     indices = [*range(min(2, len(messages))), *range(max(start, 2), len(messages))]
     for index in indices:
         chars = (
@@ -412,24 +429,28 @@ def optimize_file_reads(
     overlay: Overlay,
     ts: int | float,
     notices: Notices,
+    facts: MessageFacts | None = None,
     rules: ReadRules | None = None,
 ) -> Optimisation:
     """Replace superseded file reads from ``start`` on, in ``overlay`` (SPEC.md §6).
 
+    ``facts``: the parse results the history keeps for its messages, if it
+    does (:class:`~ctxwin.engine.History`); a plain list is parsed each call.
+    ``rules``: None reads Cline's result headers (SPEC.md §6); otherwise
+    native tool calls are the reads (docs/DIALECTS.md).
+
     Returns:
         Whether anything changed and whether truncation is still needed
         (nothing changed, or less than 30% of the characters saved).
-        ``rules`` None reads Cline's result headers; otherwise native tool
-        calls are the reads.
     """
     notice = notices.duplicate_file_read
     if rules is None:
-        found = scan(messages, start, overlay, notice)
+        found = scan(messages, start, overlay, notice, facts)
     else:
-        found = scan_native(messages, start, overlay, notice, rules)
+        found = scan_native(messages, start, overlay, notice, rules, facts)
     indices = apply(found, messages, overlay, ts)
     if not indices:
         return Optimisation(False, True, 0.0, frozenset())
-    total, saved = savings(messages, start, overlay, indices)
+    total, saved = savings(messages, start, overlay, indices, facts)
     percent = saved / total if total else 0.0
     return Optimisation(True, percent < SAVINGS_NEEDED, percent, frozenset(indices))

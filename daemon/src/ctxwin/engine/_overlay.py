@@ -2,32 +2,55 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
+from ctxwin.proto import (
+    EDIT_FILE_CHANGE,
+    EDIT_FILE_MENTION,
+    EDIT_NO_FILE_READ,
+    EDIT_READ_FILE,
+    EDIT_UNDEFINED,
+    OverlayFormatError,
+    Update,
+    read_overlay,
+    update_text,
+)
+
+__all__ = [
+    "EDIT_FILE_CHANGE",
+    "EDIT_FILE_MENTION",
+    "EDIT_NO_FILE_READ",
+    "EDIT_READ_FILE",
+    "EDIT_UNDEFINED",
+    "CorruptStateError",
+    "MessageUpdates",
+    "Overlay",
+    "Update",
+    "replaced_paths",
+    "update_metadata",
+    "update_text",
+]
+
 # An update is kept as the list it is stored as: [ts, kind, [text], metadata].
 # Keeping the stored shape (rather than a parsed record) makes dump(load(x)) == x
-# exact, including values this version does not interpret.
-Update = list[Any]
-
-EDIT_UNDEFINED = 0
-EDIT_NO_FILE_READ = 1
-EDIT_READ_FILE = 2
-EDIT_FILE_CHANGE = 3
-EDIT_FILE_MENTION = 4
+# exact, including values this version does not interpret. The shape, the edit
+# types and the reader are proto's (both sides read the on-disk form).
 
 
-def update_text(update: Update) -> str | None:
-    """The text a ``"text"`` update sets, or None for any other kind."""
-    if update[1] == "text":
-        text: str = update[2][0]
-        return text
-    return None
+def update_metadata(update: Update) -> list[Any]:
+    """An update's metadata: empty, or for a file mention ``[replaced_paths, all_paths]``."""
+    return update[3] if len(update) > 3 else []
 
 
-class CorruptStateError(ValueError):
-    """Stored overlay data that does not have the on-disk shape of SPEC.md §1."""
+def replaced_paths(update: Update) -> list[str]:
+    """The paths a file-mention update has replaced so far (none for other updates)."""
+    metadata = update_metadata(update)
+    return list(metadata[0]) if metadata else []
+
+
+class CorruptStateError(OverlayFormatError):
+    """Stored task state that does not have its stored shape (SPEC.md §1)."""
 
 
 class MessageUpdates:
@@ -38,28 +61,6 @@ class MessageUpdates:
     def __init__(self, edit_type: int, blocks: dict[int, list[Update]] | None = None) -> None:
         self.edit_type = edit_type
         self.blocks: dict[int, list[Update]] = blocks if blocks is not None else {}
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_update(update: object, where: str) -> Update:
-    if (
-        not isinstance(update, list)
-        or len(update) < 3
-        or not _is_number(update[0])
-        or not isinstance(update[1], str)
-        or not isinstance(update[2], list)
-    ):
-        raise CorruptStateError(f"{where}: an update must be [ts, kind, [text, ...], metadata]")
-    if update[1] == "text" and (not update[2] or not isinstance(update[2][0], str)):
-        raise CorruptStateError(f"{where}: a text update must carry its text first")
-    return update
 
 
 class Overlay:
@@ -150,32 +151,10 @@ class Overlay:
             CorruptStateError: when ``data`` does not have that shape.
         """
         overlay = cls()
-        if not isinstance(data, list):
-            raise CorruptStateError("the overlay must be a list of [message_index, entry]")
-        for position, item in enumerate(data):
-            where = f"entry {position}"
-            if not isinstance(item, list) or len(item) != 2 or not _is_int(item[0]):
-                raise CorruptStateError(f"{where}: expected [message_index, [type, blocks]]")
-            index, body = item
-            if (
-                not isinstance(body, list)
-                or len(body) != 2
-                or not _is_int(body[0])
-                or not isinstance(body[1], list)
-            ):
-                raise CorruptStateError(f"{where}: expected [edit_type, [[block, updates], ...]]")
-            entry = MessageUpdates(body[0])
-            for block_item in body[1]:
-                if (
-                    not isinstance(block_item, list)
-                    or len(block_item) != 2
-                    or not _is_int(block_item[0])
-                    or not isinstance(block_item[1], list)
-                ):
-                    raise CorruptStateError(f"{where}: expected [block_index, [update, ...]]")
-                entry.blocks[block_item[0]] = [
-                    _check_update(update, f"{where} block {block_item[0]}")
-                    for update in block_item[1]
-                ]
-            overlay.messages[index] = entry
+        try:
+            stored = read_overlay(data)
+        except OverlayFormatError as exc:
+            raise CorruptStateError(str(exc)) from None
+        for edits in stored:
+            overlay.messages[edits.message] = MessageUpdates(edits.edit_type, edits.blocks)
         return overlay

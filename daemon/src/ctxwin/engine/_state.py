@@ -6,10 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ctxwin.proto import deleted_range_error
+
 from ._blocks import Message, text_of
 from ._budget import Budgeting, fit_range, largest_messages, view_origins
 from ._notices import DEFAULT_NOTICES, Notices
-from ._optimize import TOOL_HEADER, Optimisation, optimize_file_reads
+from ._optimize import TOOL_HEADER, MessageFacts, Optimisation, optimize_file_reads
 from ._overlay import (
     EDIT_FILE_CHANGE,
     EDIT_FILE_MENTION,
@@ -17,10 +19,11 @@ from ._overlay import (
     EDIT_UNDEFINED,
     CorruptStateError,
     Overlay,
+    replaced_paths,
 )
 from ._range import Keep, next_truncation_range
 from ._reads import ReadRules
-from ._view import NEW_TEXT_BLOCK, keep_from, truncated_messages
+from ._view import NEW_TEXT_BLOCK, KnownPairs, keep_from, truncated_messages
 from ._window import context_window_info, total_tokens
 
 
@@ -161,15 +164,17 @@ class CompactResult:
 
 
 def _check_range(value: object) -> list[int] | None:
-    if value is None:
-        return None
-    if (
-        not isinstance(value, list | tuple)
-        or len(value) != 2
-        or not all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
-    ):
-        raise CorruptStateError("a deleted range must be null or [start, end]")
-    return [value[0], value[1]]
+    if isinstance(value, tuple):
+        value = list(value)
+    problem = deleted_range_error(value)
+    if problem is not None:
+        raise CorruptStateError(f"a deleted range {problem}")
+    return None if value is None else [value[0], value[1]]  # type: ignore[index]
+
+
+def _facts_of(messages: Sequence[Message]) -> MessageFacts | None:
+    """The parse results a history keeps beside its messages, if it is one that does."""
+    return messages.facts if isinstance(messages, KnownPairs) else None
 
 
 def _first_text_block(message: Message) -> int:
@@ -191,16 +196,39 @@ class TaskState:
     written.
     """
 
-    __slots__ = ("_deleted_range", "notices", "overlay", "reads", "revision")
+    __slots__ = ("_deleted_range", "_dialect", "notices", "overlay", "reads", "revision")
 
-    def __init__(self, notices: Notices = DEFAULT_NOTICES, reads: ReadRules | None = None) -> None:
+    def __init__(
+        self,
+        notices: Notices = DEFAULT_NOTICES,
+        reads: ReadRules | None = None,
+        dialect: str = "cline",
+    ) -> None:
         self.notices = notices
         # None: the Cline dialect (SPEC.md exactly); otherwise a native dialect's
         # internal form, whose file reads are tool calls (docs/DIALECTS.md).
         self.reads = reads
+        self._dialect = dialect
         self.overlay = Overlay()
         self._deleted_range: list[int] | None = None
         self.revision = 0
+
+    @property
+    def dialect(self) -> str:
+        """The task's message dialect (docs/DIALECTS.md); ``cline`` is SPEC.md's."""
+        return self._dialect
+
+    def set_dialect(self, dialect: str, reads: ReadRules | None) -> None:
+        """Give the task its dialect and, for a native one, the read tools it counts."""
+        if dialect != self._dialect:
+            self._dialect = dialect
+            self.revision += 1
+        self.reads = reads
+
+    @property
+    def empty(self) -> bool:
+        """Whether the state holds nothing yet (no overlay, no range, the default dialect)."""
+        return not self.overlay and self._deleted_range is None and self._dialect == "cline"
 
     @property
     def deleted_range(self) -> list[int] | None:
@@ -221,6 +249,7 @@ class TaskState:
         deleted_range: object = None,
         notices: Notices = DEFAULT_NOTICES,
         reads: ReadRules | None = None,
+        dialect: str = "cline",
     ) -> TaskState:
         """Rebuild a state from its stored form.
 
@@ -232,7 +261,7 @@ class TaskState:
         Raises:
             CorruptStateError: when either value does not have its stored shape.
         """
-        state = cls(notices, reads)
+        state = cls(notices, reads, dialect)
         if updates is not None:
             state.overlay = Overlay.load(updates)
         state._deleted_range = _check_range(deleted_range)
@@ -315,7 +344,9 @@ class TaskState:
 
     def _optimize(self, messages: Sequence[Message], ts: int, whole: bool) -> Optimisation:
         start = 2 if whole else keep_from(self._deleted_range)
-        return optimize_file_reads(messages, start, self.overlay, ts, self.notices, self.reads)
+        return optimize_file_reads(
+            messages, start, self.overlay, ts, self.notices, _facts_of(messages), self.reads
+        )
 
     def optimize_file_reads(self, messages: Sequence[Message], ts: int) -> OptimizeResult:
         """Replace superseded file reads after the range and persist (SPEC.md §6)."""
@@ -356,42 +387,111 @@ class TaskState:
             ts: the time of a proactive compaction (there is no previous request).
         """
         limit = context_window_info(model).max_allowed_size
-        trigger: float | None = None
-        trigger_ts = 0
+        trigger = None
         if not use_auto_condense:
-            if previous_request is not None:
-                total = total_tokens(previous_request)
-                if total >= limit:
-                    trigger, trigger_ts = total, previous_request.get("ts") or 0
-            elif budgeting is not None and budgeting.proactive:
-                estimate = budgeting.view_tokens(self.truncated_messages(messages))
-                if estimate > limit:
-                    trigger, trigger_ts = estimate, ts or 0
+            trigger = self._trigger(
+                messages, previous_request, limit=limit, budgeting=budgeting, ts=ts
+            )
         range_updated = stalled = False
-        estimate_before: int | None = None
-        if trigger is not None and budgeting is not None and previous_request is not None:
-            estimate_before = budgeting.view_tokens(self.truncated_messages(messages))
         if trigger is not None:
-            keep: Keep = "quarter" if trigger / 2 > limit else "half"
-            result = self._optimize(messages, trigger_ts, whole=False)
-            changed = result.changed
-            if result.need_to_truncate:
-                changed = self.add_truncation_notice(trigger_ts, messages) or changed
-                before = self._deleted_range
-                if budgeting is not None and budgeting.strategy == "fit":
-                    budget = limit * budgeting.target
-                    sizing = _sized_to_report(budgeting, trigger, estimate_before)
-                    proposed, _ = fit_range(messages, before, self.overlay, budget, sizing)
-                else:
-                    proposed = next_truncation_range(messages, before, keep)
-                self.deleted_range = self._keep_newest(messages, before, proposed)
-                range_updated = True
-                stalled = not result.changed and keep_from(self._deleted_range) == keep_from(before)
-            if changed:
-                self._changed()
+            range_updated, stalled = self._cut(
+                messages,
+                trigger,
+                limit=limit,
+                budgeting=budgeting,
+                reported=previous_request is not None,
+            )
         view = self.truncated_messages(messages)
         if budgeting is None:
             return PrepareResult(self.deleted_range, range_updated, view, stalled)
+        return self._estimated(
+            messages,
+            view,
+            limit=limit,
+            budgeting=budgeting,
+            range_updated=range_updated,
+            stalled=stalled,
+        )
+
+    def _trigger(
+        self,
+        messages: Sequence[Message],
+        previous_request: Mapping[str, Any] | None,
+        *,
+        limit: float,
+        budgeting: Budgeting | None,
+        ts: int | None,
+    ) -> tuple[float, int] | None:
+        """What crossed the window and when, or None: nothing to do (SPEC.md §7).
+
+        The last request's reported total; with no request yet and proactive
+        budgeting, the next view's estimate (stamped ``ts``).
+        """
+        if previous_request is not None:
+            total = total_tokens(previous_request)
+            return (total, previous_request.get("ts") or 0) if total >= limit else None
+        if budgeting is not None and budgeting.proactive:
+            estimate = budgeting.view_tokens(self.truncated_messages(messages))
+            return (estimate, ts or 0) if estimate > limit else None
+        return None
+
+    def _cut(
+        self,
+        messages: Sequence[Message],
+        trigger: tuple[float, int],
+        *,
+        limit: float,
+        budgeting: Budgeting | None,
+        reported: bool,
+    ) -> tuple[bool, bool]:
+        """Optimise, then cut when that is not enough (SPEC.md §7; ``fit`` sizes the cut).
+
+        Args:
+            messages: the task's full history.
+            trigger: the tokens that crossed the window and their ``ts``.
+            limit: the model's allowed size.
+            budgeting: the request's estimation settings, if any.
+            reported: the trigger is a provider's report (``fit`` scales
+                estimates up to it).
+
+        Returns:
+            ``(range_updated, stalled)``.
+        """
+        tokens, trigger_ts = trigger
+        estimate_before: int | None = None
+        if budgeting is not None and reported:
+            estimate_before = budgeting.view_tokens(self.truncated_messages(messages))
+        keep: Keep = "quarter" if tokens / 2 > limit else "half"
+        result = self._optimize(messages, trigger_ts, whole=False)
+        changed = result.changed
+        range_updated = stalled = False
+        if result.need_to_truncate:
+            changed = self.add_truncation_notice(trigger_ts, messages) or changed
+            before = self._deleted_range
+            if budgeting is not None and budgeting.strategy == "fit":
+                budget = limit * budgeting.target
+                sizing = _sized_to_report(budgeting, tokens, estimate_before)
+                proposed, _ = fit_range(messages, before, self.overlay, budget, sizing)
+            else:
+                proposed = next_truncation_range(messages, before, keep)
+            self.deleted_range = self._keep_newest(messages, before, proposed)
+            range_updated = True
+            stalled = not result.changed and keep_from(self._deleted_range) == keep_from(before)
+        if changed:
+            self._changed()
+        return range_updated, stalled
+
+    def _estimated(
+        self,
+        messages: Sequence[Message],
+        view: list[Message],
+        *,
+        limit: float,
+        budgeting: Budgeting,
+        range_updated: bool,
+        stalled: bool,
+    ) -> PrepareResult:
+        """The result with the view's estimate, and its largest messages when it does not fit."""
         estimated = budgeting.view_tokens(view)
         fits = estimated <= limit
         largest = None
@@ -433,7 +533,7 @@ class TaskState:
 
     def clone(self) -> TaskState:
         """An independent copy: changes to either never show in the other."""
-        copy = TaskState(self.notices, self.reads)
+        copy = TaskState(self.notices, self.reads, self._dialect)
         copy.overlay = self.overlay.copy()
         copy._deleted_range = self.deleted_range
         copy.revision = self.revision
@@ -453,8 +553,8 @@ class TaskState:
                 if len(updates) <= len(known):
                     continue
                 if entry.edit_type == EDIT_FILE_MENTION:
-                    previous = set(known[-1][3][0]) if known else set()
-                    paths = [path for path in updates[-1][3][0] if path not in previous]
+                    previous = set(replaced_paths(known[-1])) if known else set()
+                    paths = [path for path in replaced_paths(updates[-1]) if path not in previous]
                 else:
                     content = messages[index].get("content")
                     header = TOOL_HEADER.match(text_of(content[0]) or "") if content else None
@@ -469,7 +569,9 @@ class TaskState:
 
     def compact_subagent(self, messages: Sequence[Message], ts: int) -> SubagentResult:
         """Make a subagent's conversation fit: optimise in memory, else cut a quarter (§8)."""
-        result = optimize_file_reads(messages, 2, self.overlay, ts, self.notices, self.reads)
+        result = optimize_file_reads(
+            messages, 2, self.overlay, ts, self.notices, _facts_of(messages), self.reads
+        )
         conversation: Sequence[Message] = messages
         if result.changed:
             conversation = truncated_messages(messages, None, self.overlay, self.notices)

@@ -11,10 +11,13 @@ from ._codec import (
     Request,
     decode_reply,
     decode_request,
+    decode_request_parts,
     encode_error,
     encode_request,
     encode_result,
     pack,
+    peek_request_id,
+    result_encoder,
     unpack,
 )
 from ._delta import (
@@ -27,7 +30,13 @@ from ._delta import (
     chain_digest,
     message_digest,
 )
-from ._endpoint import ENDPOINT_ENV, default_endpoint, default_runtime_dir, resolve_endpoint
+from ._endpoint import (
+    ENDPOINT_ENV,
+    default_endpoint,
+    default_runtime_dir,
+    ipc_path,
+    resolve_endpoint,
+)
 from ._errors import ErrorCode, ProtocolError
 from ._overlay import (
     EDIT_FILE_CHANGE,
@@ -78,6 +87,7 @@ from ._schema import (
     Model,
     OpSpec,
     Usage,
+    deleted_range_error,
     is_valid_task_id,
     validate_args,
 )
@@ -145,18 +155,23 @@ __all__ = [
     "chain_digest",
     "decode_reply",
     "decode_request",
+    "decode_request_parts",
     "default_endpoint",
     "default_runtime_dir",
+    "deleted_range_error",
     "encode_error",
     "encode_request",
     "encode_result",
+    "ipc_path",
     "is_context_window_error",
     "is_valid_task_id",
     "message_digest",
     "now_ms",
     "pack",
+    "peek_request_id",
     "read_overlay",
     "resolve_endpoint",
+    "result_encoder",
     "unpack",
     "update_text",
     "validate_args",

@@ -10,6 +10,16 @@ ENDPOINT_ENV = "CTXWIN_ENDPOINT"
 SOCKET_NAME = "ctxwind.sock"
 
 
+_IPC = "ipc://"
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint; None for other and abstract (``@``) ones."""
+    if endpoint.startswith(_IPC) and not endpoint.startswith("ipc://@"):
+        return Path(endpoint[len(_IPC) :])
+    return None
+
+
 def default_runtime_dir() -> Path:
     """The private directory holding the default ipc socket.
 

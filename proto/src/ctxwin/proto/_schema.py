@@ -196,13 +196,24 @@ def _check_token(value: object) -> None:
         raise _Invalid("must be the token of a previous patch (1 to 32 bytes)")
 
 
-def _check_range(value: object) -> None:
+def deleted_range_error(value: object) -> str | None:
+    """Why ``value`` is not a deleted range (nil or ``[2, end]``); None when it is one.
+
+    The one rule for the wire, the stored ``ctxwin.json`` and the engine.
+    """
     if value is None:
-        return
+        return None
     if not isinstance(value, list) or len(value) != 2 or not all(_is_int(bound) for bound in value):
-        raise _Invalid("must be nil or a pair of integers [start, end]")
+        return "must be nil or a pair of integers [start, end]"
     if value[0] != 2:
-        raise _Invalid("must start at 2 (messages 0 and 1 are never removed)")
+        return "must start at 2 (messages 0 and 1 are never removed)"
+    return None
+
+
+def _check_range(value: object) -> None:
+    problem = deleted_range_error(value)
+    if problem is not None:
+        raise _Invalid(problem)
 
 
 def _check_threshold(value: object) -> None:

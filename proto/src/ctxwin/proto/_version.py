@@ -5,11 +5,12 @@ PROTOCOL_VERSION = 1
 
 __version__ = "0.1.0"
 
-FEATURES = ("delta", "view_patch", "budgeting", "plan")
+FEATURES = ("delta", "view_patch", "budgeting", "plan", "dialects")
 """Optional parts of protocol version 1 this version implements, named in ``ping``.
 
 ``delta``: ops that take ``messages`` also take ``base``/``base_digest``/``append``;
 ``view_patch``: ``view: "patch"`` returns views as patches; ``budgeting``:
 ``prepare_request`` takes ``strategy``/``proactive``/``estimate`` and tasks
-calibrate estimates; ``plan``: the ``plan`` op.
+calibrate estimates; ``plan``: the ``plan`` op; ``dialects``: task ops and
+``count_tokens`` take ``dialect`` (``ping`` lists them, docs/DIALECTS.md).
 """

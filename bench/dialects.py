@@ -1,0 +1,147 @@
+"""Per-turn cost of a kept history in each dialect against the Cline dialect, in-process.
+
+One conversation (a task, then turns of an assistant reply with one or two
+tool calls, their results and now and then a user message; file reads of the
+same paths again and again) is rendered in every dialect
+(``tests._dialect_data``) and replayed turn by turn the way the daemon serves
+a delta-synced task: the turn's messages are appended to the kept history
+(``History.apply``), a native dialect's mapped history takes them
+(``MappedHistory.sync``, only the new messages are mapped), ``prepare_request``
+runs on the internal form and the view is made into the patch the daemon
+sends (``view_patch`` for Cline, ``MappedHistory.patch`` for the others).
+Twice during the replay the previous request's usage is over the limit, so
+file reads are optimised and the range is cut.
+
+Each sample is one turn; reported are the median over all turns and over the
+turns whose history holds at least 90% of the final messages, and each
+dialect's ratio to the Cline dialect's figure in the same run.
+
+Usage: ``.venv/bin/python -m bench.dialects [--turns 700] [--repeat 3] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import time
+from typing import Any
+
+from ctxwin.engine import History, TaskState, view_patch
+from ctxwin.engine._dialect import MappedHistory
+from ctxwin.engine._dialects import DIALECTS
+from ctxwin.engine._reads import DEFAULT_READ_RULES
+from tests._dialect_data import RENDER, Call, Turn, render_cline
+
+MODEL = {"id": "claude-sonnet-4-5", "context_window": 200_000}
+OVER = {"tokens_in": 400_000}
+PATHS = [f"src/module_{index}.py" for index in range(40)]
+
+
+def conversation(turns: int, seed: int = 7) -> list[Turn]:
+    """A deterministic conversation of ``turns`` assistant turns."""
+    rng = random.Random(seed)
+    out = [Turn("system", "You are a coding agent."), Turn("user", "Fix the failing tests. " * 20)]
+    serial = 0
+    for _ in range(turns):
+        calls = []
+        for _ in range(rng.choice((1, 1, 2))):
+            serial += 1
+            if rng.random() < 0.6:
+                calls.append(Call(f"call_{serial}", "Read", {"file_path": rng.choice(PATHS)}))
+            else:
+                calls.append(Call(f"call_{serial}", "Bash", {"command": f"pytest -k t{serial}"}))
+        out.append(Turn("assistant", "Looking at the code now. " * rng.randint(1, 6), calls=calls))
+        body = "def f(x):\n    return x * 2\n" * rng.randint(5, 40)
+        out.append(Turn("results", results=[(call.id, body) for call in calls]))
+        if rng.random() < 0.2:
+            out.append(Turn("user", "Please also check the docs. " * rng.randint(1, 4)))
+    return out
+
+
+def _turn_ends(messages: list[dict[str, Any]], dialect: str) -> list[int]:
+    """Where a request is made: after each message of the user's side followed by the model."""
+
+    def user_side(message: dict[str, Any]) -> bool:
+        kind = message.get("type")
+        if isinstance(kind, str) and kind.endswith("_output"):
+            return True
+        return message.get("role") in ("user", "tool")
+
+    return [
+        end
+        for end in range(1, len(messages) + 1)
+        if user_side(messages[end - 1]) and (end == len(messages) or not user_side(messages[end]))
+    ]
+
+
+def replay(dialect: str, turns: list[Turn]) -> list[tuple[int, float]]:
+    """``(history length, seconds)`` of each turn of one replay."""
+    messages = render_cline(turns) if dialect == "cline" else RENDER[dialect](turns)
+    ends = _turn_ends(messages, dialect)
+    cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
+    history = History()
+    native = dialect != "cline"
+    state = TaskState(reads=DEFAULT_READ_RULES if native else None)
+    mapped = MappedHistory(DIALECTS[dialect]) if native else None
+    samples: list[tuple[int, float]] = []
+    sent = 0
+    gc.collect()
+    for end in ends:
+        previous = {**OVER, "ts": end} if end in cuts else None
+        started = time.perf_counter()
+        history.apply(sent, history.digest, messages[sent:end])
+        if mapped is None:
+            view = state.prepare_request(history.messages, previous, MODEL).messages
+            view_patch(view, history.messages, state.deleted_range)
+        else:
+            mapped.sync(history.messages)
+            view = state.prepare_request(mapped.internal, previous, MODEL).messages
+            mapped.patch(view, state.deleted_range)
+        samples.append((end, time.perf_counter() - started))
+        sent = end
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=700)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    turns = conversation(args.turns)
+    results: dict[str, dict[str, float]] = {}
+    for dialect in ("cline", *sorted(DIALECTS)):
+        every: list[float] = []
+        tail: list[float] = []
+        length = 0
+        for _ in range(args.repeat):
+            samples = replay(dialect, turns)
+            length = samples[-1][0]
+            every += [seconds for _, seconds in samples]
+            tail += [seconds for size, seconds in samples if size >= 0.9 * length]
+        results[dialect] = {
+            "messages": length,
+            "median_ms": statistics.median(every) * 1000,
+            "tail_median_ms": statistics.median(tail) * 1000,
+        }
+    base = results["cline"]
+    for figures in results.values():
+        figures["ratio"] = figures["median_ms"] / base["median_ms"]
+        figures["tail_ratio"] = figures["tail_median_ms"] / base["tail_median_ms"]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{'dialect':18} {'messages':>8} {'median':>10} {'@90%':>10} {'ratio':>6} {'@90%':>6}")
+    for dialect, figures in results.items():
+        print(
+            f"{dialect:18} {figures['messages']:8.0f} {figures['median_ms']:8.3f}ms "
+            f"{figures['tail_median_ms']:8.3f}ms {figures['ratio']:6.2f} "
+            f"{figures['tail_ratio']:6.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
