@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ctxwin import proto
-from ctxwin.client import AsyncClient, Client
+from ctxwin.client import AsyncClient, Client, DaemonUnavailableError
 
 CLIENT_SCRIPT = """
 from ctxwin.client import Client
@@ -79,8 +79,8 @@ def test_two_racing_clients_end_with_one_daemon(private_env: str) -> None:
 
 
 def test_autostart_is_off_by_default(private_env: str) -> None:
-    """Without autostart a client starts nothing: it times out."""
-    with Client(timeout=0.2) as client, pytest.raises(TimeoutError):
+    """Without autostart a client starts nothing: it fails at once, saying how to start one."""
+    with Client(timeout=30) as client, pytest.raises(DaemonUnavailableError, match="autostart"):
         client.ping()
     assert [] == _daemons(private_env)
 

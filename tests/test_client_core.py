@@ -292,3 +292,27 @@ def test_a_resend_needs_time_left() -> None:
     assert 0 < _core.left_for_resend(time.monotonic() + 5, cause, "ipc:///x") <= 5
     with pytest.raises(RequestTimeoutError, match="no time left"):
         _core.left_for_resend(time.monotonic() - 0.1, cause, "ipc:///x")
+
+
+def test_the_link_tells_a_refused_endpoint_from_a_restarting_daemon() -> None:
+    """Refused before ever connecting is unreachable at once; after a drop, only past the grace."""
+    link = _core.Link()
+    link.feed(zmq.EVENT_CONNECT_RETRIED, 10.0)
+    assert link.unreachable(10.0)
+    link.feed(zmq.EVENT_CONNECTED, 11.0)
+    assert (link.connected, link.dropped, link.unreachable(11.0)) == (True, False, False)
+    link.feed(zmq.EVENT_DISCONNECTED, 12.0)
+    assert link.dropped
+    link.fresh()  # a new socket: the daemon was reached before, it may be restarting
+    link.feed(zmq.EVENT_CONNECT_RETRIED, 13.0)
+    assert not link.unreachable(13.0 + _core.RECONNECT_GRACE / 2)
+    assert link.unreachable(13.0 + _core.RECONNECT_GRACE)
+    assert "went away" in str(_core.unreachable_error("ipc:///x", link))
+
+
+def test_only_ops_that_change_nothing_twice_are_sent_again_after_a_drop() -> None:
+    """A dropped read is resent; a dropped change raises, saying it may have been applied."""
+    _core.after_drop(_ops.inspect("t1"), "ipc:///x")
+    with pytest.raises(DaemonUnavailableError, match="may or may not have been applied"):
+        _core.after_drop(_ops.compact("t1", MESSAGES, ts=1), "ipc:///x")
+    assert set(proto.OPS) >= _core.SAFE_TO_REPEAT

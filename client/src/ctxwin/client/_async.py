@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from ctxwin import proto
 from ctxwin.proto import Reply
@@ -57,7 +58,10 @@ class AsyncClient:
         CtxwinError: from every op method: the subclass for the daemon's error
             code (``BusyError`` once the retries are spent), or, before
             anything is sent, for arguments the daemon would refuse (``local``
-            set); ``RequestTimeoutError`` when no reply comes in time.
+            set); ``RequestTimeoutError`` when no reply comes in time;
+            ``DaemonUnavailableError`` at once when nothing listens at the
+            endpoint, or when the connection drops with a call in flight that
+            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent).
     """
 
     def __init__(
@@ -76,6 +80,10 @@ class AsyncClient:
         self._context = context or zmq.asyncio.Context.instance()
         self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._monitor_now: zmq.Socket[bytes] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._link = _core.Link()
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._connecting: asyncio.Lock | None = None
@@ -95,10 +103,10 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Close the socket (linger 0) and fail calls still waiting; later calls raise."""
         self._closed = True
-        reader = self._drop_socket()
-        if reader is not None and reader.get_loop() is asyncio.get_running_loop():
-            # Wait for the reader to end without taking a cancellation of our own caller.
-            await asyncio.wait([reader])
+        tasks = self._drop_socket()
+        if tasks and tasks[0].get_loop() is asyncio.get_running_loop():
+            # Wait for the readers to end without taking a cancellation of our own caller.
+            await asyncio.wait(tasks)
 
     def close(self) -> None:
         """Close the socket now, from any thread or loop (or none); later calls raise.
@@ -135,19 +143,25 @@ class AsyncClient:
 
     # Transport.
 
-    def _drop_socket(self, reason: Exception | None = None) -> asyncio.Task[None] | None:
-        """Close the socket, stop its reader, fail the calls still waiting on it."""
-        reader, self._reader = self._reader, None
+    def _drop_socket(self, reason: Exception | None = None) -> list[asyncio.Task[None]]:
+        """Close the socket, stop its readers, fail the calls still waiting on it."""
+        tasks = [task for task in (self._reader, self._watcher) if task is not None]
+        self._reader = self._watcher = None
         if self._socket is not None:
+            self._socket.disable_monitor()
             self._socket.close(linger=0)
             self._socket = None
-        if reader is not None and not reader.get_loop().is_closed():
-            reader.cancel()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = self._monitor_now = None
+        for task in tasks:
+            if not task.get_loop().is_closed():
+                task.cancel()
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(reason or ClientClosedError("the client was closed"))
         self._pending.clear()
-        return reader
+        return tasks
 
     async def _connect(self) -> zmq.asyncio.Socket:
         if self._closed:
@@ -168,13 +182,19 @@ class AsyncClient:
                         raise ClientClosedError("the client is closed")
                 sock = self._context.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
+                monitor = sock.get_monitor_socket(_core.MONITOR_EVENTS)
                 try:
                     sock.connect(self.endpoint)
                 except zmq.ZMQError as exc:
+                    sock.disable_monitor()
+                    monitor.close(linger=0)
                     sock.close(linger=0)
                     raise _core.connect_error(self.endpoint, exc) from None
-                self._socket = sock
+                self._socket, self._monitor = sock, monitor
+                self._monitor_now = zmq.Socket.shadow(monitor.underlying)
+                self._link.fresh()
                 self._reader = loop.create_task(self._read(sock))
+                self._watcher = loop.create_task(self._watch(sock, monitor))
             return self._socket
 
     async def _read(self, sock: zmq.asyncio.Socket) -> None:
@@ -197,7 +217,37 @@ class AsyncClient:
                     DaemonUnavailableError(f"receiving failed: {exc}", endpoint=self.endpoint)
                 )
 
+    async def _watch(self, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
+        """Follow the socket's connection; when it drops or nothing answers, start over.
+
+        The socket is dropped either way, so that nothing queued on it reaches a
+        daemon later: calls in flight get :class:`~ctxwin.client._core.Dropped`
+        (the caller resends what is safe to repeat) or the unreachable error.
+        """
+        try:
+            while self._socket is sock:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                now = time.monotonic()
+                self._link.feed(event["event"], now)
+                if self._link.dropped:
+                    self._watcher = None
+                    self._drop_socket(_core.Dropped())
+                elif self._pending and self._link.unreachable(now):
+                    self._watcher = None
+                    self._drop_socket(_core.unreachable_error(self.endpoint, self._link))
+        except zmq.ZMQError:
+            pass  # the monitor was closed with its socket
+
+    def _catch_up(self) -> None:
+        """Take the monitor's events so far, now: a drop before a call is not that call's."""
+        now = self._monitor_now  # the monitor, read without the event loop
+        while now is not None and now.poll(0, zmq.POLLIN):
+            self._link.feed(parse_monitor_message(now.recv_multipart())["event"], time.monotonic())
+        if self._link.dropped:
+            self._drop_socket(_core.Dropped())  # calls already waiting were in flight
+
     async def _exchange(self, call: Call[Any], deadline: float) -> Reply:
+        self._catch_up()
         sock = await self._connect()
         request_id = next(self._ids)
         body = _core.encode(call, request_id)
@@ -212,6 +262,9 @@ class AsyncClient:
                     f"{call.op}: cannot queue the request for {self.endpoint}",
                     endpoint=self.endpoint,
                 ) from None
+            if self._link.unreachable(time.monotonic()):
+                self._drop_socket()
+                raise _core.unreachable_error(self.endpoint, self._link)
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     return await future
@@ -243,7 +296,11 @@ class AsyncClient:
         deadline = time.monotonic() + _core.call_budget(call, timeout, self.timeout)
         attempt = 0
         while True:
-            reply = await self._exchange(call, deadline)
+            try:
+                reply = await self._exchange(call, deadline)
+            except _core.Dropped:
+                _core.after_drop(call, self.endpoint)
+                continue
             step = _core.outcome(call, reply, attempt, self.retry, deadline - time.monotonic())
             if not isinstance(step, _core.Retry):
                 return step

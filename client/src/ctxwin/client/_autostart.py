@@ -41,16 +41,9 @@ _SPAWN = (
 )
 
 
-def ipc_path(endpoint: str) -> Path | None:
-    """The socket file of an ``ipc://`` endpoint; None for other and abstract (``@``) ones."""
-    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        return Path(endpoint.removeprefix("ipc://"))
-    return None
-
-
 def socket_missing(endpoint: str) -> str | None:
     """Why nothing can answer at an ipc endpoint (no socket file, no access), or None."""
-    path = ipc_path(endpoint)
+    path = proto.ipc_path(endpoint)
     if path is None:
         return None
     try:
@@ -63,7 +56,7 @@ def socket_missing(endpoint: str) -> str | None:
 
 def runtime_dir_for(endpoint: str) -> Path:
     """Where the lock and log of an autostart for ``endpoint`` live."""
-    path = ipc_path(endpoint)
+    path = proto.ipc_path(endpoint)
     return path.parent if path is not None else proto.default_runtime_dir()
 
 

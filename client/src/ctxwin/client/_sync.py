@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ctxwin import proto
 from ctxwin.proto import Reply
@@ -48,7 +49,10 @@ class Client:
         CtxwinError: from every op method: the subclass for the daemon's error
             code (``BusyError`` once the retries are spent), or, before
             anything is sent, for arguments the daemon would refuse (``local``
-            set); ``RequestTimeoutError`` when no reply comes in time.
+            set); ``RequestTimeoutError`` when no reply comes in time;
+            ``DaemonUnavailableError`` at once when nothing listens at the
+            endpoint, or when the connection drops with a call in flight that
+            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent).
     """
 
     def __init__(
@@ -66,6 +70,8 @@ class Client:
         self.autostart = autostart
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None  # set and cleared with _socket
+        self._link = _core.Link()
         self._ids = itertools.count(1)
         self._turns = Turns()
         self._closed = False
@@ -115,27 +121,48 @@ class Client:
 
     def _drop_socket(self) -> None:
         if self._socket is not None:
+            self._socket.disable_monitor()
             self._socket.close(linger=0)
             self._socket = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
 
-    def _connect(self) -> zmq.Socket[bytes]:
+    def _connect(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        """The socket and its monitor, made (and connected) if there are none."""
         if self._closed:
             raise ClientClosedError("the client is closed")
-        if self._socket is None:
+        if self._socket is None or self._monitor is None:
             if self.autostart:
                 _autostart.ensure_daemon(self.endpoint)
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            monitor = sock.get_monitor_socket(_core.MONITOR_EVENTS)
             try:
                 sock.connect(self.endpoint)
             except zmq.ZMQError as exc:
+                sock.disable_monitor()
+                monitor.close(linger=0)
                 sock.close(linger=0)
                 raise _core.connect_error(self.endpoint, exc) from None
-            self._socket = sock
-        return self._socket
+            self._socket, self._monitor = sock, monitor
+            self._link.fresh()
+            return sock, monitor
+        return self._socket, self._monitor
+
+    def _catch_up(self) -> None:
+        """Take the monitor's events so far into the link."""
+        monitor = self._monitor
+        while monitor is not None and monitor.poll(0, zmq.POLLIN):
+            event = parse_monitor_message(monitor.recv_multipart())
+            self._link.feed(event["event"], time.monotonic())
 
     def _exchange(self, call: Call[Any], deadline: float) -> Reply:
-        sock = self._connect()
+        self._connect()
+        self._catch_up()
+        if self._link.dropped:  # while no call was waiting: nothing was lost, start afresh
+            self._drop_socket()
+        sock, monitor = self._connect()
         request_id = next(self._ids)
         try:
             sock.send(_core.encode(call, request_id), zmq.NOBLOCK)
@@ -144,6 +171,9 @@ class Client:
             raise DaemonUnavailableError(
                 f"{call.op}: cannot queue the request for {self.endpoint}", endpoint=self.endpoint
             ) from None
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         while True:
             remaining = deadline - time.monotonic()
             if not remaining > 0:  # NaN included
@@ -153,11 +183,20 @@ class Client:
                     f"{call.op}: no reply from {self.endpoint} within the timeout",
                     endpoint=self.endpoint,
                 )
-            if not sock.poll(_core.poll_ms(remaining), zmq.POLLIN):
-                continue  # one slice of a long wait: look at the clock again
-            reply = _core.decode(sock.recv_multipart())
-            if reply is not None and _core.reply_target(reply, (request_id,)) == request_id:
-                return reply
+            ready = dict(poller.poll(_core.poll_ms(remaining)))
+            if sock in ready:
+                reply = _core.decode(sock.recv_multipart())
+                if reply is not None and _core.reply_target(reply, (request_id,)) == request_id:
+                    return reply
+            if monitor in ready:
+                self._catch_up()
+            # Whatever is queued must not reach a daemon later: start over.
+            if self._link.dropped:
+                self._drop_socket()
+                raise _core.Dropped
+            if self._link.unreachable(time.monotonic()):
+                self._drop_socket()
+                raise _core.unreachable_error(self.endpoint, self._link)
 
     def call(self, call: Call[T], *, timeout: float | None = None) -> T:
         """Send a built request and return its typed result.
@@ -176,7 +215,11 @@ class Client:
         with self._turns.take(_core.lock_wait(budget), too_long):
             attempt = 0
             while True:
-                reply = self._exchange(call, deadline)
+                try:
+                    reply = self._exchange(call, deadline)
+                except _core.Dropped:
+                    _core.after_drop(call, self.endpoint)
+                    continue
                 step = _core.outcome(call, reply, attempt, self.retry, deadline - time.monotonic())
                 if not isinstance(step, _core.Retry):
                     return step

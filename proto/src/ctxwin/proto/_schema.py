@@ -88,7 +88,7 @@ def _check_task(value: object) -> None:
     if not is_valid_task_id(value):
         raise ProtocolError(
             ErrorCode.INVALID_TASK_ID,
-            "task id must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+            f"task id must match ^{TASK_ID_PATTERN.pattern}$",
         )
 
 

@@ -1,0 +1,185 @@
+"""The connection under both clients: fail at once when nothing answers, notice a dropped one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwin.client import AsyncClient, Client, DaemonUnavailableError
+from ctxwin.client._core import SAFE_TO_REPEAT
+from tests._daemon import DaemonProcess, wait_until
+
+KINDS = ("sync", "async")
+MODEL = {"id": "m", "context_window": 100_000}
+MESSAGES = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "ok"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _unread_bytes(port: int) -> int:
+    """Bytes waiting in the receive queues of established TCP connections to ``port``."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "01" and int(local.split(":")[1], 16) == port:
+            total += int(queues.split(":")[1], 16)
+    return total
+
+
+def _session(
+    kind: str, endpoint: str, op: str, args: tuple[Any, ...], connected: threading.Event
+) -> Callable[[threading.Event], object]:
+    """A call that first connects (``connected`` is set), then sends ``op`` once told to go."""
+
+    def run_sync(go: threading.Event) -> object:
+        with Client(endpoint, timeout=30) as client:
+            client.ping()
+            connected.set()
+            go.wait()
+            return getattr(client, op)(*args)
+
+    def run_async(go: threading.Event) -> object:
+        async def main() -> object:
+            async with AsyncClient(endpoint, timeout=30) as client:
+                await client.ping()
+                connected.set()
+                await asyncio.to_thread(go.wait)
+                return await getattr(client, op)(*args)
+
+        return asyncio.run(main())
+
+    return run_sync if kind == "sync" else run_async
+
+
+class InFlight:
+    """``op`` sent to a stopped daemon from another thread; its outcome and when it came."""
+
+    def __init__(self, kind: str, daemon: DaemonProcess, port: int, op: str, *args: Any) -> None:
+        connected, go = threading.Event(), threading.Event()
+        self.outcome: object = None
+        self.at = 0.0
+        run = _session(kind, daemon.endpoint, op, args, connected)
+
+        def target() -> None:
+            try:
+                self.outcome = run(go)
+            except Exception as exc:
+                self.outcome = exc
+            self.at = time.monotonic()
+
+        self.thread = threading.Thread(target=target)
+        self.thread.start()
+        assert connected.wait(10)
+        assert daemon.proc is not None
+        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        go.set()
+        wait_until(lambda: _unread_bytes(port) > 0, 10, f"{op} waits in the daemon's socket")
+
+    def result(self) -> object:
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+        return self.outcome
+
+
+@pytest.fixture
+def tcp_daemon(tmp_path: Path) -> Any:
+    port = _free_port()
+    with DaemonProcess(tmp_path, endpoint=f"tcp://127.0.0.1:{port}") as daemon:
+        yield daemon, port
+
+
+def _ping(kind: str, endpoint: str) -> None:
+    if kind == "sync":
+        with Client(endpoint, timeout=30) as client:
+            client.ping()
+        return
+
+    async def main() -> None:
+        async with AsyncClient(endpoint, timeout=30) as client:
+            await client.ping()
+
+    asyncio.run(main())
+
+
+def _call_with_no_daemon(kind: str, endpoint: str) -> tuple[BaseException, float]:
+    started = time.monotonic()
+    with pytest.raises(DaemonUnavailableError) as caught:
+        _ping(kind, endpoint)
+    return caught.value, time.monotonic() - started
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("where", ["no socket file", "refused port"])
+def test_a_call_with_no_daemon_fails_at_once_saying_how_to_start_one(
+    kind: str, where: str, tmp_path: Path
+) -> None:
+    """No ipc socket file, or a refused TCP port: the call fails at once, naming the endpoint."""
+    endpoint = (
+        f"ipc://{tmp_path / 'nobody.sock'}"
+        if where == "no socket file"
+        else f"tcp://127.0.0.1:{_free_port()}"
+    )
+    error, took = _call_with_no_daemon(kind, endpoint)
+    assert took < 1.0
+    assert endpoint in str(error)
+    assert "ctxwind" in str(error)
+    assert "autostart=True" in str(error)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_socket_file_a_killed_daemon_left_fails_at_once(kind: str, tmp_path: Path) -> None:
+    """After ``kill -9`` the ipc file stays with nobody behind it: refused at once, no timeout."""
+    daemon = DaemonProcess(tmp_path)
+    daemon.start()
+    daemon.kill()
+    assert (daemon.runtime_dir / "ctxwind.sock").exists()
+    error, took = _call_with_no_daemon(kind, daemon.endpoint)
+    assert took < 1.0
+    assert "nothing answers at" in str(error)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_change_in_flight_when_the_daemon_dies_fails_within_a_second(
+    kind: str, tcp_daemon: tuple[DaemonProcess, int]
+) -> None:
+    """``prepare_request`` in flight at ``kill -9`` is not resent: a clear error, not a timeout."""
+    daemon, port = tcp_daemon
+    assert "prepare_request" not in SAFE_TO_REPEAT
+    call = InFlight(kind, daemon, port, "prepare_request", "t1", MESSAGES, MODEL)
+    killed = time.monotonic()
+    daemon.kill()
+    error = call.result()
+    assert isinstance(error, DaemonUnavailableError), error
+    assert call.at - killed < 1.0
+    assert "prepare_request" in str(error)
+    assert "may or may not have been applied" in str(error)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_read_in_flight_when_the_daemon_restarts_is_sent_again(
+    kind: str, tcp_daemon: tuple[DaemonProcess, int]
+) -> None:
+    """``count_tokens`` in flight at ``kill -9`` is sent again and answered by the new daemon."""
+    daemon, port = tcp_daemon
+    assert "count_tokens" in SAFE_TO_REPEAT
+    call = InFlight(kind, daemon, port, "count_tokens", MESSAGES)
+    daemon.kill()
+    daemon.start()
+    result = call.result()
+    assert isinstance(result, dict), result
+    assert result["tokens"] > 0
