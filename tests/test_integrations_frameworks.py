@@ -6,6 +6,7 @@ real daemon, and the assertions are on what the provider received.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +27,7 @@ from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations.agents import ContextWindowFilter
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 from ctxwin.client.integrations.pydantic_ai import ContextWindow
-from tests._conversation import assert_valid_and_shrinking, read_file, start_daemon
+from tests._conversation import PATHS, assert_valid_and_shrinking, read_file, start_daemon
 from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, RESPONSES, FakeProvider
 
@@ -82,7 +83,7 @@ def test_a_60_turn_langchain_agent_sends_shrinking_views_and_keeps_its_state(
     ctxwind: DaemonProcess,
 ) -> None:
     """The provider gets valid, cut views with notices; the agent's state keeps every message."""
-    with FakeProvider(limit=8_000, tool_turns=60) as provider:
+    with FakeProvider(limit=8_000, tool_turns=60, paths=PATHS) as provider:
         state, turns = _langchain_run(provider, ctxwind, "langchain-60", 8_000)
         sent = assert_valid_and_shrinking(provider, CHAT, 61)
     assert 1 + 60 * 2 + 1 == len(state["messages"])  # the task, 60 calls and results, the answer
@@ -111,14 +112,8 @@ def _pydantic_run(
     provider: FakeProvider, ctxwind: DaemonProcess, task: str, window: int | None
 ) -> tuple[Any, list[Turn]]:
     turns: list[Turn] = []
-    model = OpenAIChatModel(
-        "gpt-4o",
-        provider=OpenAIProvider(
-            openai_client=openai.AsyncOpenAI(
-                base_url=provider.openai_url, api_key="k", max_retries=0
-            )
-        ),
-    )
+    client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
+    model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
     capability = ContextWindow(
         task=task, context_window=window, endpoint=ctxwind.endpoint, on_turn=turns.append
     )
@@ -129,15 +124,18 @@ def _pydantic_run(
         """Read a file of the project."""
         return read_file(path)
 
-    result = agent.run_sync(TASK, usage_limits=UsageLimits(request_limit=200))
-    return result, turns
+    async def run() -> Any:
+        async with client:  # closed on the loop that used it
+            return await agent.run(TASK, usage_limits=UsageLimits(request_limit=200))
+
+    return asyncio.run(run()), turns
 
 
 def test_a_60_turn_pydantic_ai_agent_sends_shrinking_views_and_keeps_its_history(
     ctxwind: DaemonProcess,
 ) -> None:
     """The provider gets valid, cut views with notices; all_messages() keeps the full history."""
-    with FakeProvider(limit=8_000, tool_turns=60) as provider:
+    with FakeProvider(limit=8_000, tool_turns=60, paths=PATHS) as provider:
         result, turns = _pydantic_run(provider, ctxwind, "pydantic-ai-60", 8_000)
         sent = assert_valid_and_shrinking(provider, CHAT, 61)
     assert 1 + 60 * 2 + 1 == len(result.all_messages())
@@ -184,7 +182,7 @@ def test_a_60_turn_agents_run_gets_views_of_its_own_item_objects(ctxwind: Daemon
                 rebuilt_equal.extend(original for original in given if original == item)
         return result
 
-    with FakeProvider(limit=8_000, tool_turns=60) as provider:
+    with FakeProvider(limit=8_000, tool_turns=60, paths=PATHS) as provider:
         client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
         agent = AgentsAgent(
             name="fixer",
@@ -192,13 +190,18 @@ def test_a_60_turn_agents_run_gets_views_of_its_own_item_objects(ctxwind: Daemon
             model=OpenAIResponsesModel("gpt-4o", client),
             tools=[agents_read_file],
         )
-        result = Runner.run_sync(
-            agent,
-            TASK,
-            run_config=RunConfig(call_model_input_filter=watched),
-            hooks=ctxwin_filter.hooks,
-            max_turns=100,
-        )
+
+        async def run() -> Any:
+            async with client:  # closed on the loop that used it
+                return await Runner.run(
+                    agent,
+                    TASK,
+                    run_config=RunConfig(call_model_input_filter=watched),
+                    hooks=ctxwin_filter.hooks,
+                    max_turns=100,
+                )
+
+        result = asyncio.run(run())
         sent = assert_valid_and_shrinking(provider, RESPONSES, 61)
     assert "Done: both files read." == result.final_output
     assert [] == rebuilt_equal  # an unchanged item is never sent as a copy

@@ -13,7 +13,7 @@ import pytest
 from ctxwin.client.integrations import Turn, window_of
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
-from tests._conversation import answered, assert_valid_and_shrinking, read_file, start_daemon
+from tests._conversation import PATHS, answered, assert_valid_and_shrinking, read_file, start_daemon
 from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, FakeProvider
 
@@ -73,7 +73,7 @@ def test_a_60_turn_chat_conversation_sends_shrinking_valid_views_with_notices(
 ) -> None:
     """60 tool turns (every other one streamed) through wrap(OpenAI()): valid, cut, notices."""
     turns: list[Turn] = []
-    with FakeProvider(limit=8_000, tool_turns=60) as provider:
+    with FakeProvider(limit=8_000, tool_turns=60, paths=PATHS) as provider:
         client = ctxwin_openai.wrap(
             _openai(provider),
             task="chat-60",
@@ -112,6 +112,7 @@ def test_a_60_turn_chat_conversation_sends_shrinking_valid_views_with_notices(
                 calls = response.choices[0].message.tool_calls
                 history.append(response.choices[0].message)  # the SDK object, as callers do
             history += _chat_results(calls)
+        client.close()
         assert_valid_and_shrinking(provider, CHAT, 60)
     assert 60 == len(turns)
     assert all(turn.usage is not None for turn in turns)  # streams report usage too
@@ -134,6 +135,7 @@ def test_a_context_length_error_compacts_and_retries_once(ctxwind: DaemonProcess
             )
             history.append(response.choices[0].message)
             history += _chat_results(response.choices[0].message.tool_calls)
+        client.close()
         sent = provider.sent(CHAT)
     assert [200] * (len(sent) - 2) + [400, 200] == [r.status for r in sent]
     assert len(sent[-1].history) < len(sent[-2].history)
@@ -149,6 +151,7 @@ def test_a_second_refusal_reaches_the_caller_after_one_retry(ctxwind: DaemonProc
         history: Any = [{"role": "user", "content": "main() is wrong; fix it."}]
         with pytest.raises(openai.BadRequestError) as raised:
             client.chat.completions.create(model="gpt-4o", messages=history)
+        client.close()
         assert "context_length_exceeded" == raised.value.code
         assert [400, 400] == [r.status for r in provider.sent(CHAT)]
 
@@ -157,7 +160,7 @@ def test_a_second_refusal_reaches_the_caller_after_one_retry(ctxwind: DaemonProc
 async def test_responses_through_the_async_client_stream_and_shrink(ctxwind: DaemonProcess) -> None:
     """AsyncOpenAI responses.create, streamed and not: valid views, cut, with notices."""
     turns: list[Turn] = []
-    with FakeProvider(limit=8_000, tool_turns=60) as provider:
+    with FakeProvider(limit=8_000, tool_turns=60, paths=PATHS) as provider:
         client = ctxwin_openai.wrap(
             openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0),
             task="responses-60",
@@ -191,6 +194,7 @@ async def test_responses_through_the_async_client_stream_and_shrink(ctxwind: Dae
                 for item in output
                 if item.type == "function_call"
             ]
+        await client.close()
         assert_valid_and_shrinking(provider, RESPONSES, 60)
     assert all(turn.usage is not None for turn in turns)
 
@@ -207,6 +211,7 @@ async def test_responses_with_a_server_held_history_pass_through(ctxwind: Daemon
         )
         given: Any = [{"role": "user", "content": "and now?"}]
         await client.responses.create(model="gpt-4o", input=given, previous_response_id="resp_1")
+        await client.close()
         assert [given] == [r.body["input"] for r in provider.sent(RESPONSES)]
     assert [] == turns
 
@@ -226,7 +231,7 @@ def _anthropic_results(content: Any) -> list[Any]:
 def test_a_60_turn_anthropic_conversation_with_create_and_stream(ctxwind: DaemonProcess) -> None:
     """messages.create and messages.stream in turn: system kept, views valid and cut, notices."""
     turns: list[Turn] = []
-    with FakeProvider(limit=8_000, tool_turns=60) as provider:
+    with FakeProvider(limit=8_000, tool_turns=60, paths=PATHS) as provider:
         client = ctxwin_anthropic.wrap(
             _anthropic(provider),
             context_window=8_000,
@@ -248,6 +253,7 @@ def test_a_60_turn_anthropic_conversation_with_create_and_stream(ctxwind: Daemon
                 content = client.messages.create(messages=history, **options).content
             history.append({"role": "assistant", "content": content})  # SDK blocks as they are
             history.append({"role": "user", "content": _anthropic_results(content)})
+        client.close()
         sent = assert_valid_and_shrinking(provider, MESSAGES, 60)
     assert all("You fix bugs." == r.body["system"] for r in sent)
     assert all(turn.usage is not None and turn.usage["tokens_in"] > 0 for turn in turns)
@@ -278,6 +284,7 @@ async def test_async_anthropic_retries_once_after_prompt_is_too_long(
                 content = (await client.messages.create(messages=history, **options)).content
             history.append({"role": "assistant", "content": content})
             history.append({"role": "user", "content": _anthropic_results(content)})
+        await client.close()
         sent = answered(provider, MESSAGES)
         statuses = [r.status for r in provider.sent(MESSAGES)]
     assert [400, 200] == statuses[-2:]

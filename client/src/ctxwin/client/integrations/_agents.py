@@ -37,6 +37,31 @@ def _head(instructions: str | None, items: Sequence[Any]) -> list[Any]:
     return head
 
 
+def _key(item: Any) -> tuple[Any, ...]:
+    if not isinstance(item, Mapping):
+        return (None,)
+    return (item.get("type"), item.get("role"), item.get("id"), item.get("call_id"))
+
+
+def _same_objects(view: Sequence[Any], given: Sequence[Any]) -> list[Any]:
+    """The view with each item equal to a given one replaced by that very object.
+
+    ctxwin rebuilds whole turns when it changes one item of them (a notice in a
+    function call's output), so an unchanged item of that turn comes back as
+    an equal copy; the SDK tracks items by identity and must get its own.
+    """
+    ids = {id(item) for item in given}
+    by_key: dict[tuple[Any, ...], list[Any]] = {}
+    for item in given:
+        by_key.setdefault(_key(item), []).append(item)
+    out: list[Any] = []
+    for item in view:
+        if id(item) not in ids:
+            item = next((same for same in by_key.get(_key(item), ()) if same == item), item)
+        out.append(item)
+    return out
+
+
 class _UsageHooks(RunHooks[Any]):
     """Run hooks that hand each model response's usage to the filter."""
 
@@ -107,11 +132,12 @@ class ContextWindowFilter:
         earlier = self._pending.pop(id(data.agent), None)
         if earlier is not None:
             window.finish(earlier, None)  # no usage reached us for the call before
-        items = self._plain(list(data.model_data.input))
+        given = list(data.model_data.input)
+        items = self._plain(given)
         instructions = data.model_data.instructions
         request = await window.begin(items, _model_id(data.agent), _head(instructions, items))
         self._pending[id(data.agent)] = request
-        return ModelInputData(input=list(request.view), instructions=instructions)
+        return ModelInputData(input=_same_objects(request.view, given), instructions=instructions)
 
     def answered(self, agent: Agent[Any], response: ModelResponse) -> None:
         """Record a model response's usage for the agent's next call (called by :attr:`hooks`)."""

@@ -80,28 +80,67 @@ def origins(view: Sequence[Any], converted: Converted[Any]) -> list[int | None]:
     """
     sent = converted.messages
     position = {id(message): index for index, message in enumerate(sent)}
-    by_call = {
-        call: index for index, message in enumerate(sent) if (call := _call_id(message)) is not None
-    }
+    results: dict[str, int] = {}
+    callers: dict[str, int] = {}
+    for number, message in enumerate(sent):
+        result = _call_id(message)
+        if result is not None:
+            results.setdefault(result, number)
+        for call in _calls(message):
+            callers.setdefault(call, number)
     found: list[int | None] = []
     previous = -1
     for message in view:
-        index = position.get(id(message))
+        index: int | None = position.get(id(message))
         if index is None or sent[index] is not message:
             index = None
-            call = _call_id(message) if isinstance(message, Mapping) else None
-            if call is not None:
-                index = by_call.get(call)
-            elif previous + 1 < len(sent) and isinstance(message, Mapping):
-                candidate = sent[previous + 1]
-                if candidate.get("role") == message.get("role"):
-                    index = previous + 1
-        if index is None:
-            found.append(None)
-            continue
-        previous = index
+            if isinstance(message, Mapping):
+                index = _match(message, sent, results, callers, previous)
+        if index is not None:
+            previous = index
         found.append(index)
     return found
+
+
+def _calls(message: Mapping[str, Any]) -> list[str]:
+    """The ids of an assistant message's tool calls."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    return [
+        call["id"]
+        for call in calls
+        if isinstance(call, Mapping) and isinstance(call.get("id"), str)
+    ]
+
+
+def _match(
+    message: Mapping[str, Any],
+    sent: Sequence[Any],
+    results: Mapping[str, int],
+    callers: Mapping[str, int],
+    previous: int,
+) -> int | None:
+    """The sent message a rebuilt view message stands for (None: a new one, e.g. a filler).
+
+    A result by its call id (a result filled in for a call that had none is
+    new); an assistant message with calls by its first call's id; else the
+    first later sent message equal to it; else the next sent one when it has
+    the same role (a notice written into that message).
+    """
+    result = _call_id(message)
+    if result is not None:
+        return results.get(result)
+    calls = _calls(message)
+    if calls:
+        return callers.get(calls[0])
+    for index in range(previous + 1, len(sent)):
+        if sent[index] == message:
+            return index
+    following = previous + 1
+    if following < len(sent) and sent[following].get("role") == message.get("role"):
+        return following
+    return None
 
 
 def text_of(content: Any) -> str | None:
