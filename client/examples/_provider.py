@@ -3,9 +3,9 @@
 With ``--base-url`` the examples use that provider (and the SDK's usual API
 key variable). Without it they start the local fake provider of the test
 suite (``tests/_fake_provider.py``: it plays OpenAI and Anthropic on
-127.0.0.1, asks for ``read_file`` calls on the same two files again and again,
-and refuses prompts over ``limit`` tokens with the provider's real error), so
-they run in a checkout with no network and no key.
+127.0.0.1, asks for ``read_file`` calls, on ``src/app.py`` again and again and
+on other files in between, and refuses prompts over ``limit`` tokens with the
+provider's real error), so they run in a checkout with no network and no key.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ from ctxwin.client.integrations import Turn
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FILES = {
-    "src/app.py": "def main():\n    return compute(41) + 1\n" * 40,
-    "src/util.py": "def compute(n):\n    return n * 2  # the bug: should be n + 1\n" * 40,
-}
+READS = tuple("src/app.py" if turn % 4 == 0 else f"src/mod{turn}.py" for turn in range(40))
+"""What the fake model reads: ``src/app.py`` every fourth turn, another module in between."""
 
 
 def read_file(path: str) -> str:
-    """The example's tool: the text of a project file."""
-    return FILES.get(path, f"no such file: {path}")
+    """The example's tool: the text of a project file (made up, about 400 tokens)."""
+    return f"# {path}\n" + "def compute(n):\n    return n * 2  # should be n + 1\n" * 40
 
 
 def report(turn: Turn) -> None:
@@ -59,5 +57,5 @@ def provider(base_url: str | None, *, limit: int, tool_turns: int) -> Iterator[s
     sys.path.insert(0, str(ROOT))
     from tests._fake_provider import FakeProvider
 
-    with FakeProvider(limit=limit, tool_turns=tool_turns) as fake:
+    with FakeProvider(limit=limit, tool_turns=tool_turns, paths=READS) as fake:
         yield fake.url
