@@ -16,23 +16,34 @@ Each sample is one turn; reported are the median over all turns and over the
 turns whose history holds at least 90% of the final messages, and each
 dialect's ratio to the Cline dialect's figure in the same run.
 
-Usage: ``.venv/bin/python -m bench.dialects [--turns 700] [--repeat 3] [--json]``.
+With ``--wire`` the same replay goes through one real ``ctxwind`` over ipc
+instead, each dialect a task of a ``ctxwin.client`` handle as it comes (delta
+sync, views as patches rebuilt on the caller's list); a sample is then one
+``prepare_request`` call from the client's side. Dialects take turns by
+round, so each round's figures share the machine's state.
+
+Usage: ``.venv/bin/python -m bench.dialects [--turns 700] [--repeat 3] [--wire] [--json]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+from ctxwin.client import Client
 from ctxwin.engine import History, TaskState, view_patch
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES
+from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline
 
 MODEL = {"id": "claude-sonnet-4-5", "context_window": 200_000}
@@ -105,23 +116,44 @@ def replay(dialect: str, turns: list[Turn]) -> list[tuple[int, float]]:
     return samples
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=700)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    turns = conversation(args.turns)
+def replay_wire(
+    client: Any, dialect: str, turns: list[Turn], serial: int
+) -> list[tuple[int, float]]:
+    """``(history length, seconds)`` of each turn, through the daemon."""
+    messages = render_cline(turns) if dialect == "cline" else RENDER[dialect](turns)
+    ends = _turn_ends(messages, dialect)
+    cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
+    native = dialect != "cline"
+    task = client.task(
+        f"bench-{serial}-{dialect}", ephemeral=True, dialect=dialect if native else None
+    )
+    samples: list[tuple[int, float]] = []
+    gc.collect()
+    for end in ends:
+        previous = {**OVER, "ts": end} if end in cuts else None
+        history = messages[:end]
+        started = time.perf_counter()
+        task.prepare_request(history, MODEL, previous_request=previous)
+        samples.append((end, time.perf_counter() - started))
+    task.close()
+    return samples
+
+
+def measure(repeat: int, turns: list[Turn], client: Any) -> dict[str, dict[str, float]]:
+    """Every dialect's figures over ``repeat`` rounds (each round replays every dialect once)."""
+    runs: dict[str, list[list[tuple[int, float]]]] = {}
+    for round_ in range(repeat):
+        for dialect in ("cline", *sorted(DIALECTS)):
+            if client is None:
+                samples = replay(dialect, turns)
+            else:
+                samples = replay_wire(client, dialect, turns, round_)
+            runs.setdefault(dialect, []).append(samples)
     results: dict[str, dict[str, float]] = {}
-    for dialect in ("cline", *sorted(DIALECTS)):
-        every: list[float] = []
-        tail: list[float] = []
-        length = 0
-        for _ in range(args.repeat):
-            samples = replay(dialect, turns)
-            length = samples[-1][0]
-            every += [seconds for _, seconds in samples]
-            tail += [seconds for size, seconds in samples if size >= 0.9 * length]
+    for dialect, rounds in runs.items():
+        length = rounds[0][-1][0]
+        every = [seconds for samples in rounds for _, seconds in samples]
+        tail = [s for samples in rounds for size, s in samples if size >= 0.9 * length]
         results[dialect] = {
             "messages": length,
             "median_ms": statistics.median(every) * 1000,
@@ -131,6 +163,24 @@ def main() -> None:
     for figures in results.values():
         figures["ratio"] = figures["median_ms"] / base["median_ms"]
         figures["tail_ratio"] = figures["tail_median_ms"] / base["tail_median_ms"]
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=700)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--wire", action="store_true", help="through a real ctxwind over ipc")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    turns = conversation(args.turns)
+    with contextlib.ExitStack() as stack:
+        client = None
+        if args.wire:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            daemon = stack.enter_context(DaemonProcess(root))
+            client = stack.enter_context(Client(daemon.endpoint, timeout=60))
+        results = measure(args.repeat, turns, client)
     if args.json:
         print(json.dumps(results, indent=2))
         return

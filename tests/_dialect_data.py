@@ -81,6 +81,9 @@ def conversations(draw: st.DrawFn, systems: bool = True, exact: bool = False) ->
             if not exact and draw(st.integers(0, 6)) == 0:
                 results.append(("call_orphan", "stray"))
             turns.append(Turn("results", results=results, split=not exact and draw(st.booleans())))
+        elif not exact and draw(st.integers(0, 5)) == 0:
+            # A stray result after a reply without calls (a log that lost the call).
+            turns.append(Turn("results", results=[("call_orphan", "stray")]))
         if draw(st.booleans()) or not calls:
             turns.append(Turn("user", draw(words), as_list=draw(st.booleans())))
     return turns

@@ -13,7 +13,8 @@ def _fail(where: str, what: str) -> None:
 
 
 def check_chat(view: Sequence[Message]) -> None:
-    """OpenAI Chat: every call answered by tool messages right after it, no stray result."""
+    """OpenAI Chat: every call answered by the tool messages right after it (after the run of
+    assistant messages with calls it is in), and no stray result."""
     open_ids: set[str] = set()
     between = ""
     for index, message in enumerate(view):
@@ -30,13 +31,14 @@ def check_chat(view: Sequence[Message]) -> None:
         if open_ids and role in ("system", "developer"):
             between = where  # fine only if nothing but kept-out messages follows
             continue
-        if open_ids:
+        calls = message.get("tool_calls") or [] if role == "assistant" else []
+        run_goes_on = calls and index > 0 and view[index - 1].get("role") == "assistant"
+        if open_ids and not run_goes_on:
             _fail(between or where, f"calls {sorted(open_ids)} are not answered before this")
         if role == "assistant":
-            calls = message.get("tool_calls") or []
             if message.get("content") is None and not calls:
                 _fail(where, "an assistant message with neither content nor calls")
-            open_ids = {call["id"] for call in calls}
+            open_ids = open_ids | {call["id"] for call in calls}
             between = ""
     # Calls in the newest message are the caller's to answer: the history ends there.
 

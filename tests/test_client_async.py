@@ -41,9 +41,13 @@ async def client(shared: DaemonProcess) -> AsyncIterator[AsyncClient]:
 
 async def test_ping_stats_window_and_counts(client: AsyncClient) -> None:
     """ping, stats, context_window_info, should_compact, next_truncation_range, count_tokens."""
-    assert {"pong": True, "version": "0.1.0", "proto": 1, "features": list(proto.FEATURES)} == (
-        await client.ping()
-    )
+    assert {
+        "pong": True,
+        "version": "0.1.0",
+        "proto": 1,
+        "features": list(proto.FEATURES),
+        "dialects": list(proto.DIALECTS),
+    } == (await client.ping())
     assert (await client.stats())["requests"] >= 1
     assert 37000 == (await client.context_window_info(MODEL))["max_allowed_size"]
     assert (await client.should_compact({"tokens_in": 37000}, MODEL))["compact"] is True

@@ -46,9 +46,13 @@ def client(shared: DaemonProcess) -> Iterator[Client]:
 
 def test_ping_stats_and_window_info(client: Client) -> None:
     """ping, stats and context_window_info return their typed results."""
-    assert {"pong": True, "version": "0.1.0", "proto": 1, "features": list(proto.FEATURES)} == (
-        client.ping()
-    )
+    assert {
+        "pong": True,
+        "version": "0.1.0",
+        "proto": 1,
+        "features": list(proto.FEATURES),
+        "dialects": list(proto.DIALECTS),
+    } == (client.ping())
     stats = client.stats()
     assert stats["requests"] >= 1
     assert {"context_window": 64000, "max_allowed_size": 37000} == client.context_window_info(MODEL)

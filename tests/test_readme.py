@@ -52,6 +52,21 @@ def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index:
     assert run.stdout
 
 
+def test_the_dialects_example_runs_against_the_daemon(daemon: DaemonProcess) -> None:
+    """The wire section's dialect example runs to completion against a real daemon."""
+    (code,) = python_blocks(README.read_text(), "## Wire protocol")
+    env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert 0 == run.returncode, run.stderr
+
+
 INTEGRATIONS = "## SDKs and agent frameworks"
 INTEGRATION_MODULES = ["openai", "anthropic", "agents", "langchain", "pydantic_ai"]
 

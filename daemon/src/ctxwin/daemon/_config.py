@@ -19,6 +19,14 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
     duplicate_file_read = "..."
     first_user = "..."
     missing_result = "..."
+
+    [[read_tools]]              # more tools whose calls read a file (docs/DIALECTS.md)
+    name = "cat_file"
+    arg = "filename"
+    [[read_tools]]              # shell reads are opt-in: a pattern with a group "path"
+    name = "Bash"
+    arg = "command"
+    pattern = "shell"           # the built-in cat / head / tail / sed -n pattern
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ctxwin import proto
+from ctxwin import engine, proto
 
 __all__ = ["NOTICE_ENV", "Config", "ConfigError", "load_config"]
 
@@ -73,6 +81,8 @@ class Config:
         log_format: ``json``, ``console``, or None to choose automatically.
         log_level: lowest level logged.
         notices: notice texts that replace the engine's defaults, by field name.
+        read_tools: tools whose calls read a file, besides the defaults
+            (``[[read_tools]]`` tables: name, arg, when?, pattern?).
         config_file: the file that was read, if any.
     """
 
@@ -90,7 +100,13 @@ class Config:
     log_format: str | None = None
     log_level: str = "info"
     notices: Mapping[str, str] = field(default_factory=dict)
+    read_tools: tuple[engine.ReadTool, ...] = ()
     config_file: Path | None = None
+
+    @property
+    def read_rules(self) -> engine.ReadRules:
+        """The default read tools plus the configured ones."""
+        return engine.DEFAULT_READ_RULES.extended(self.read_tools)
 
     @property
     def limits(self) -> proto.Limits:
@@ -300,6 +316,16 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
                     )
                 notices[key] = _check_str(f"notices.{key}", text, source)
             values["notices"] = notices
+        elif name == "read_tools":
+            if not isinstance(value, list) or not all(isinstance(i, Mapping) for i in value):
+                raise ConfigError(f"{source}: read_tools must be a list of tables")
+            tools = list(values.get("read_tools", ()))
+            for position, item in enumerate(value):
+                try:
+                    tools.append(engine.read_tool_from_config(item))
+                except ValueError as exc:
+                    raise ConfigError(f"{source}: read_tools[{position}]: {exc}") from None
+            values["read_tools"] = tuple(tools)
         elif name != "config":
             raise ConfigError(f"{source}: unknown setting {name!r}")
 

@@ -208,6 +208,7 @@ class Server:
             counters=self.counters,
             tokens=tokens,
             history_cache_bytes=config.history_cache_mb * 1024 * 1024,
+            read_rules=config.read_rules,
         )
         self.context = zmq.Context()
         self.socket: zmq.Socket[bytes] = self.context.socket(zmq.ROUTER)

@@ -150,6 +150,13 @@ class ChatDialect(Dialect):
     def holds_results(self, message: Message) -> bool:
         return message.get("role") == "tool"
 
+    def joins(self, previous: Mapped, mapped: Mapped) -> bool:
+        # Calls split over consecutive assistant messages (as logs converted from
+        # other agents have them) are one turn, answered by the tool messages
+        # after the last; an assistant message without calls after a call starts
+        # a new turn, and the call without a result is answered before it.
+        return not (previous.calls and mapped.role == ASSISTANT and not mapped.calls)
+
     def rebuild(
         self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
     ) -> list[Message]:

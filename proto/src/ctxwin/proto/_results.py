@@ -41,6 +41,7 @@ class PingResult(TypedDict):
     version: str
     proto: int
     features: NotRequired[list[str]]
+    dialects: NotRequired[list[str]]
 
 
 class StatsResult(TypedDict):

@@ -1,0 +1,137 @@
+"""Native file reads, notices and opaque parts in the dialects (docs/DIALECTS.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ctxwin import engine
+from ctxwin.daemon._config import ConfigError, load_config
+
+Message = dict[str, Any]
+BODY = "line of the file\n" * 200
+
+
+def _read(call_id: str, name: str, args: dict[str, Any]) -> list[Message]:
+    return [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": call_id, "name": name, "input": args}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call_id, "content": BODY}],
+        },
+    ]
+
+
+def _run(messages: list[Message], rules: engine.ReadRules = engine.DEFAULT_READ_RULES) -> Any:
+    history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
+    state = engine.TaskState(reads=rules)
+    result = state.optimize_file_reads(history.internal, 1)
+    view = history.view(state.truncated_messages(history.internal), state.deleted_range)
+    return result, view
+
+
+TASK = [{"role": "user", "content": "fix it"}, {"role": "assistant", "content": "ok"}]
+
+
+def test_a_path_read_again_replaces_the_earlier_result_keeping_its_id() -> None:
+    """Claude Code's Read of one path twice: the first result becomes the notice, id kept."""
+    messages = [
+        *TASK,
+        *_read("a", "Read", {"file_path": "x.py"}),
+        *_read("b", "Read", {"file_path": "x.py"}),
+    ]
+    result, view = _run(messages)
+    assert (True, False) == (result.changed, result.need_to_truncate)  # half the text saved
+    first = view[3]["content"][0]
+    assert {"type": "tool_result", "tool_use_id": "a"} == {
+        k: first[k] for k in ("type", "tool_use_id")
+    }
+    assert engine.DEFAULT_NOTICES.duplicate_file_read == first["content"]
+    assert messages[5] is view[5]  # the latest read is sent as given
+
+
+@pytest.mark.parametrize(
+    ("name", "first", "second", "replaced"),
+    [
+        (
+            "str_replace_based_edit_tool",
+            {"command": "view", "path": "x"},
+            {"command": "view", "path": "x"},
+            True,
+        ),
+        (
+            "str_replace_based_edit_tool",
+            {"command": "create", "path": "x"},
+            {"command": "view", "path": "x"},
+            False,
+        ),
+        ("view", {"path": "x"}, {"path": "x"}, True),
+        ("read_file", {"path": "x"}, {"path": "y"}, False),
+        ("Read", {"file_path": "x", "offset": 10}, {"file_path": "x"}, False),
+        ("Bash", {"command": "cat x"}, {"command": "cat x"}, False),
+    ],
+)
+def test_what_counts_as_a_read_of_the_same_file(
+    name: str, first: dict[str, Any], second: dict[str, Any], replaced: bool
+) -> None:
+    """The default table: the text editor's view only, a line range is another read, no shell."""
+    messages = [*TASK, *_read("a", name, first), *_read("b", name, second)]
+    result, _ = _run(messages)
+    assert replaced == result.changed
+
+
+def test_shell_reads_count_once_a_pattern_opts_in() -> None:
+    """With a Bash entry using the built-in shell pattern, cat of one path twice is a duplicate."""
+    rules = engine.DEFAULT_READ_RULES.extended(
+        [engine.read_tool_from_config({"name": "Bash", "arg": "command", "pattern": "shell"})]
+    )
+    messages = [
+        *TASK,
+        *_read("a", "Bash", {"command": "cat x"}),
+        *_read("b", "Bash", {"command": "cat x"}),
+    ]
+    assert _run(messages, rules)[0].changed
+
+
+def test_read_tools_come_from_the_config_file(tmp_path: Any) -> None:
+    """[[read_tools]] tables extend the defaults; a bad one is a clear config error."""
+    good = tmp_path / "good.toml"
+    good.write_text('[[read_tools]]\nname = "cat_file"\narg = "filename"\n')
+    config = load_config(["--config", str(good)], {})
+    assert "src/a.py" == config.read_rules.key("cat_file", {"filename": "src/a.py"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[read_tools]]\nname = "x"\narg = "y"\npattern = "("\n')
+    with pytest.raises(
+        ConfigError, match=r"read_tools\[0\]: a read tool's pattern does not compile"
+    ):
+        load_config(["--config", str(bad)], {})
+
+
+def test_the_truncation_notice_is_a_new_text_block_when_the_reply_has_no_text() -> None:
+    """A first reply of only thinking and a call gets the notice as text after the thinking."""
+    thinking = {"type": "thinking", "thinking": "hmm", "signature": "c2ln"}
+    messages = [
+        {"role": "user", "content": "task"},
+        {
+            "role": "assistant",
+            "content": [thinking, {"type": "tool_use", "id": "a", "name": "Bash", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "a", "content": "done"}],
+        },
+        {"role": "assistant", "content": "next"},
+        {"role": "user", "content": "more"},
+    ]
+    history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
+    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES)
+    state.compact(history.internal, "none", 5)
+    view = history.view(state.truncated_messages(history.internal), state.deleted_range)
+    reply = view[1]["content"]
+    assert reply[0] is thinking  # the opaque part, byte for byte the caller's
+    assert {"type": "text", "text": engine.DEFAULT_NOTICES.truncation} == reply[1]
+    assert "tool_use" == reply[2]["type"]

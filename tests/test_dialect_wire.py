@@ -1,0 +1,187 @@
+"""Dialects end to end: the real daemon over ipc, the client's delta sync, the corpus replayed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwin import engine, proto
+from ctxwin.client import BadRequestError, Client
+from ctxwin.client._corpus import load_conversation, user_side
+from tests._daemon import DaemonProcess
+from tests._dialect_data import sdk_validator
+from tests._dialect_rules import CHECKS
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+CHAT: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Read the file."},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "print(1)\n" * 50},
+]
+
+
+@pytest.fixture(scope="module")
+def dialect_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with DaemonProcess(tmp_path_factory.mktemp("dialects")) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(dialect_daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(dialect_daemon.endpoint, timeout=60) as connected:
+        yield connected
+
+
+def test_ping_lists_every_dialect_the_engine_serves(client: Client) -> None:
+    """ping names the dialects, the same ones proto checks and the engine maps."""
+    pong = client.ping()
+    assert list(proto.DIALECTS) == pong["dialects"]
+    assert proto.DIALECTS == engine.DIALECT_NAMES
+    assert "dialects" in pong["features"]
+
+
+def test_a_dialect_is_fixed_at_first_use_and_kept_across_restarts(tmp_path: Path) -> None:
+    """The first call's dialect is stored in ctxwin.json; a later call naming another is refused."""
+    with DaemonProcess(tmp_path) as daemon:
+        with Client(daemon.endpoint) as first:
+            task = first.task("fixed", dialect="openai-chat")
+            view = task.truncated_messages(CHAT)["messages"]
+            assert CHAT == view
+            first.flush("fixed")
+        meta = json.loads((daemon.task_dir("fixed") / "ctxwin.json").read_text())
+        assert "openai-chat" == meta["dialect"]
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as second:
+        with pytest.raises(BadRequestError, match="has dialect 'openai-chat', not 'anthropic'"):
+            second.task("fixed", dialect="anthropic").inspect()
+        again = second.task("fixed", dialect="openai-chat")
+        assert CHAT == again.truncated_messages(CHAT)["messages"]
+
+
+def test_a_delta_synced_error_names_the_absolute_history_index(client: Client) -> None:
+    """A bad message sent in a delta is named by its index in the history, not in the delta."""
+    task = client.task("absolute", dialect="openai-chat")
+    messages = list(CHAT)
+    task.truncated_messages(messages)
+    messages.append({"role": "assistant", "tool_calls": "not a list"})
+    with pytest.raises(BadRequestError, match=r"messages\[4\]\.tool_calls must be a list"):
+        task.truncated_messages(messages)
+    cline = client.task("absolute-cline")
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    cline.truncated_messages(history)
+    with pytest.raises(BadRequestError, match=r"messages\[2\]\.role must be 'user' or 'assistant'"):
+        cline.truncated_messages([*history, {"role": "tool", "content": "c"}])
+
+
+def test_count_tokens_of_a_dialect_counts_calls_results_and_system_messages(
+    client: Client,
+) -> None:
+    """A dialect's count covers the system message, the call's name and arguments, the result."""
+    total = client.count_tokens(CHAT, dialect="openai-chat")["tokens"]
+    parts = [
+        "You are terse.",
+        "Read the file.",
+        "read_file",
+        '{"path":"a.py"}',
+        "print(1)\n" * 50,
+    ]
+    assert sum(client.count_tokens(text=part)["tokens"] for part in parts) == total
+
+
+def _result_ids(message: dict[str, Any]) -> list[str]:
+    if message.get("role") == "tool":
+        return [message["tool_call_id"]]
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else []
+    return [b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"]
+
+
+def _call_ids(message: dict[str, Any]) -> list[str]:
+    calls = [call["id"] for call in message.get("tool_calls") or []]
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else []
+    return calls + [b["id"] for b in blocks if b.get("type") == "tool_use"]
+
+
+def _sent(messages: list[dict[str, Any]], end: int, view: list[Any]) -> bool:
+    """Whether the newest message is in the view: as given, or rebuilt with all its parts
+    (results the view added beside them); or it holds only orphan results, which go."""
+    newest = messages[end - 1]
+    if newest in view:
+        return True
+    content = newest.get("content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if isinstance(content, list) and any(
+        isinstance(m.get("content"), list) and all(part in m["content"] for part in content)
+        for m in view
+    ):
+        return True
+    position = end - 1
+    while position > 0 and messages[position - 1]["role"] != "assistant":
+        position -= 1
+    calls: set[str] = set()
+    while position > 0 and messages[position - 1]["role"] == "assistant":
+        calls.update(_call_ids(messages[position - 1]))
+        position -= 1
+    results = _result_ids(newest)
+    return bool(results) and not calls.intersection(results)
+
+
+def _replay(client: Client, name: str, window: int) -> tuple[int, int, list[Any], Any]:
+    """Replay a corpus file turn by turn in its own dialect; every view is checked."""
+    messages, dialect = load_conversation(CORPUS / name)
+    task = client.task(f"replay-{window}-{len(messages)}", dialect=dialect, ephemeral=True)
+    validate = sdk_validator(dialect)
+    model: proto.Model = {"id": "corpus", "context_window": window}
+    ends = [
+        end
+        for end in range(1, len(messages) + 1)
+        if user_side(messages[end - 1], dialect)
+        and (end == len(messages) or not user_side(messages[end], dialect))
+    ]
+    previous: proto.Usage | None = None
+    cuts = 0
+    view: list[Any] = []
+    for turn, end in enumerate(ends):
+        result = task.prepare_request(
+            messages[:end], model, previous_request=previous, estimate=True
+        )
+        view = list(result["messages"])
+        CHECKS[dialect](view)
+        if result["range_updated"] or turn % 4 == 0:  # the SDK types are slow to check
+            validate(view)
+        assert _sent(messages, end, view), f"the newest message ({end - 1}) is not sent"
+        cuts += result["range_updated"]
+        previous = proto.Usage(ts=end, tokens_in=result["estimated_tokens"])
+    return cuts, len(ends), view, task.inspect()
+
+
+@pytest.mark.parametrize("window", [32_000, 64_000])
+@pytest.mark.parametrize(
+    "name",
+    ["openai_richh_claude_code_develop1.json", "anthropic_claude_code_campusops_session2.jsonl"],
+)
+def test_a_corpus_conversation_replays_in_its_own_dialect(
+    client: Client, name: str, window: int
+) -> None:
+    """Turn by turn over the wire: every view valid for its provider, at least one cut."""
+    cuts, turns, _, inspected = _replay(client, name, window)
+    assert cuts >= 1, f"{turns} turns at {window} tokens and no cut"
+    if name.endswith(".jsonl"):  # 56 Read calls of the Claude Code log read a path again
+        reads = [m for m in inspected["updates"] if m[1][0] == proto.EDIT_READ_FILE]
+        assert reads, "no duplicate-read notice on the Claude Code log"
