@@ -39,12 +39,15 @@ def report(turn: Turn) -> None:
 
 
 def arguments(description: str | None) -> argparse.Namespace:
-    """``--endpoint`` (the ctxwin daemon) and ``--base-url`` (the provider)."""
+    """``--endpoint`` (the ctxwin daemon), ``--base-url`` (the provider), ``--turns``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--endpoint", help="ctxwin daemon endpoint (default: $CTXWIN_ENDPOINT, else the default)"
     )
     parser.add_argument("--base-url", help="the provider's base URL (default: the local fake)")
+    parser.add_argument(
+        "--turns", type=int, default=40, help="tool calls the fake model makes (default 40)"
+    )
     return parser.parse_args()
 
 

@@ -29,7 +29,7 @@ def main() -> None:
     args = arguments(__doc__.splitlines()[0] if __doc__ else None)
     set_tracing_disabled(True)  # the example sends nothing anywhere but its provider
 
-    with provider(args.base_url, limit=12_000, tool_turns=40) as base_url:
+    with provider(args.base_url, limit=12_000, tool_turns=args.turns) as base_url:
         openai = AsyncOpenAI(
             base_url=base_url + "/v1", api_key=os.environ.get("OPENAI_API_KEY", "fake")
         )

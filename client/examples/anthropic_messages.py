@@ -36,7 +36,7 @@ def main() -> None:
     """Forty turns of tool calls (every other one streamed), then the answer."""
     args = arguments(__doc__.splitlines()[0] if __doc__ else None)
 
-    with provider(args.base_url, limit=8_000, tool_turns=40) as base_url:
+    with provider(args.base_url, limit=8_000, tool_turns=args.turns) as base_url:
         client = wrap(
             Anthropic(base_url=base_url, api_key=os.environ.get("ANTHROPIC_API_KEY", "fake")),
             task=f"example-anthropic-{os.getpid()}",

@@ -28,7 +28,7 @@ def main() -> None:
     """One agent run of forty tool calls; one line per model call that ctxwin cut."""
     args = arguments(__doc__.splitlines()[0] if __doc__ else None)
 
-    with provider(args.base_url, limit=8_000, tool_turns=40) as base_url:
+    with provider(args.base_url, limit=8_000, tool_turns=args.turns) as base_url:
         model = ChatOpenAI(
             model="gpt-4o-mini",
             base_url=base_url + "/v1",

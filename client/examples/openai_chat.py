@@ -41,7 +41,7 @@ def main() -> None:
     """Forty turns of tool calls, then the answer; one line per turn that ctxwin cut."""
     args = arguments(__doc__.splitlines()[0] if __doc__ else None)
 
-    with provider(args.base_url, limit=8_000, tool_turns=40) as base_url:
+    with provider(args.base_url, limit=8_000, tool_turns=args.turns) as base_url:
         client = wrap(
             OpenAI(base_url=base_url + "/v1", api_key=os.environ.get("OPENAI_API_KEY", "fake")),
             task=f"example-openai-{os.getpid()}",
