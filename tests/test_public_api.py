@@ -7,7 +7,18 @@ from types import ModuleType
 
 import pytest
 
-PACKAGES = ["ctxwin.proto", "ctxwin.engine", "ctxwin.client", "ctxwin.daemon"]
+PACKAGES = [
+    "ctxwin.proto",
+    "ctxwin.engine",
+    "ctxwin.client",
+    "ctxwin.client.integrations",
+    "ctxwin.client.integrations.openai",
+    "ctxwin.client.integrations.anthropic",
+    "ctxwin.client.integrations.agents",
+    "ctxwin.client.integrations.langchain",
+    "ctxwin.client.integrations.pydantic_ai",
+    "ctxwin.daemon",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

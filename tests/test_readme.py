@@ -12,6 +12,7 @@ import pytest
 
 from ctxwin import proto
 from tests._daemon import DaemonProcess
+from tests._fake_provider import FakeProvider
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SECTION = "## Client quick start"
@@ -73,3 +74,47 @@ def test_the_dialects_example_runs_against_the_daemon(daemon: DaemonProcess) -> 
         check=False,
     )
     assert 0 == run.returncode, run.stderr
+
+
+INTEGRATIONS = "## SDKs and agent frameworks"
+INTEGRATION_MODULES = ["openai", "anthropic", "agents", "langchain", "pydantic_ai"]
+
+
+def test_the_integrations_section_has_one_block_per_sdk_and_framework() -> None:
+    """The section holds one example for each adapter, in the order of its subsections."""
+    blocks = python_blocks(README.read_text(), INTEGRATIONS)
+    assert len(INTEGRATION_MODULES) == len(blocks)
+    for module, block in zip(INTEGRATION_MODULES, blocks, strict=True):
+        assert f"from ctxwin.client.integrations.{module} import" in block
+
+
+@pytest.mark.parametrize("index", range(len(INTEGRATION_MODULES)))
+def test_integration_block_runs_against_the_daemon_and_a_fake_provider(
+    daemon: DaemonProcess, index: int
+) -> None:
+    """Each block runs as written, the SDK pointed at the fake provider by its own variables."""
+    code = python_blocks(README.read_text(), INTEGRATIONS)[index]
+    with FakeProvider(tool_turns=3) as provider:
+        env = {
+            **os.environ,
+            proto.ENDPOINT_ENV: daemon.endpoint,
+            "OPENAI_BASE_URL": provider.openai_url,
+            "OPENAI_API_KEY": "test-key",
+            "ANTHROPIC_BASE_URL": provider.url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "OPENAI_AGENTS_DISABLE_TRACING": "1",
+        }
+        run = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        sent = provider.sent()
+    assert 0 == run.returncode, run.stderr
+    assert run.stdout
+    assert 4 == len(sent)  # three tool calls, then the answer
+    assert [200] * 4 == [r.status for r in sent]
+    assert [] == [r.problems for r in sent if r.problems]

@@ -108,9 +108,18 @@ class AsyncClient:
             # Wait for the readers to end without taking a cancellation of our own caller.
             await asyncio.wait(tasks)
 
+    def close(self) -> None:
+        """Close the socket now, from any thread or loop (or none); later calls raise.
+
+        Unlike :meth:`aclose` it does not wait for the socket's reader to end;
+        for owners that close from a finalizer or from blocking code.
+        """
+        self._closed = True
+        self._drop_socket()
+
     @property
     def closed(self) -> bool:
-        """Whether :meth:`aclose` was called."""
+        """Whether :meth:`aclose` or :meth:`close` was called."""
         return self._closed
 
     def task(

@@ -1,0 +1,286 @@
+"""``wrap`` for the Anthropic SDK: Messages (create and stream) through ctxwin."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anthropic
+
+from .._usage import usage_from_anthropic
+from ._plain import Plain
+from ._streams import AsyncWatchedStream, WatchedStream
+from ._window import AsyncWindow, Request, Turn, Window
+
+__all__ = ["wrap"]
+
+C = TypeVar("C", anthropic.Anthropic, anthropic.AsyncAnthropic)
+
+DIALECT = "anthropic"
+USAGE_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+
+
+def _head(system: Any, messages: Sequence[Any]) -> list[Any]:
+    """The system prompt and the first message: what names a conversation."""
+    return [system if isinstance(system, str | list) else None, *messages[:1]]
+
+
+def _merge_usage(total: dict[str, int], usage: Any) -> None:
+    """Fold an event's usage into ``total`` (a later count of a field replaces the earlier)."""
+    for name in USAGE_FIELDS:
+        value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[name] = value
+
+
+def _event_usage(total: dict[str, int]) -> Callable[[Any], bool]:
+    """Watch raw stream events: ``message_start`` carries the input counts, ``message_delta``
+    the output count so far (and, on newer API versions, the input counts again)."""
+
+    def see(event: Any) -> bool:
+        kind = getattr(event, "type", None)
+        if kind == "message_start":
+            _merge_usage(total, getattr(getattr(event, "message", None), "usage", None))
+        elif kind == "message_delta":
+            _merge_usage(total, getattr(event, "usage", None))
+        return True
+
+    return see
+
+
+def _finish(window: Window | AsyncWindow, request: Request, usage: Any) -> Turn:
+    return window.finish(request, usage_from_anthropic(usage) if usage else None)
+
+
+def _snapshot_usage(stream: Any) -> Any:
+    """The usage a ``MessageStream`` has accumulated, or None before its first event."""
+    try:
+        return stream.current_message_snapshot.usage
+    except (AssertionError, AttributeError, RuntimeError):
+        return None
+
+
+class _StreamManager:
+    """``messages.stream(...)``: the request (and any retry) is made on entering, as the SDK's."""
+
+    def __init__(self, window: Window, open_stream: Callable[[list[Any]], Any], request: Request):
+        self._window = window
+        self._open = open_stream
+        self._request = request
+        self._manager: Any = None
+        self._stream: Any = None
+
+    def __enter__(self) -> Any:
+        def enter(view: list[Any]) -> Any:
+            manager = self._open(view)
+            stream = manager.__enter__()
+            self._manager = manager
+            return stream
+
+        self._stream = self._window.send(self._request, enter)
+        return self._stream
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            _finish(self._window, self._request, _snapshot_usage(self._stream))
+        finally:
+            if self._manager is not None:
+                self._manager.__exit__(exc_type, exc, tb)
+
+
+class _AsyncStreamManager:
+    """The asyncio twin of :class:`_StreamManager` (``async with``)."""
+
+    def __init__(
+        self,
+        window: AsyncWindow,
+        open_stream: Callable[[list[Any]], Any],
+        begin: Callable[[], Any],
+    ):
+        self._window = window
+        self._open = open_stream
+        self._begin = begin
+        self._request: Request | None = None
+        self._manager: Any = None
+        self._stream: Any = None
+
+    async def __aenter__(self) -> Any:
+        self._request = request = await self._begin()
+
+        async def enter(view: list[Any]) -> Any:
+            manager = self._open(view)
+            stream = await manager.__aenter__()
+            self._manager = manager
+            return stream
+
+        self._stream = await self._window.send(request, enter)
+        return self._stream
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._request is not None:
+                _finish(self._window, self._request, _snapshot_usage(self._stream))
+        finally:
+            if self._manager is not None:
+                await self._manager.__aexit__(exc_type, exc, tb)
+
+
+def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthropic:
+    plain = Plain()
+    create = client.messages.create
+    stream = client.messages.stream
+
+    def begin(kwargs: Mapping[str, Any]) -> tuple[list[Any], Request]:
+        messages = plain(list(kwargs.get("messages", [])))
+        head = _head(kwargs.get("system"), messages)
+        return messages, window.begin(messages, str(kwargs.get("model", "")), head)
+
+    def create_message(*args: Any, **kwargs: Any) -> Any:
+        _, request = begin(kwargs)
+        result = window.send(request, lambda view: create(*args, **{**kwargs, "messages": view}))
+        if not kwargs.get("stream"):
+            _finish(window, request, getattr(result, "usage", None))
+            return result
+        total: dict[str, int] = {}
+        return WatchedStream(result, _event_usage(total), lambda: _finish(window, request, total))
+
+    def stream_message(*args: Any, **kwargs: Any) -> _StreamManager:
+        _, request = begin(kwargs)
+        return _StreamManager(
+            window, lambda view: stream(*args, **{**kwargs, "messages": view}), request
+        )
+
+    setattr(client.messages, "create", create_message)  # noqa: B010 - instance override
+    setattr(client.messages, "stream", stream_message)  # noqa: B010 - instance override
+    copy = client.copy
+
+    def copy_wrapped(*args: Any, **kwargs: Any) -> anthropic.Anthropic:
+        return _wrap_sync(copy(*args, **kwargs), window)
+
+    setattr(client, "copy", copy_wrapped)  # noqa: B010 - with_options keeps the wrapping
+    setattr(client, "with_options", copy_wrapped)  # noqa: B010
+    setattr(client, "_ctxwin_window", window)  # noqa: B010
+    return client
+
+
+def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthropic.AsyncAnthropic:
+    plain = Plain()
+    create = client.messages.create
+    stream = client.messages.stream
+
+    async def begin(kwargs: Mapping[str, Any]) -> Request:
+        messages = plain(list(kwargs.get("messages", [])))
+        head = _head(kwargs.get("system"), messages)
+        return await window.begin(messages, str(kwargs.get("model", "")), head)
+
+    async def create_message(*args: Any, **kwargs: Any) -> Any:
+        request = await begin(kwargs)
+
+        async def call(view: list[Any]) -> Any:
+            return await create(*args, **{**kwargs, "messages": view})
+
+        result = await window.send(request, call)
+        if not kwargs.get("stream"):
+            _finish(window, request, getattr(result, "usage", None))
+            return result
+        total: dict[str, int] = {}
+        return AsyncWatchedStream(
+            result, _event_usage(total), lambda: _finish(window, request, total)
+        )
+
+    def stream_message(*args: Any, **kwargs: Any) -> _AsyncStreamManager:
+        return _AsyncStreamManager(
+            window,
+            lambda view: stream(*args, **{**kwargs, "messages": view}),
+            lambda: begin(kwargs),
+        )
+
+    setattr(client.messages, "create", create_message)  # noqa: B010 - instance override
+    setattr(client.messages, "stream", stream_message)  # noqa: B010 - instance override
+    copy = client.copy
+
+    def copy_wrapped(*args: Any, **kwargs: Any) -> anthropic.AsyncAnthropic:
+        return _wrap_async(copy(*args, **kwargs), window)
+
+    setattr(client, "copy", copy_wrapped)  # noqa: B010 - with_options keeps the wrapping
+    setattr(client, "with_options", copy_wrapped)  # noqa: B010
+    setattr(client, "_ctxwin_window", window)  # noqa: B010
+    return client
+
+
+def wrap(
+    client: C,
+    *,
+    task: str | None = None,
+    context_window: int | None = None,
+    endpoint: str | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
+) -> C:
+    """An Anthropic client whose requests send ctxwin's view instead of the full history.
+
+    ``messages.create`` (streaming included) and ``messages.stream`` of the
+    returned client send the ``messages`` they are given to ctxwin (dialect
+    ``anthropic``) with the previous request's usage and send the view it
+    gets back; ``system`` and every other argument pass through. The
+    response's usage (``input_tokens``, ``cache_creation_input_tokens``,
+    ``cache_read_input_tokens``, ``output_tokens``; from the stream's events
+    when streaming) is kept for the next turn. When the API answers that the
+    prompt is too long, ctxwin compacts the task and the request is sent once
+    more. Keep appending to your own full history as before
+    (``{"role": "assistant", "content": response.content}`` may hold the SDK's
+    block objects). ``with_options`` keeps the wrapping.
+
+    Args:
+        client: an ``anthropic.Anthropic`` or ``anthropic.AsyncAnthropic`` client.
+            It is copied (``with_options()``); the original stays as it was.
+        task: the ctxwin task id for every conversation of this client; None
+            derives one per conversation from its ``system`` and first message
+            (``anthropic-<digest>``), stable across restarts.
+        context_window: the model's window in tokens; None takes the model's
+            known window (from each call's ``model=``), else the daemon's default.
+        endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
+        on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
+            each request (range, tokens, fits, stalled, retried, usage).
+
+    Returns:
+        The wrapped copy, of the same type as ``client``.
+    """
+    copy = client.with_options()
+    if isinstance(copy, anthropic.AsyncAnthropic):
+        async_window = AsyncWindow(
+            task=task,
+            prefix=DIALECT,
+            dialect=DIALECT,
+            context_window=context_window,
+            endpoint=endpoint,
+            on_turn=on_turn,
+        )
+        weakref.finalize(copy, async_window.close)
+        return _wrap_async(copy, async_window)
+    window = Window(
+        task=task,
+        prefix=DIALECT,
+        dialect=DIALECT,
+        context_window=context_window,
+        endpoint=endpoint,
+        on_turn=on_turn,
+    )
+    weakref.finalize(copy, window.close)
+    return _wrap_sync(copy, window)

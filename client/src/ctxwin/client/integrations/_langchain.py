@@ -1,0 +1,282 @@
+"""An agent middleware for LangChain v1: ctxwin's view as each model call's messages."""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from ctxwin.proto import Usage
+
+from ._mapping import Converted, convert, origins, text_of
+from ._window import AsyncWindow, Request, Turn, Window
+
+__all__ = ["ContextWindowMiddleware", "from_openai_chat", "to_openai_chat", "usage_from_langchain"]
+
+DIALECT = "openai-chat"
+PREFIX = "langchain"
+
+
+def _content(content: Any) -> Any:
+    """LangChain content as Chat Completions content: a string, or a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return [
+            {"type": "text", "text": part} if isinstance(part, str) else part for part in content
+        ]
+    return str(content)
+
+
+def to_openai_chat(message: BaseMessage) -> dict[str, Any]:
+    """One LangChain message as a Chat Completions message.
+
+    Args:
+        message: a human, AI, tool or system message.
+
+    Returns:
+        The ``openai-chat`` dialect message (``tool_calls`` with JSON arguments,
+        ``role: "tool"`` results).
+    """
+    if isinstance(message, AIMessage):
+        out: dict[str, Any] = {"role": "assistant", "content": _content(message.content) or None}
+        if message.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": call.get("id") or "",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": json.dumps(call.get("args") or {}, separators=(",", ":")),
+                    },
+                }
+                for call in message.tool_calls
+            ]
+        return out
+    if isinstance(message, ToolMessage):
+        return {
+            "role": "tool",
+            "tool_call_id": message.tool_call_id,
+            "content": _content(message.content),
+        }
+    if isinstance(message, SystemMessage):
+        return {"role": "system", "content": _content(message.content)}
+    return {"role": "user", "content": _content(message.content)}
+
+
+def _with_content(original: BaseMessage, content: Any) -> BaseMessage:
+    if content is None:
+        content = ""
+    return original.model_copy(update={"content": content})
+
+
+def from_openai_chat(view: Sequence[Any], converted: Converted[BaseMessage]) -> list[AnyMessage]:
+    """The view as LangChain messages: untouched ones are the original objects.
+
+    A message ctxwin changed (a notice written into it) is a copy of its
+    original with the new content; a tool result it filled in for a call
+    left without one is a new :class:`ToolMessage`.
+
+    Args:
+        view: the ``openai-chat`` view.
+        converted: the history as it was sent (:func:`to_openai_chat` of each).
+
+    Returns:
+        The messages to send.
+    """
+    out: list[AnyMessage] = []
+    for message, index in zip(view, origins(view, converted), strict=True):
+        if index is None:
+            if message.get("role") == "tool":
+                out.append(
+                    ToolMessage(
+                        content=text_of(message.get("content")) or "",
+                        tool_call_id=str(message.get("tool_call_id")),
+                    )
+                )
+            else:
+                out.append(HumanMessage(content=text_of(message.get("content")) or ""))
+            continue
+        original = converted.sources[converted.origin[index].message]
+        if message is converted.messages[index]:
+            out.append(original)  # type: ignore[arg-type]  # every source is an AnyMessage
+        else:
+            out.append(_with_content(original, message.get("content")))  # type: ignore[arg-type]
+    return out
+
+
+def usage_from_langchain(message: Any) -> Usage | None:
+    """The usage an AI message reports (``usage_metadata``), or None.
+
+    LangChain counts ``input_tokens`` with the cached part included; it is
+    split into ``tokens_in``, ``cache_reads`` and ``cache_writes``.
+
+    Args:
+        message: an ``AIMessage`` (anything else gives None).
+
+    Returns:
+        The wire ``usage`` map, or None.
+    """
+    metadata = getattr(message, "usage_metadata", None)
+    if not isinstance(metadata, Mapping):
+        return None
+    details = metadata.get("input_token_details") or {}
+    total = int(metadata.get("input_tokens") or 0)
+    reads = int(details.get("cache_read") or 0)
+    writes = int(details.get("cache_creation") or 0)
+    return Usage(
+        tokens_in=max(0, total - reads - writes),
+        tokens_out=int(metadata.get("output_tokens") or 0),
+        cache_writes=writes,
+        cache_reads=reads,
+    )
+
+
+def _model_id(request: ModelRequest[Any]) -> str:
+    model = request.model
+    for name in ("model_name", "model", "model_id"):
+        value = getattr(model, name, None)
+        if isinstance(value, str):
+            return value
+    return type(model).__name__
+
+
+def _thread(request: ModelRequest[Any]) -> str | None:
+    """The run's ``thread_id``, when it has one (a checkpointed conversation)."""
+    try:
+        from langgraph.config import get_config
+
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:  # not inside a runnable context
+        return None
+    thread = configurable.get("thread_id")
+    return str(thread) if thread is not None else None
+
+
+class ContextWindowMiddleware(AgentMiddleware):
+    """Sends ctxwin's view of the agent's messages to the model, and retries once when too long.
+
+    ``wrap_model_call`` (and ``awrap_model_call``) override the request's
+    messages with the view (dialect ``openai-chat``: LangChain messages map to
+    Chat Completions messages and back); the agent's state keeps the full
+    history, so a checkpoint can be restored. The usage of each answer is fed
+    to the next call, and when the provider refuses a request as too long
+    ctxwin compacts the task and the model is called once more.
+
+    Args:
+        task: the ctxwin task id; None derives one per conversation: from the
+            run's ``thread_id`` when it has one, else from the system prompt and
+            the first message (``langchain-<digest>``).
+        context_window: the model's window in tokens; None takes the model's
+            known window, else the daemon's default.
+        endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
+        on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
+            each model call.
+    """
+
+    def __init__(
+        self,
+        *,
+        task: str | None = None,
+        context_window: int | None = None,
+        endpoint: str | None = None,
+        on_turn: Callable[[Turn], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._options: dict[str, Any] = {
+            "task": task,
+            "prefix": PREFIX,
+            "dialect": DIALECT,
+            "context_window": context_window,
+            "endpoint": endpoint,
+            "on_turn": on_turn,
+        }
+        self._sync: Window | None = None
+        self._async: AsyncWindow | None = None
+        self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}
+
+    @property
+    def _ctxwin_window(self) -> Window | AsyncWindow | None:
+        return self._async or self._sync
+
+    def _window(self) -> Window:
+        if self._sync is None:
+            self._sync = Window(**self._options)
+            weakref.finalize(self, self._sync.close)
+        return self._sync
+
+    def _async_window(self) -> AsyncWindow:
+        if self._async is None:
+            self._async = AsyncWindow(**self._options)
+            weakref.finalize(self, self._async.close)
+        return self._async
+
+    def _convert(self, request: ModelRequest[Any]) -> tuple[Converted[BaseMessage], list[Any]]:
+        converted: Converted[BaseMessage] = convert(
+            list[BaseMessage](request.messages),
+            lambda message: [(0, to_openai_chat(message))],
+            self._memo,
+        )
+        thread = _thread(request)
+        if thread is not None:
+            head: list[Any] = [thread]
+        else:
+            system = request.system_message
+            head = [to_openai_chat(system) if system is not None else None]
+            head += converted.messages[:1]
+        return converted, head
+
+    @staticmethod
+    def _answer_usage(response: Any) -> Usage | None:
+        result = getattr(response, "result", None)
+        messages = result if isinstance(result, list) else [response]
+        for message in messages:
+            usage = usage_from_langchain(message)
+            if usage is not None:
+                return usage
+        return None
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> Any:
+        """Call the model with the view; on a context-window error compact and call once more."""
+        window = self._window()
+        converted, head = self._convert(request)
+        pending: Request = window.begin(converted.messages, _model_id(request), head)
+
+        def call(view: list[Any]) -> ModelResponse[Any]:
+            return handler(request.override(messages=from_openai_chat(view, converted)))
+
+        response = window.send(pending, call)
+        window.finish(pending, self._answer_usage(response))
+        return response
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> Any:
+        """The asyncio twin of :meth:`wrap_model_call`."""
+        window = self._async_window()
+        converted, head = self._convert(request)
+        pending = await window.begin(converted.messages, _model_id(request), head)
+
+        async def call(view: list[Any]) -> ModelResponse[Any]:
+            return await handler(request.override(messages=from_openai_chat(view, converted)))
+
+        response = await window.send(pending, call)
+        window.finish(pending, self._answer_usage(response))
+        return response

@@ -1,0 +1,115 @@
+"""SDK stream objects that report what they saw once they end, for usage after a stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+__all__ = ["AsyncWatchedStream", "WatchedStream"]
+
+
+class WatchedStream:
+    """Iterates an SDK stream as it is, shows each item to ``see``, calls ``end`` once.
+
+    ``see(item)`` returns whether the caller gets the item (a usage chunk the
+    caller did not ask for is kept back). ``end()`` runs when the stream is
+    exhausted, closed or left as a context manager, whichever comes first.
+    Everything else (``response``, ``close``, ...) is the SDK stream's own.
+    """
+
+    def __init__(self, stream: Any, see: Callable[[Any], bool], end: Callable[[], object]) -> None:
+        self._stream = stream
+        self._see = see
+        self._end: Callable[[], object] | None = end
+        self._items = self._watch()
+
+    def _done(self) -> None:
+        end, self._end = self._end, None
+        if end is not None:
+            end()
+
+    def _watch(self) -> Iterator[Any]:
+        try:
+            for item in self._stream:
+                if self._see(item):
+                    yield item
+        finally:
+            self._done()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._items
+
+    def __next__(self) -> Any:
+        return next(self._items)
+
+    def __enter__(self) -> WatchedStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the SDK stream (its connection) and report what was seen."""
+        try:
+            self._stream.close()
+        finally:
+            self._done()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class AsyncWatchedStream:
+    """The asyncio twin of :class:`WatchedStream`."""
+
+    def __init__(self, stream: Any, see: Callable[[Any], bool], end: Callable[[], object]) -> None:
+        self._stream = stream
+        self._see = see
+        self._end: Callable[[], object] | None = end
+        self._items = self._watch()
+
+    def _done(self) -> None:
+        end, self._end = self._end, None
+        if end is not None:
+            end()
+
+    async def _watch(self) -> AsyncIterator[Any]:
+        try:
+            async for item in self._stream:
+                if self._see(item):
+                    yield item
+        finally:
+            self._done()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._items
+
+    async def __anext__(self) -> Any:
+        return await self._items.__anext__()
+
+    async def __aenter__(self) -> AsyncWatchedStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the SDK stream (its connection) and report what was seen."""
+        try:
+            await self._stream.close()
+        finally:
+            self._done()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

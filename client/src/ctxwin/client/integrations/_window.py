@@ -1,0 +1,454 @@
+"""What every adapter does around one model request, for the blocking and the asyncio twins.
+
+Before the request: pick the conversation's task, send the caller's full history
+with the previous request's usage to ``prepare_request`` and get the view to
+send instead. If the provider answers that the request did not fit: ``compact``
+(keep a quarter, SPEC.md §8) and send again, once. After the answer: keep its
+usage for the next turn, and report what was done as a :class:`Turn`.
+
+The pure parts (task ids, the model map, the report, the error test) live in
+:class:`_Conversations`; :class:`Window` and :class:`AsyncWindow` only add the
+daemon calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from ctxwin.proto import Model, PrepareRequestResult, Usage, is_context_window_error
+
+from .._async import AsyncClient
+from .._sync import Client
+from .._task import AsyncTask, Task
+from ._models import known_context_window
+
+__all__ = [
+    "AsyncWindow",
+    "Request",
+    "Turn",
+    "Window",
+    "derive_task_id",
+    "is_window_error",
+    "window_of",
+]
+
+R = TypeVar("R")
+
+log = logging.getLogger("ctxwin.integrations")
+
+MAX_CONVERSATIONS = 64
+"""Conversations (task handles) a window keeps when it derives task ids; the oldest go first."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What ctxwin did for one model request, for logging.
+
+    Attributes:
+        task: the ctxwin task id of the conversation.
+        model: the model id of the request.
+        messages: how many messages the caller's history held.
+        sent: how many messages were sent instead (the view).
+        deleted_range: the task's deleted range after this request (``[start, end]`` or None).
+        range_updated: whether this request moved the range.
+        estimated_tokens: the daemon's (calibrated) estimate of the view, when it made one.
+        fits: whether the view fits the model's budget, when estimated.
+        stalled: a compaction was due but could not make the view smaller.
+        retried: the provider refused the first try as too long; ctxwin compacted
+            and sent once more.
+        usage: the usage the provider reported for the request (None when it
+            reported none, e.g. a stream that was not read to its end).
+    """
+
+    task: str
+    model: str
+    messages: int
+    sent: int
+    deleted_range: list[int] | None
+    range_updated: bool
+    estimated_tokens: int | None
+    fits: bool | None
+    stalled: bool
+    retried: bool = False
+    usage: Usage | None = None
+
+
+def derive_task_id(prefix: str, head: Sequence[Any]) -> str:
+    """A stable task id for a conversation: ``<prefix>-`` and a digest of its head.
+
+    The head is what an agent never changes once a conversation has started:
+    its system prompt and the first user message (``head``, already as plain
+    JSON values). The same conversation resumed later (a new process, the
+    history loaded from disk) gets the same id; two conversations that start
+    with the same words share one, so name the task explicitly when such
+    conversations run side by side.
+
+    Args:
+        prefix: names the adapter (``openai-chat``, ``anthropic``, ...).
+        head: the conversation's head.
+
+    Returns:
+        A valid task id of ``prefix`` plus 32 hex digits.
+    """
+    encoded = json.dumps(list(head), sort_keys=True, separators=(",", ":"), default=str)
+    return f"{prefix}-{hashlib.blake2b(encoded.encode(), digest_size=16).hexdigest()}"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with only its message-relevant keys: ``type``s dropped, nesting kept."""
+    if isinstance(value, Mapping):
+        return {
+            key: _plain(item)
+            for key, item in value.items()
+            if key in {"code", "message", "error", "status", "status_code"}
+        }
+    return value
+
+
+def is_window_error(error: BaseException) -> bool:
+    """Whether a provider's exception says that the request did not fit the model's window.
+
+    Reads the exception's HTTP status (``status_code`` or ``status``), its
+    parsed error body (``body``: OpenAI's ``{"code": "context_length_exceeded",
+    ...}``, Anthropic's ``{"type": "error", "error": {"type":
+    "invalid_request_error", "message": "prompt is too long: ..."}}``) and its
+    message, and asks :func:`ctxwin.proto.is_context_window_error`. Error
+    *types* are left out: OpenAI marks every bad request
+    ``invalid_request_error``, and compacting a conversation for a misspelt
+    parameter would lose context for nothing; the code or the wording decides.
+
+    Args:
+        error: the exception the SDK or framework raised.
+
+    Returns:
+        True when compacting and sending again may help.
+    """
+    status = getattr(error, "status_code", None)
+    if status is None:
+        status = getattr(error, "status", None)
+    body = getattr(error, "body", None)
+    as_map: dict[str, Any] = {"message": str(error)}
+    if isinstance(status, int):
+        as_map["status"] = status
+    if isinstance(body, Mapping):
+        as_map["error"] = _plain(body)
+    elif isinstance(body, str):
+        as_map["detail"] = {"message": body}
+    return is_context_window_error(as_map)
+
+
+@dataclass
+class Request:
+    """One model request in flight: the view to send, and what is known of it so far."""
+
+    task: str
+    messages: Sequence[Any]
+    view: list[Any]
+    model: str
+    ts: int
+    turn: Turn
+    conversation: _Conversation
+    retried: bool = False
+
+
+@dataclass
+class _Conversation:
+    handle: Any  # Task or AsyncTask
+    previous: Usage | None = None
+    last: Turn | None = None
+
+
+@dataclass
+class _Conversations:
+    """The pure state of a window: options, and one entry per conversation (task)."""
+
+    task: str | None
+    prefix: str
+    dialect: str | None
+    context_window: int | None
+    on_turn: Callable[[Turn], None] | None
+    ephemeral: bool = False
+    open: Callable[[str], Any] = field(default=lambda task: None)
+    entries: collections.OrderedDict[str, _Conversation] = field(
+        default_factory=collections.OrderedDict
+    )
+
+    def model(self, model_id: str) -> Model:
+        window = self.context_window or known_context_window(model_id)
+        model = Model(id=model_id)
+        if window:
+            model["context_window"] = window
+        return model
+
+    def entry(self, head: Sequence[Any]) -> tuple[str, _Conversation]:
+        task = self.task or derive_task_id(self.prefix, head)
+        entry = self.entries.get(task)
+        if entry is None:
+            entry = _Conversation(self.open(task))
+            self.entries[task] = entry
+            while len(self.entries) > MAX_CONVERSATIONS:
+                self.entries.popitem(last=False)
+        else:
+            self.entries.move_to_end(task)
+        return task, entry
+
+    def request(
+        self,
+        task: str,
+        entry: _Conversation,
+        messages: Sequence[Any],
+        model: str,
+        prepared: PrepareRequestResult,
+        ts: int,
+    ) -> Request:
+        view = list(prepared["messages"])
+        deleted = prepared["deleted_range"]
+        turn = Turn(
+            task=task,
+            model=model,
+            messages=len(messages),
+            sent=len(view),
+            deleted_range=list(deleted) if deleted is not None else None,
+            range_updated=bool(prepared["range_updated"]),
+            estimated_tokens=prepared.get("estimated_tokens"),
+            fits=prepared.get("fits"),
+            stalled=bool(prepared.get("stalled", False)),
+        )
+        return Request(task, messages, view, model, ts, turn, entry)
+
+    def compacted(self, request: Request, view: Sequence[Any], deleted: Any) -> None:
+        request.view = list(view)
+        request.retried = True
+        request.turn = replace(
+            request.turn,
+            sent=len(request.view),
+            deleted_range=list(deleted) if deleted is not None else None,
+            range_updated=True,
+            retried=True,
+        )
+
+    def finish(self, request: Request, usage: Usage | None) -> Turn:
+        """Keep the request's usage for the conversation's next turn; report the turn."""
+        if usage is not None:
+            usage["ts"] = request.ts
+        turn = replace(request.turn, usage=usage)
+        if usage is not None:
+            request.conversation.previous = usage
+        request.conversation.last = turn
+        log.debug(
+            "ctxwin turn",
+            extra={
+                "ctxwin_task": turn.task,
+                "ctxwin_sent": turn.sent,
+                "ctxwin_messages": turn.messages,
+                "ctxwin_range": turn.deleted_range,
+                "ctxwin_retried": turn.retried,
+            },
+        )
+        if self.on_turn is not None:
+            self.on_turn(turn)
+        return turn
+
+    def last(self, task: str | None = None) -> Turn | None:
+        """The latest turn of ``task`` (default: of the conversation used last)."""
+        if task is None:
+            if not self.entries:
+                return None
+            task = next(reversed(self.entries))
+        entry = self.entries.get(task)
+        return entry.last if entry is not None else None
+
+
+def _task_options(dialect: str | None, ephemeral: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"ephemeral": ephemeral}
+    if dialect is not None:
+        options["dialect"] = dialect
+    return options
+
+
+class Window:
+    """The blocking twin: one client of the daemon, one task per conversation.
+
+    Args:
+        task: the task id for every conversation, or None to derive one per
+            conversation from its head (:func:`derive_task_id`).
+        prefix: the prefix of derived task ids.
+        dialect: the message dialect of the tasks (None: the daemon's default).
+        context_window: the model's window in tokens, or None for the model's
+            known one (else the daemon's default).
+        client: the ctxwin client to use, or None to make one for ``endpoint``.
+        endpoint: where the daemon listens (default: as :class:`Client` finds it).
+        on_turn: called with each :class:`Turn` once its answer is in.
+        ephemeral: keep the tasks in the daemon's memory only.
+    """
+
+    def __init__(
+        self,
+        *,
+        task: str | None,
+        prefix: str,
+        dialect: str | None,
+        context_window: int | None = None,
+        client: Client | None = None,
+        endpoint: str | None = None,
+        on_turn: Callable[[Turn], None] | None = None,
+        ephemeral: bool = False,
+    ) -> None:
+        self.client = client if client is not None else Client(endpoint)
+        self._own_client = client is None
+        options = _task_options(dialect, ephemeral)
+        self.state = _Conversations(
+            task, prefix, dialect, context_window, on_turn, ephemeral, self._open
+        )
+        self._options = options
+        if task is not None:
+            self.state.entry(())  # a wrong task id fails here, not on the first request
+
+    def _open(self, task: str) -> Task:
+        return self.client.task(task, **self._options)
+
+    def begin(self, messages: Sequence[Any], model: str, head: Sequence[Any] = ()) -> Request:
+        """Ask the daemon which messages to send for this request.
+
+        Args:
+            messages: the caller's full history, in the window's dialect.
+            model: the request's model id.
+            head: what identifies the conversation when the task id is derived.
+
+        Returns:
+            The request, whose ``view`` is what to send.
+        """
+        task, entry = self.state.entry(head)
+        ts = int(time.time() * 1000)
+        prepared = entry.handle.prepare_request(
+            messages, self.state.model(model), previous_request=entry.previous, proactive=True
+        )
+        return self.state.request(task, entry, messages, model, prepared, ts)
+
+    def send(self, request: Request, call: Callable[[list[Any]], R]) -> R:
+        """``call(view)``; when the provider refuses it as too long, compact and call once more."""
+        try:
+            return call(request.view)
+        except Exception as exc:
+            if request.retried or not is_window_error(exc):
+                raise
+            self.compact(request)
+            return call(request.view)
+
+    def compact(self, request: Request) -> None:
+        """After a context-window error: keep a quarter (SPEC.md §8), take the new view."""
+        handle = request.conversation.handle
+        compacted = handle.compact(request.messages, "quarter")
+        view = handle.truncated_messages(request.messages)["messages"]
+        self.state.compacted(request, view, compacted["deleted_range"])
+
+    def finish(self, request: Request, usage: Usage | None) -> Turn:
+        """Record the request's usage for the next turn and report it."""
+        return self.state.finish(request, usage)
+
+    def last(self, task: str | None = None) -> Turn | None:
+        """The latest turn of ``task`` (default: of the conversation used last)."""
+        return self.state.last(task)
+
+    def close(self) -> None:
+        """Close the ctxwin client, if this window made it."""
+        if self._own_client:
+            self.client.close()
+
+
+class AsyncWindow:
+    """The asyncio twin of :class:`Window` (same arguments, with an :class:`AsyncClient`)."""
+
+    def __init__(
+        self,
+        *,
+        task: str | None,
+        prefix: str,
+        dialect: str | None,
+        context_window: int | None = None,
+        client: AsyncClient | None = None,
+        endpoint: str | None = None,
+        on_turn: Callable[[Turn], None] | None = None,
+        ephemeral: bool = False,
+    ) -> None:
+        self.client = client if client is not None else AsyncClient(endpoint)
+        self._own_client = client is None
+        self._options = _task_options(dialect, ephemeral)
+        self.state = _Conversations(
+            task, prefix, dialect, context_window, on_turn, ephemeral, self._open
+        )
+        if task is not None:
+            self.state.entry(())
+
+    def _open(self, task: str) -> AsyncTask:
+        return self.client.task(task, **self._options)
+
+    async def begin(self, messages: Sequence[Any], model: str, head: Sequence[Any] = ()) -> Request:
+        """Ask the daemon which messages to send for this request (see :meth:`Window.begin`)."""
+        task, entry = self.state.entry(head)
+        ts = int(time.time() * 1000)
+        prepared = await entry.handle.prepare_request(
+            messages, self.state.model(model), previous_request=entry.previous, proactive=True
+        )
+        return self.state.request(task, entry, messages, model, prepared, ts)
+
+    async def send(self, request: Request, call: Callable[[list[Any]], Awaitable[R]]) -> R:
+        """``await call(view)``; when refused as too long, compact and call once more."""
+        try:
+            return await call(request.view)
+        except Exception as exc:
+            if request.retried or not is_window_error(exc):
+                raise
+            await self.compact(request)
+            return await call(request.view)
+
+    async def compact(self, request: Request) -> None:
+        """After a context-window error: keep a quarter (SPEC.md §8), take the new view."""
+        handle = request.conversation.handle
+        compacted = await handle.compact(request.messages, "quarter")
+        view = (await handle.truncated_messages(request.messages))["messages"]
+        self.state.compacted(request, view, compacted["deleted_range"])
+
+    def finish(self, request: Request, usage: Usage | None) -> Turn:
+        """Record the request's usage for the next turn and report it."""
+        return self.state.finish(request, usage)
+
+    def last(self, task: str | None = None) -> Turn | None:
+        """The latest turn of ``task`` (default: of the conversation used last)."""
+        return self.state.last(task)
+
+    def close(self) -> None:
+        """Close the ctxwin client now, if this window made it."""
+        if self._own_client:
+            self.client.close()
+
+    async def aclose(self) -> None:
+        """Close the ctxwin client, if this window made it, waiting for its reader to end."""
+        if self._own_client:
+            await self.client.aclose()
+
+
+def window_of(wrapped: object) -> Window | AsyncWindow:
+    """The window behind a wrapped client or an adapter object, to read its turns.
+
+    Args:
+        wrapped: what an adapter returned (a wrapped SDK client, a filter, a
+            middleware, a history processor).
+
+    Returns:
+        Its :class:`Window` or :class:`AsyncWindow`; ``.last()`` is the latest :class:`Turn`.
+
+    Raises:
+        TypeError: ``wrapped`` did not come from an adapter.
+    """
+    window = getattr(wrapped, "_ctxwin_window", None)
+    if not isinstance(window, Window | AsyncWindow):
+        raise TypeError(f"{type(wrapped).__name__} object is not a ctxwin adapter")
+    return window

@@ -1,0 +1,62 @@
+"""What the integration tests check in what the fake provider received."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests._daemon import DaemonProcess
+from tests._fake_provider import FakeProvider, Recorded
+
+NOTICE = "[ctxwin-test] an earlier copy of this file was dropped; a later read holds it."
+"""The daemon's duplicate-read notice in these tests, to find it in what the provider got."""
+
+PATHS = tuple("src/app.py" if turn % 4 == 0 else f"src/mod{turn}.py" for turn in range(60))
+"""What the fake model reads in the long conversations: ``src/app.py`` every fourth turn (each
+read makes the earlier copies stale), a new file in between (so notices alone do not save
+enough and whole turns are cut too)."""
+
+
+def read_file(path: str) -> str:
+    """The tool of every test agent: a file's text (about 400 of the fake's tokens)."""
+    return f"# {path}\n" + "def compute(n):\n    return n * 2\n" * 50
+
+
+def start_daemon(root: Path) -> Iterator[DaemonProcess]:
+    """A daemon whose duplicate-read notice is :data:`NOTICE` (a fixture body)."""
+    process = DaemonProcess(root, env={"CTXWIN_DUPLICATE_FILE_READ_NOTICE": NOTICE})
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def answered(provider: FakeProvider, path: str) -> list[Recorded]:
+    """The requests to ``path`` that the provider answered (200)."""
+    return [r for r in provider.sent(path) if r.status == 200]
+
+
+def assert_valid_and_shrinking(provider: FakeProvider, path: str, turns: int) -> list[Recorded]:
+    """Every request was valid and answered; views shrank; notices reached the provider.
+
+    Checks, over the requests to ``path``: none broke the provider's pairing
+    rules (its own check, the reason a real API answers 400) and none was
+    refused as too long; there were at least ``turns``; at least one sent
+    fewer conversation items and fewer tokens than the request before it (the
+    view shrank once the window was reached); and at least one held a
+    duplicate-read notice.
+    """
+    sent = provider.sent(path)
+    assert [] == [r.problems for r in sent if r.problems]
+    assert [200] * len(sent) == [r.status for r in sent]
+    assert turns <= len(sent)
+    sizes = [len(r.history) for r in sent]
+    assert any(later < earlier for earlier, later in itertools.pairwise(sizes)), sizes
+    tokens = [r.tokens for r in sent]
+    assert any(later < earlier for earlier, later in itertools.pairwise(tokens)), tokens
+    assert any(NOTICE in json.dumps(r.body) for r in sent)
+    assert max(r.tokens for r in sent) <= provider.limit
+    return sent

@@ -1,0 +1,36 @@
+"""client/examples/: one runnable agent per SDK and framework, against the fake provider."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._daemon import DaemonProcess
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "client" / "examples"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["openai_chat", "anthropic_messages", "agents_sdk", "langchain_agent", "pydantic_ai_agent"],
+)
+def test_the_example_runs_to_its_answer_and_ctxwin_cuts_on_the_way(
+    daemon: DaemonProcess, name: str
+) -> None:
+    """The example exits 0 with the model's answer after at least one cut by ctxwin."""
+    script = str(EXAMPLES / f"{name}.py")
+    run = subprocess.run(
+        # 24 tool calls: enough for a cut, fewer than the example's 40
+        [sys.executable, script, "--endpoint", daemon.endpoint, "--turns", "24"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert 0 == run.returncode, run.stderr
+    lines = run.stdout.splitlines()
+    assert any(" messages, range [" in line for line in lines), run.stdout
+    assert "Done: both files read." in lines[-1]
