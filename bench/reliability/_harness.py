@@ -400,11 +400,11 @@ def open_path_prefix(path: Path, stage: Path) -> list[str]:
     process id stays the command's), by a 0755 tmpfs holding one bind mount:
     the directory on the way to ``path``. ``path`` itself must be open.
     """
-    closed = [directory for directory in closed_dirs(path) if directory != path]
+    closed = closed_dirs(path)
+    if path in closed:
+        raise ValueError(f"{path} itself is closed to other users")
     if not closed:
         return []
-    if path in closed_dirs(path):
-        raise ValueError(f"{path} itself is closed to other users")
     stage.mkdir(parents=True, exist_ok=True)
     pairs: list[str] = []
     for directory in closed:  # deepest first: its bind mount goes inside the next cover
