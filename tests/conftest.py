@@ -7,9 +7,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests._daemon import DaemonProcess
 from tests._redis import RedisServer, require_redis_server
+
+# CI runs the same examples every time (.ci/run sets CTXWIN_CI); a local run explores.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CTXWIN_CI"):
+    settings.load_profile("ci")
 
 _PRIVATE_DIRS = ("XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")
 _own: list[Path] = []
