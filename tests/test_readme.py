@@ -35,44 +35,34 @@ def test_the_quick_start_has_sync_and_async_code() -> None:
     assert "task.plan(" in blocks[2]
 
 
+def _run_block(code: str, daemon: DaemonProcess) -> subprocess.CompletedProcess[str]:
+    """Run a README block in a fresh interpreter, pointed at ``daemon`` by $CTXWIN_ENDPOINT."""
+    env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index: int) -> None:
     """Each block runs with the endpoint from $CTXWIN_ENDPOINT and prints the same when rerun."""
     code = python_blocks(README.read_text())[index]
-    env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
-    run = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    run = _run_block(code, daemon)
     assert 0 == run.returncode, run.stderr
     assert run.stdout
-    again = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    again = _run_block(code, daemon)
     assert (0, run.stdout) == (again.returncode, again.stdout), "a second run prints the same"
 
 
 def test_the_dialects_example_runs_against_the_daemon(daemon: DaemonProcess) -> None:
     """The wire section's dialect example runs to completion against a real daemon."""
     (code,) = python_blocks(README.read_text(), "## Wire protocol")
-    env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
-    run = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    run = _run_block(code, daemon)
     assert 0 == run.returncode, run.stderr
 
 
