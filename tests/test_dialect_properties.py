@@ -7,14 +7,14 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ctxwin.engine import TaskState
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
-from tests._dialect_data import RENDER, Turn, conversations, render_cline, sdk_validator
+from tests._dialect_data import RENDER, Call, Turn, conversations, render_cline, sdk_validator
 from tests._dialect_rules import CHECKS
 
 PROFILE = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -97,9 +97,27 @@ def check_view(run: Run, messages: list[dict[str, Any]], view: list[dict[str, An
                 assert id(messages[member]) in held, (index, member)
 
 
+# A call without its result, then system messages, then an orphan result: the prefix of
+# half of it ends with the call and a system message, whose missing result the view fills in.
+CALL_THEN_SYSTEM = [
+    Turn("user", "a"),
+    Turn("system", "a"),
+    Turn("assistant", "a", reasoning=True, calls=[Call("call_1", "Bash", {"command": "a"})]),
+    Turn("results"),
+    Turn("system", "a"),
+    Turn("assistant", "a"),
+    Turn("results", results=[("call_orphan", "stray")]),
+    Turn("user", "a"),
+    Turn("assistant", "a"),
+    Turn("results", results=[("call_orphan", "stray")]),
+    Turn("user", "a"),
+]
+
+
 @pytest.mark.parametrize("dialect", DIALECT_NAMES)
 @PROFILE
 @given(turns=conversations(), ops=operations)
+@example(turns=CALL_THEN_SYSTEM, ops=[("prepare", 0.5)])
 def test_every_view_satisfies_the_provider_and_keeps_what_must_be_kept(
     dialect: str, turns: list[Turn], ops: list[tuple[str, float]]
 ) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ctxwin import engine
+from ctxwin import engine, proto
 from ctxwin.daemon._config import ConfigError, load_config
 
 Message = dict[str, Any]
@@ -135,3 +135,52 @@ def test_the_truncation_notice_is_a_new_text_block_when_the_reply_has_no_text() 
     assert reply[0] is thinking  # the opaque part, byte for byte the caller's
     assert {"type": "text", "text": engine.DEFAULT_NOTICES.truncation} == reply[1]
     assert "tool_use" == reply[2]["type"]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "call", "answer", "system"),
+    [
+        (
+            "openai-responses",
+            {"type": "function_call", "call_id": "c", "name": "Bash", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": "done"},
+            {"role": "developer", "content": "be brief"},
+        ),
+        (
+            "openai-chat",
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c", "content": "done"},
+            {"role": "system", "content": "be brief"},
+        ),
+    ],
+)
+def test_a_call_followed_only_by_system_messages_is_answered_before_them(
+    dialect: str, call: Message, answer: Message, system: Message
+) -> None:
+    """The missing result (the task's notice text) goes between the call and the system message."""
+    task = {"role": "user", "content": "task"}
+    if dialect == "openai-responses":
+        task = {"type": "message", **task}
+    messages = [task, call, system]
+    history = engine.MappedHistory(engine.DIALECTS[dialect], messages)
+    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES)
+    internal_view = state.truncated_messages(history.internal)
+    view = history.view(internal_view, state.deleted_range, "no result")
+    assert [task, call] == view[:2]
+    assert view[3] is system
+    text = view[2].get("output", view[2].get("content"))
+    assert ("c", "no result") == (view[2].get("call_id", view[2].get("tool_call_id")), text)
+    patch = history.patch(internal_view, state.deleted_range, "no result")
+    assert patch is not None
+    assert view == proto.apply_view_patch(messages, patch)
+    # Once the caller answers it (after the system message), the answer is sent, then the
+    # system message: never between a call and its result, never left out.
+    history.sync([*messages, answer])
+    view = history.view(state.truncated_messages(history.internal), state.deleted_range)
+    assert [task, call, answer, system] == view

@@ -139,13 +139,14 @@ class KeptHistory:
             result["messages"] = list(history.messages)  # the input, untouched
             return result
         view = result["messages"]
+        missing = state.notices.missing_result
         if args.get("view") == "patch":
-            patch = mapped.patch(view, state.deleted_range)
+            patch = mapped.patch(view, state.deleted_range, missing)
             if patch is not None:
                 del result["messages"]
                 result["patch"] = self._reuse_overrides(patch, args.get("patch_base"))
                 return result
-        result["messages"] = mapped.view(view, state.deleted_range)
+        result["messages"] = mapped.view(view, state.deleted_range, missing)
         return result
 
     def drop(self) -> None:

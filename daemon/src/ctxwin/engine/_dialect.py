@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._blocks import Block, Message
+from ._notices import DEFAULT_NOTICES
 from ._view import KnownPairs, find_repairs, keep_from
 
 SRC = "_src"
@@ -361,15 +362,22 @@ class MappedHistory:
         found = self.members[internal_index]
         return found[0] if found else -1
 
-    def view(self, view: Sequence[Message], deleted_range: Sequence[int] | None) -> list[Message]:
+    def view(
+        self,
+        view: Sequence[Message],
+        deleted_range: Sequence[int] | None,
+        missing_result: str = DEFAULT_NOTICES.missing_result,
+    ) -> list[Message]:
         """The dialect's view of an internal view of :attr:`internal` under ``deleted_range``.
 
         Kept-out messages all come back, in their order among the others;
-        those the cut moves next to a call come after its results.
+        those the cut moves next to a call come after its results. A call
+        followed by nothing but kept-out messages is answered before them
+        with ``missing_result`` (the task's notice).
         """
         source = self.source
         out: list[Message] = []
-        for index, message, end in self._pieces(view, deleted_range):
+        for index, message, end in self._pieces(view, deleted_range, missing_result):
             if message is None:
                 out.extend(source[index:end])
             else:
@@ -377,7 +385,10 @@ class MappedHistory:
         return out
 
     def patch(
-        self, view: Sequence[Message], deleted_range: Sequence[int] | None
+        self,
+        view: Sequence[Message],
+        deleted_range: Sequence[int] | None,
+        missing_result: str = DEFAULT_NOTICES.missing_result,
     ) -> dict[str, Any] | None:
         """The dialect's view as a patch on the history (``ctxwin.proto.apply_view_patch``).
 
@@ -388,7 +399,7 @@ class MappedHistory:
         holds no message of the history at all (send it whole).
         """
         source = self.source
-        pieces = self._pieces(view, deleted_range)
+        pieces = self._pieces(view, deleted_range, missing_result)
         assert self._last is not None
         serial, cached = self._last[4], len(self._last[2])
         marks = {mark[1] for mark in self._last[3]}
@@ -416,7 +427,7 @@ class MappedHistory:
         return state.patch(source)
 
     def _pieces(
-        self, view: Sequence[Message], deleted_range: Sequence[int] | None
+        self, view: Sequence[Message], deleted_range: Sequence[int] | None, missing_result: str
     ) -> list[tuple[int | None, Message | None, int]]:
         """The dialect's view in pieces: ``(start, None, end)`` a run of history messages
         ``[start, end)`` as they are; ``(index, message, 0)`` a rebuilt message standing
@@ -476,7 +487,6 @@ class MappedHistory:
                     results += 1
                 if results > first:  # kept-out messages come after the results
                     out.append((first, None, results))
-                    waiting = bisect.bisect_left(systems, results, waiting)
                     first = results
                 flush(first)
             if first < end:
@@ -515,6 +525,16 @@ class MappedHistory:
             offset += high - low
         self._serial += 1
         self._last = (start, list(view), list(out), marks, self._serial)
+        if waiting < len(systems) and view:
+            # The history ends with kept-out messages after a call: no longer the newest
+            # message, the call is answered, before them, like any other call.
+            ids = [b["id"] for b in view[-1]["content"] if b.get("type") == "tool_use"]
+            if ids and view[-1]["role"] == ASSISTANT:
+                missing: list[Block] = [
+                    {"type": "tool_result", "tool_use_id": tool_id, "content": missing_result}
+                    for tool_id in ids
+                ]
+                out.extend((None, item, 0) for item in self.dialect.fresh(USER, missing, self))
         flush(len(source))
         return out
 
