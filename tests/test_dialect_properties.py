@@ -14,6 +14,7 @@ from ctxwin.engine import TaskState
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
+from ctxwin.proto import apply_view_patch
 from tests._dialect_data import RENDER, Call, Turn, conversations, render_cline, sdk_validator
 from tests._dialect_rules import CHECKS
 
@@ -59,16 +60,25 @@ class Run:
         if name in ("prepare", "prepare_over"):
             previous = {**OVER, "ts": self.ts} if name == "prepare_over" else None
             view = self.state.prepare_request(internal, previous, MODEL).messages
-            return history.view(view, self.state.deleted_range)
-        if name == "compact":
-            self.state.compact(internal, "quarter", self.ts)
-        elif name == "notice":
-            self.state.apply_truncation_notice(self.ts, internal)
-        elif name == "optimize":
-            self.state.optimize_file_reads(internal, self.ts)
         else:
-            self.state.rollback(self.ts - 2)
-        return history.view(self.state.truncated_messages(internal), self.state.deleted_range)
+            if name == "compact":
+                self.state.compact(internal, "quarter", self.ts)
+            elif name == "notice":
+                self.state.apply_truncation_notice(self.ts, internal)
+            elif name == "optimize":
+                self.state.optimize_file_reads(internal, self.ts)
+            else:
+                self.state.rollback(self.ts - 2)
+            view = self.state.truncated_messages(internal)
+        # Every other view goes through the patch first (as the daemon sends it), then
+        # the view is mapped again from the same internal view: both give the same.
+        patched = None
+        if self.ts % 2:
+            patch = history.patch(view, self.state.deleted_range)
+            patched = None if patch is None else apply_view_patch(messages, patch)
+        mapped = history.view(view, self.state.deleted_range)
+        assert patched is None or patched == mapped
+        return mapped
 
 
 def check_view(run: Run, messages: list[dict[str, Any]], view: list[dict[str, Any]]) -> None:

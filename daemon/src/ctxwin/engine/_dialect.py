@@ -117,13 +117,20 @@ def originals(history: MappedHistory, index: int) -> dict[object, Block]:
 
 
 class _PatchState:
-    """A dialect view's patch as it is built from the view's pieces, piece by piece."""
+    """A dialect view's patch as it is built from the view's pieces, piece by piece.
 
-    __slots__ = ("order", "pending", "replaced", "snapshots")
+    The overrides are kept as they are made (``items``, valid up to ``fresh``),
+    so a patch of a view built on the last one costs its new overrides, not all.
+    """
+
+    __slots__ = ("fresh", "items", "keys", "order", "pending", "replaced", "snapshots")
 
     def __init__(self) -> None:
         self.order: list[list[int]] = []
         self.replaced: dict[int, list[Message]] = {}
+        self.keys: list[int] = []  # of ``replaced``, in its order
+        self.items: list[list[Any]] = []  # the overrides of ``keys[:fresh]``
+        self.fresh = 0
         self.pending: list[Message] = []
         self.snapshots: dict[int, tuple[int, int, int, int, tuple[Message, ...]]] = {}
 
@@ -131,13 +138,16 @@ class _PatchState:
         twin = _PatchState()
         twin.order = [list(run) for run in self.order]
         twin.replaced = {index: list(held) for index, held in self.replaced.items()}
+        twin.keys = list(self.keys)
+        twin.items = list(self.items)  # items are replaced, never changed: shared
+        twin.fresh = self.fresh
         twin.pending = list(self.pending)
         twin.snapshots = dict(self.snapshots)
         return twin
 
     def snapshot(self) -> tuple[int, int, int, int, tuple[Message, ...]]:
         replaced = self.replaced
-        last = replaced[next(reversed(replaced))] if replaced else []
+        last = replaced[self.keys[-1]] if replaced else []
         return (
             len(self.order),
             self.order[-1][1] if self.order else 0,
@@ -151,12 +161,23 @@ class _PatchState:
         del self.order[runs:]
         if self.order:
             self.order[-1][1] = run_end
-        replaced = self.replaced
+        replaced, keys = self.replaced, self.keys
         while len(replaced) > count:
             replaced.popitem()
+        del keys[count:]
         if replaced:
-            del replaced[next(reversed(replaced))][last_len:]
+            del replaced[keys[-1]][last_len:]
+        self.fresh = min(self.fresh, max(count - 1, 0))
         self.pending[:] = pending
+
+    def _set(self, index: int, held: list[Message]) -> None:
+        keys = self.keys
+        if index in self.replaced:
+            self.fresh = min(self.fresh, keys.index(index))
+        else:
+            keys.append(index)
+            self.fresh = min(self.fresh, len(keys) - 1)
+        self.replaced[index] = held
 
     def add(self, piece: tuple[int | None, Message | None, int], source: list[Message]) -> None:
         index, message, end = piece
@@ -166,7 +187,7 @@ class _PatchState:
             return
         if message is None:  # a run of the history's own messages
             if pending:
-                replaced[index] = [*pending, source[index]]
+                self._set(index, [*pending, source[index]])
                 pending.clear()
             if order and order[-1][1] == index:
                 order[-1][1] = end
@@ -176,28 +197,38 @@ class _PatchState:
         held = replaced.get(index)
         if held is not None and order and order[-1][1] == index + 1:
             held.extend((*pending, message))
+            keys = self.keys
+            place = len(keys) - 1 if keys[-1] == index else keys.index(index)
+            self.fresh = min(self.fresh, place)
         else:
             if order and order[-1][1] == index:
                 order[-1][1] = index + 1
             else:
                 order.append([index, index + 1])
             if pending or message is not source[index]:
-                replaced[index] = [*pending, message]
+                self._set(index, [*pending, message])
         pending.clear()
 
     def patch(self, source: list[Message]) -> dict[str, Any] | None:
         """The patch so far, in lists of its own (this state goes on changing)."""
-        order, replaced = self.order, self.replaced
-        overrides: list[list[Any]] = [
-            [index, held[0] if len(held) == 1 else list(held)] for index, held in replaced.items()
-        ]
+        order, replaced, keys, items = self.order, self.replaced, self.keys, self.items
+        del items[self.fresh :]
+        for index in keys[len(items) :]:
+            held = replaced[index]
+            items.append([index, held[0] if len(held) == 1 else list(held)])
+        self.fresh = len(items)
+        overrides = list(items)
         if self.pending:  # messages added after the last one of the history
             if not order:
                 return None
             last = order[-1][1] - 1
-            if last in replaced:
-                overrides = [item for item in overrides if item[0] != last]
-            overrides.append([last, [*replaced.get(last, [source[last]]), *self.pending]])
+            added = [last, [*replaced.get(last, [source[last]]), *self.pending]]
+            if keys and keys[-1] == last:
+                overrides[-1] = added
+            else:
+                if last in replaced:
+                    overrides = [item for item in overrides if item[0] != last]
+                overrides.append(added)
         runs = [list(run) for run in order]
         return {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
 
@@ -211,6 +242,9 @@ class MappedHistory:
 
     __slots__ = (
         "_last",
+        "_marks",
+        "_new_marks",
+        "_out",
         "_patch_state",
         "_rebuilds",
         "_resumed",
@@ -236,12 +270,15 @@ class MappedHistory:
         # id(changed internal view message) -> (it, its rebuilt messages): a view built
         # on the last one shares its changed messages, so they are rebuilt once.
         self._rebuilds: dict[int, tuple[Message, list[tuple[int | None, Message]]]] = {}
-        # The last view's pieces, for the next view that starts with the same messages:
-        # (range start, the view, its pieces before the last flush, marks), a mark being
-        # (view position, pieces so far, kept-out messages out so far) where a piece begins.
-        self._last: tuple[int, list[Message], list[Any], list[tuple[int, int, int]], int] | None = (
-            None
-        )
+        # The last view, for the next view that starts with the same messages: (range
+        # start, a copy of the view, how many of ``_out`` came before the last flush,
+        # serial, the view list itself). ``_out`` holds its pieces and ``_marks`` its marks,
+        # a mark being (view position, pieces so far, kept-out messages out so far) where a
+        # piece begins; both are cut back and extended by the next view, not copied.
+        self._last: tuple[int, list[Message], int, int, Sequence[Message]] | None = None
+        self._out: list[tuple[int | None, Message | None, int]] = []
+        self._marks: list[tuple[int, int, int]] = []
+        self._new_marks = 0  # _marks[_new_marks:] were made by the last view
         self._serial = 0  # of the last pieces made
         self._resumed: tuple[int, int] | None = None  # (serial, pieces kept) of the last resume
         self._patch_state: tuple[int, _PatchState, dict[int, Any]] | None = None
@@ -263,18 +300,17 @@ class MappedHistory:
         held = self.source
         limit = min(len(held), len(messages))
         skip = min(unchanged, limit)
-        # The first message that is not the same object (a C-speed scan), then equal ones.
-        common = skip + next(
-            itertools.compress(
-                itertools.count(),
-                map(
-                    operator.is_not,
-                    itertools.islice(held, skip, None),
-                    itertools.islice(messages, skip, None),
+        # The first message that is not the same object (a C-speed scan over slices:
+        # islice would step over the skipped prefix one by one), then equal ones.
+        common = skip
+        if skip < limit:
+            common += next(
+                itertools.compress(
+                    itertools.count(),
+                    map(operator.is_not, held[skip:limit], messages[skip:limit]),
                 ),
-            ),
-            limit - skip,
-        )
+                limit - skip,
+            )
         while common < limit:
             mine, theirs = held[common], messages[common]
             if mine is not theirs:
@@ -401,8 +437,9 @@ class MappedHistory:
         source = self.source
         pieces = self._pieces(view, deleted_range, missing_result)
         assert self._last is not None
-        serial, cached = self._last[4], len(self._last[2])
-        marks = {mark[1] for mark in self._last[3]}
+        serial, cached = self._last[3], self._last[2]
+        # Snapshots are taken where pieces of this view begin (older marks have theirs).
+        marks = {mark[1] for mark in self._marks[self._new_marks :]}
         state = _PatchState()
         first = 0
         resumed = self._resumed
@@ -440,10 +477,8 @@ class MappedHistory:
         count = len(internal)
         start = keep_from(deleted_range) if count >= 2 else count
         spans = [(0, count)] if count < 2 else [(0, 2), (start, count)]
-        kept: list[Message] = [*internal[:2], *internal[start:]] if count >= 2 else list(internal)
-        if len(kept) != len(view):
+        if len(view) != (count if count < 2 else 2 + count - start):
             raise ValueError(f"a view of {len(view)} messages is not one of this history")
-        changed = list(itertools.compress(range(len(view)), map(operator.is_not, view, kept)))
         source = self.source
         systems = self.systems
         members = self.members
@@ -451,26 +486,46 @@ class MappedHistory:
         rebuilds = self._rebuilds
         if len(rebuilds) > 2 * count + 64:
             rebuilds.clear()  # rebuilt messages of views long gone
-        out: list[tuple[int | None, Message | None, int]] = []
         waiting = 0  # systems[:waiting] are out
-        marks: list[tuple[int, int, int]] = []
         resume = 0  # view position to start from
         last = self._last
         self._resumed = None
+        out = self._out
+        marks = self._marks
+        resumed = False
         if last is not None and last[0] == start:
             previous = last[1]
-            same = next(
-                itertools.compress(itertools.count(), map(operator.is_not, previous, view)),
-                min(len(previous), len(view)),
-            )
-            # The last piece that began at or before the first changed position.
-            for mark in reversed(last[3]):
-                if mark[0] <= same:
-                    resume, kept_pieces, waiting = mark
-                    out = last[2][:kept_pieces]
-                    marks = last[3][: bisect.bisect_left(last[3], (resume,))]
-                    self._resumed = (last[4], kept_pieces)
-                    break
+            seam = internal.view_seam
+            if seam is not None and seam[1] is view and seam[0] is last[4]:
+                # The engine built this view on the last one: its first messages are that one's.
+                same = min(seam[2], len(previous), len(view))
+            else:
+                same = next(
+                    itertools.compress(itertools.count(), map(operator.is_not, previous, view)),
+                    min(len(previous), len(view)),
+                )
+            # The last piece that began at or before the first changed position (marks
+            # are in view order, one per position; no mark's other fields reach these).
+            at = bisect.bisect_right(marks, (same, len(out) + 1, len(systems) + 1)) - 1
+            if at >= 0:
+                resume, kept_pieces, waiting = marks[at]
+                del out[kept_pieces:]
+                del marks[at:]
+                self._resumed = (last[3], kept_pieces)
+                resumed = True
+        if not resumed:
+            out = self._out = []
+            marks = self._marks = []
+        self._new_marks = len(marks)
+        # View positions from ``resume`` on that are not the internal message kept there.
+        if resume >= 2 and count >= 2:
+            kept: Sequence[Message] = internal[resume - 2 + start :]
+        else:
+            kept = [*internal[:2], *internal[start:]] if count >= 2 else internal
+            kept = kept[resume:]
+        changed = list(
+            itertools.compress(itertools.count(resume), map(operator.is_not, view[resume:], kept))
+        )
 
         def flush(before: int) -> None:
             nonlocal waiting
@@ -524,7 +579,7 @@ class MappedHistory:
                 k = stop
             offset += high - low
         self._serial += 1
-        self._last = (start, list(view), list(out), marks, self._serial)
+        self._last = (start, list(view), len(out), self._serial, view)
         if waiting < len(systems) and view:
             # The history ends with kept-out messages after a call: no longer the newest
             # message, the call is answered, before them, like any other call.

@@ -144,7 +144,7 @@ class KnownPairs(list[Message]):
     range or the overlay changed, instead of every pair.
     """
 
-    __slots__ = ("clean_until", "facts", "repairs", "strict", "view_cache")
+    __slots__ = ("clean_until", "facts", "repairs", "strict", "view_cache", "view_seam")
 
     def __init__(self, messages: Sequence[Message] = (), strict: bool = False) -> None:
         super().__init__(messages)
@@ -155,6 +155,9 @@ class KnownPairs(list[Message]):
         # from ``clean_until`` on changed since (History lowers it on every change).
         self.view_cache: tuple[tuple[Any, ...], list[Message]] | None = None
         self.clean_until = 0
+        # (the view returned before, the view returned last, how many first messages of
+        # the last are that one's own): where a view mapped on from the last one resumes.
+        self.view_seam: tuple[list[Message], list[Message], int] | None = None
 
     def changed_from(self, index: int) -> None:
         """Note that messages from ``index`` on were replaced, cut or appended."""
@@ -200,15 +203,20 @@ def _cached_view(
     key = (start, overlay, overlay.version, notices)
     cached = messages.view_cache
     first = messages.clean_until
+    same = 0
     if cached is not None and cached[0] == key and first > start + 1:
         seam = first - start + 2  # view position of history index ``first``
         view = [*cached[1][:seam], *messages[first:]]
         _finish_view(messages, view, start, first, {seam - 1}, overlay, notices)
+        same = seam  # _finish_view changed positions from ``seam`` on only
     else:
         view = _build_view(messages, start, overlay, notices)
     messages.view_cache = (key, view)
     messages.clean_until = len(messages)
-    return list(view)
+    out = list(view)
+    returned = messages.view_seam
+    messages.view_seam = (returned[1] if returned is not None else [], out, same)
+    return out
 
 
 def _build_view(
