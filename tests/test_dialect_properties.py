@@ -51,6 +51,7 @@ class Run:
         self.state = TaskState(reads=reads)
         self.history = MappedHistory(DIALECTS[dialect])
         self.ts = 0
+        self.internal_view: list[dict[str, Any]] = []  # the engine's view of the last op
 
     def op(self, name: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.ts += 1
@@ -78,6 +79,7 @@ class Run:
             patched = None if patch is None else apply_view_patch(messages, patch)
         mapped = history.view(view, self.state.deleted_range)
         assert patched is None or patched == mapped
+        self.internal_view = view
         return mapped
 
 
@@ -99,8 +101,8 @@ def check_view(run: Run, messages: list[dict[str, Any]], view: list[dict[str, An
     if history.members and 0 not in run.state.overlay:
         assert id(messages[history.members[0][0]]) in held
     # Internal messages the engine did not touch come back as the caller's own objects.
-    internal_view = run.state.truncated_messages(history.internal)
-    for message in internal_view:
+    # (The op's own view: building another would make the next op's view start afresh.)
+    for message in run.internal_view:
         if any(message is m for m in history.internal):
             index = next(i for i, m in enumerate(history.internal) if m is message)
             for member in history.members[index]:
@@ -180,3 +182,32 @@ def test_a_conversation_cuts_as_its_cline_translation_does(
         else:
             state.optimize_file_reads(prefix, ts)
         assert state.deleted_range == run.state.deleted_range
+
+
+@pytest.mark.parametrize("dialect", DIALECT_NAMES)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=conversations(), every=st.integers(3, 9))
+def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
+    dialect: str, turns: list[Turn], every: int
+) -> None:
+    """A history growing one message a turn, cut now and then: each view (and its patch)
+    resumed from the last one is the view a fresh mapping of that history gives."""
+    messages = RENDER[dialect](turns)
+    state = TaskState(reads=DEFAULT_READ_RULES)
+    history = MappedHistory(DIALECTS[dialect])
+    for end in range(1, len(messages) + 1):
+        prefix = messages[:end]
+        history.sync(prefix, end - 1)
+        if end % every == 1:
+            state.optimize_file_reads(history.internal, end)
+        previous = {**OVER, "ts": end} if end % every == 0 else None
+        view = state.prepare_request(history.internal, previous, MODEL).messages
+        if end % 2:
+            patch = history.patch(view, state.deleted_range)
+            mapped = history.view(view, state.deleted_range)
+        else:
+            mapped = history.view(view, state.deleted_range)
+            patch = history.patch(view, state.deleted_range)
+        fresh = MappedHistory(DIALECTS[dialect], prefix)
+        assert mapped == fresh.view(state.truncated_messages(fresh.internal), state.deleted_range)
+        assert patch is None or mapped == apply_view_patch(prefix, patch)

@@ -493,12 +493,17 @@ class MappedHistory:
         out = self._out
         marks = self._marks
         resumed = False
+        scan = 0  # view positions from here on are compared with the internal messages
         if last is not None and last[0] == start:
             previous = last[1]
             seam = internal.view_seam
             if seam is not None and seam[1] is view and seam[0] is last[4]:
                 # The engine built this view on the last one: its first messages are that one's.
                 same = min(seam[2], len(previous), len(view))
+                # And the internal messages before the seam are the same objects too
+                # (a sync lowers the seam to its first changed message): positions
+                # before it that were no changed ones are none now.
+                scan = same
             else:
                 same = next(
                     itertools.compress(itertools.count(), map(operator.is_not, previous, view)),
@@ -516,16 +521,24 @@ class MappedHistory:
         if not resumed:
             out = self._out = []
             marks = self._marks = []
+        # The last mark at or before ``same`` begins a run going past ``same`` or a
+        # changed message followed by no other mark: no changed position after it and
+        # before ``same``.
+        scan = max(scan, resume + 1) if resumed else 0
         self._new_marks = len(marks)
         # View positions from ``resume`` on that are not the internal message kept there.
-        if resume >= 2 and count >= 2:
-            kept: Sequence[Message] = internal[resume - 2 + start :]
+        if scan >= 2 and count >= 2:
+            kept: Sequence[Message] = internal[scan - 2 + start :]
         else:
             kept = [*internal[:2], *internal[start:]] if count >= 2 else internal
-            kept = kept[resume:]
+            kept = kept[scan:]
         changed = list(
-            itertools.compress(itertools.count(resume), map(operator.is_not, view[resume:], kept))
+            itertools.compress(itertools.count(scan), map(operator.is_not, view[scan:], kept))
         )
+        if resume < scan and resume < len(view):
+            kept_at = internal[resume] if resume < 2 else internal[resume - 2 + start]
+            if view[resume] is not kept_at:
+                changed.insert(0, resume)
 
         def flush(before: int) -> None:
             nonlocal waiting
