@@ -26,8 +26,7 @@ import bisect
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._blocks import Block, Message
 from ._notices import DEFAULT_NOTICES
@@ -45,9 +44,8 @@ class DialectError(ValueError):
     """A history the task's dialect cannot carry; the message names the place (``messages[3]``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Mapped:
-    """One message of a dialect in the internal form.
+class Mapped(NamedTuple):
+    """One message of a dialect in the internal form (a tuple: made for every message).
 
     Attributes:
         role: ``user`` or ``assistant``; None for a kept-out message (system).
