@@ -176,6 +176,19 @@ def test_count_tokens_of_a_dialect_counts_calls_results_and_system_messages(
     assert sum(client.count_tokens(text=part)["tokens"] for part in parts) == total
 
 
+def test_a_views_estimate_counts_the_system_messages_sent_with_it(client: Client) -> None:
+    """prepare_request's estimate of an uncut Chat view equals count_tokens of the same list."""
+    messages = [{"role": "system", "content": "Follow the house rules. " * 400}, *CHAT[1:]]
+    task = client.task("estimate-systems", dialect="openai-chat", ephemeral=True)
+    model = {"id": "gpt-4.1", "context_window": 128_000}
+    prepared = task.prepare_request(messages, model, estimate=True)
+    assert messages == prepared["messages"]
+    counted = client.count_tokens(messages, dialect="openai-chat")["tokens"]
+    system = client.count_tokens(text=messages[0]["content"])["tokens"]
+    assert system > 2000
+    assert counted == prepared["estimated_tokens"]
+
+
 def _result_ids(message: dict[str, Any]) -> list[str]:
     if message.get("role") == "tool":
         return [message["tool_call_id"]]

@@ -38,6 +38,8 @@ class Budgeting:
             the request when it would not fit.
         target: fraction of ``max_allowed_size`` that ``fit`` aims for, leaving
             room for the next turns so that a fit is not redone every turn.
+        fixed: raw tokens sent with every view besides its messages (a native
+            dialect's system and developer messages, never cut).
     """
 
     count: Counter
@@ -45,14 +47,15 @@ class Budgeting:
     strategy: Strategy = "default"
     proactive: bool = False
     target: float = DEFAULT_FIT_TARGET
+    fixed: int = 0
 
     def tokens(self, message: Message) -> int:
         """Calibrated tokens of one message."""
         return round(self.count(message) * self.ratio)
 
     def view_tokens(self, view: Sequence[Message]) -> int:
-        """Calibrated tokens of a whole view."""
-        return round(sum(self.count(message) for message in view) * self.ratio)
+        """Calibrated tokens of a whole view, with what is sent beside it (``fixed``)."""
+        return round((sum(self.count(message) for message in view) + self.fixed) * self.ratio)
 
 
 def largest_messages(
@@ -101,7 +104,7 @@ def fit_range(
 
     start = keep_from(deleted_range)
     kept = [tokens_at(index) for index in range(start, len(messages))]
-    remaining = tokens_at(0) + tokens_at(1) + sum(kept)
+    remaining = round(budgeting.fixed * budgeting.ratio) + tokens_at(0) + tokens_at(1) + sum(kept)
     if remaining <= budget:
         return current, True
     best: list[int] | None = None
