@@ -103,7 +103,7 @@ def _open_file_reads() -> list[dict[str, Any]]:
     return messages
 
 
-def _first_read(view: list[dict[str, Any]]) -> Any:
+def _first_read(view: list[Any]) -> Any:
     return view[3]["content"][0]["content"]
 
 
@@ -128,7 +128,7 @@ def test_a_task_names_its_own_read_tools_and_keeps_them_across_restarts(tmp_path
         reread = [*messages, *_open_file_reads()[2:4]]  # a third read of the same file
         reread[-2]["content"][0]["id"] = reread[-1]["content"][0]["tool_use_id"] = "c"
         assert again.optimize_file_reads(reread)["changed"]
-        view = again.truncated_messages(reread)["messages"]
+        view: list[Any] = again.truncated_messages(reread)["messages"]
         assert notice == view[5]["content"][0]["content"]  # the second read, now stale too
 
 
@@ -180,7 +180,7 @@ def test_a_views_estimate_counts_the_system_messages_sent_with_it(client: Client
     """prepare_request's estimate of an uncut Chat view equals count_tokens of the same list."""
     messages = [{"role": "system", "content": "Follow the house rules. " * 400}, *CHAT[1:]]
     task = client.task("estimate-systems", dialect="openai-chat", ephemeral=True)
-    model = {"id": "gpt-4.1", "context_window": 128_000}
+    model: proto.Model = {"id": "gpt-4.1", "context_window": 128_000}
     prepared = task.prepare_request(messages, model, estimate=True)
     assert messages == prepared["messages"]
     counted = client.count_tokens(messages, dialect="openai-chat")["tokens"]
