@@ -100,12 +100,15 @@ def fit_range(
     def tokens_at(index: int) -> int:
         entry = overlay.get(index)
         message = messages[index] if entry is None else apply_overlay(messages[index], entry)
-        return budgeting.tokens(message)
+        return budgeting.count(message)
 
+    # Raw counts summed, calibrated once: rounding each message would let a view
+    # whose calibrated total is over the budget by a fraction pass as fitting.
+    ratio = budgeting.ratio
     start = keep_from(deleted_range)
     kept = [tokens_at(index) for index in range(start, len(messages))]
-    remaining = round(budgeting.fixed * budgeting.ratio) + tokens_at(0) + tokens_at(1) + sum(kept)
-    if remaining <= budget:
+    remaining = budgeting.fixed + tokens_at(0) + tokens_at(1) + sum(kept)
+    if remaining * ratio <= budget:
         return current, True
     best: list[int] | None = None
     for end in range(start, len(messages) - 1):
@@ -113,7 +116,7 @@ def fit_range(
         if messages[end].get("role") != "assistant" or messages[end + 1].get("role") != "user":
             continue
         best = [2, end]
-        if remaining <= budget:
+        if remaining * ratio <= budget:
             return best, True
     return (best or current), False
 
