@@ -132,6 +132,22 @@ def test_a_task_names_its_own_read_tools_and_keeps_them_across_restarts(tmp_path
         assert notice == view[5]["content"][0]["content"]  # the second read, now stale too
 
 
+def test_stored_read_tools_that_no_longer_build_are_kept_and_not_used(tmp_path: Path) -> None:
+    """A ctxwin.json whose read tools do not build: the task is served, the tools are kept."""
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as first:
+        first.task("reads-stale", dialect="anthropic", read_tools=OPEN_FILE).inspect()
+        first.flush("reads-stale")
+    meta_path = daemon.task_dir("reads-stale") / "ctxwin.json"
+    meta = json.loads(meta_path.read_text())
+    meta["read_tools"] = [{"name": "open_file", "arg": "filename", "pattern": "("}]
+    meta_path.write_text(json.dumps(meta))
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as second:
+        task = second.task("reads-stale", dialect="anthropic")
+        assert not task.optimize_file_reads(_open_file_reads())["changed"]
+        assert meta["read_tools"] == task.inspect()["read_tools"]
+        assert "stored_read_tools_unused" in daemon.log()
+
+
 def test_read_tools_that_cannot_be_used_are_refused_by_name(client: Client) -> None:
     """A malformed tool, a pattern without a path group, or a Cline task: a clear bad_request."""
     task = client.task("reads-bad", dialect="anthropic")
