@@ -5,7 +5,7 @@ PROTOCOL_VERSION = 1
 
 __version__ = "0.1.0"
 
-FEATURES = ("delta", "view_patch", "budgeting", "plan", "fleet", "dialects")
+FEATURES = ("delta", "view_patch", "budgeting", "plan", "fleet", "dialects", "read_tools")
 """Optional parts of protocol version 1 this version implements, named in ``ping``.
 
 ``delta``: ops that take ``messages`` also take ``base``/``base_digest``/``append``;
@@ -14,5 +14,6 @@ FEATURES = ("delta", "view_patch", "budgeting", "plan", "fleet", "dialects")
 calibrate estimates; ``plan``: the ``plan`` op; ``fleet``: a task is served by
 one daemon at a time, and another answers ``owned_elsewhere`` naming its ``owner``;
 ``dialects``: task ops and ``count_tokens`` take ``dialect`` (``ping`` lists them,
-docs/DIALECTS.md).
+docs/DIALECTS.md); ``read_tools``: task ops take ``read_tools``, the tools
+whose calls read a file in that task, besides the daemon's table.
 """
