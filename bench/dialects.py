@@ -22,7 +22,13 @@ sync, views as patches rebuilt on the caller's list); a sample is then one
 ``prepare_request`` call from the client's side. Dialects take turns by
 round, so each round's figures share the machine's state.
 
-Usage: ``.venv/bin/python -m bench.dialects [--turns 700] [--repeat 3] [--wire] [--json]``.
+With ``--parts`` (in-process) the median of each step of a turn is shown
+too: ``apply`` (the delta applied to the kept history), ``sync`` (the
+mapped history takes the new messages; none for Cline), ``prepare``
+(``prepare_request`` on the internal form) and ``patch``.
+
+Usage: ``.venv/bin/python -m bench.dialects [--turns 700] [--repeat 3] [--wire] [--parts]
+[--json]``.
 """
 
 from __future__ import annotations
@@ -88,8 +94,17 @@ def _turn_ends(messages: list[dict[str, Any]], dialect: str) -> list[int]:
     ]
 
 
-def replay(dialect: str, turns: list[Turn]) -> list[tuple[int, float]]:
-    """``(history length, seconds)`` of each turn of one replay."""
+PARTS = ("apply", "sync", "prepare", "patch")
+"""The steps of an in-process turn, as ``--parts`` reports them."""
+
+
+def replay(
+    dialect: str, turns: list[Turn], parts: dict[str, list[float]] | None = None
+) -> list[tuple[int, float]]:
+    """``(history length, seconds)`` of each turn of one replay.
+
+    ``parts``: gets the seconds of each step of each turn added, by step name.
+    """
     messages = render_cline(turns) if dialect == "cline" else RENDER[dialect](turns)
     ends = _turn_ends(messages, dialect)
     cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
@@ -104,14 +119,23 @@ def replay(dialect: str, turns: list[Turn]) -> list[tuple[int, float]]:
         previous = {**OVER, "ts": end} if end in cuts else None
         started = time.perf_counter()
         history.apply(sent, history.digest, messages[sent:end])
+        applied = synced = time.perf_counter()
         if mapped is None:
             view = state.prepare_request(history.messages, previous, MODEL).messages
+            prepared = time.perf_counter()
             view_patch(view, history.messages, state.deleted_range)
         else:
             mapped.sync(history.messages, sent)
+            synced = time.perf_counter()
             view = state.prepare_request(mapped.internal, previous, MODEL).messages
+            prepared = time.perf_counter()
             mapped.patch(view, state.deleted_range)
-        samples.append((end, time.perf_counter() - started))
+        done = time.perf_counter()
+        samples.append((end, done - started))
+        if parts is not None:
+            steps = (applied - started, synced - applied, prepared - synced, done - prepared)
+            for name, seconds in zip(PARTS, steps, strict=True):
+                parts.setdefault(name, []).append(seconds)
         sent = end
     return samples
 
@@ -140,12 +164,16 @@ def replay_wire(
 
 
 def measure(repeat: int, turns: list[Turn], client: Any) -> dict[str, dict[str, float]]:
-    """Every dialect's figures over ``repeat`` rounds (each round replays every dialect once)."""
+    """Every dialect's figures over ``repeat`` rounds (each round replays every dialect once).
+
+    In-process, each step's median over all turns too (``<step>_ms``).
+    """
     runs: dict[str, list[list[tuple[int, float]]]] = {}
+    steps: dict[str, dict[str, list[float]]] = {}
     for round_ in range(repeat):
         for dialect in ("cline", *sorted(DIALECTS)):
             if client is None:
-                samples = replay(dialect, turns)
+                samples = replay(dialect, turns, steps.setdefault(dialect, {}))
             else:
                 samples = replay_wire(client, dialect, turns, round_)
             runs.setdefault(dialect, []).append(samples)
@@ -159,6 +187,8 @@ def measure(repeat: int, turns: list[Turn], client: Any) -> dict[str, dict[str, 
             "median_ms": statistics.median(every) * 1000,
             "tail_median_ms": statistics.median(tail) * 1000,
         }
+        for name, seconds in steps.get(dialect, {}).items():
+            results[dialect][f"{name}_ms"] = statistics.median(seconds) * 1000
     base = results["cline"]
     for figures in results.values():
         figures["ratio"] = figures["median_ms"] / base["median_ms"]
@@ -172,6 +202,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--wire", action="store_true", help="through a real ctxwind over ipc")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--parts", action="store_true", help="in-process: each step's median too (apply, ...)"
+    )
     args = parser.parse_args()
     turns = conversation(args.turns)
     with contextlib.ExitStack() as stack:
@@ -184,12 +217,18 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"{'dialect':18} {'messages':>8} {'median':>10} {'@90%':>10} {'ratio':>6} {'@90%':>6}")
+    parts = args.parts and not args.wire
+    heads = "".join(f" {name:>8}" for name in PARTS) if parts else ""
+    print(
+        f"{'dialect':18} {'messages':>8} {'median':>10} {'@90%':>10} {'ratio':>6} {'@90%':>6}"
+        + heads
+    )
     for dialect, figures in results.items():
+        row = "".join(f" {figures[f'{name}_ms'] * 1000:6.1f}us" for name in PARTS) if parts else ""
         print(
             f"{dialect:18} {figures['messages']:8.0f} {figures['median_ms']:8.3f}ms "
             f"{figures['tail_median_ms']:8.3f}ms {figures['ratio']:6.2f} "
-            f"{figures['tail_ratio']:6.2f}"
+            f"{figures['tail_ratio']:6.2f}" + row
         )
 
 
