@@ -78,6 +78,30 @@ def conversation(turns: int, seed: int = 7) -> list[Turn]:
     return out
 
 
+def render_cline_reads(turns: list[Turn]) -> list[dict[str, Any]]:
+    """The conversation in the Cline dialect, its reads in Cline's own form.
+
+    Cline recognises a read by the ``[read_file for '<path>'] Result:`` header
+    of the first block of a user message (SPEC.md §6): the first result of a
+    message that answers a ``Read`` gets it, so that the Cline replay has
+    duplicate reads to optimise too.
+    """
+    paths = {
+        call.id: call.args["file_path"]
+        for turn in turns
+        for call in turn.calls
+        if call.name == "Read"
+    }
+    messages = render_cline(turns)
+    for message in messages:
+        first = message["content"][0]
+        path = paths.get(first.get("tool_use_id", "")) if message["role"] == "user" else None
+        if path is not None:
+            text = f"[read_file for '{path}'] Result:\n{first['content'][0]['text']}"
+            message["content"][0] = {**first, "content": [{"type": "text", "text": text}]}
+    return messages
+
+
 def _turn_ends(messages: list[dict[str, Any]], dialect: str) -> list[int]:
     """Where a request is made: after each message of the user's side followed by the model."""
 
@@ -105,7 +129,7 @@ def replay(
 
     ``parts``: gets the seconds of each step of each turn added, by step name.
     """
-    messages = render_cline(turns) if dialect == "cline" else RENDER[dialect](turns)
+    messages = render_cline_reads(turns) if dialect == "cline" else RENDER[dialect](turns)
     ends = _turn_ends(messages, dialect)
     cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
     history = History()
@@ -144,7 +168,7 @@ def replay_wire(
     client: Any, dialect: str, turns: list[Turn], serial: int
 ) -> list[tuple[int, float]]:
     """``(history length, seconds)`` of each turn, through the daemon."""
-    messages = render_cline(turns) if dialect == "cline" else RENDER[dialect](turns)
+    messages = render_cline_reads(turns) if dialect == "cline" else RENDER[dialect](turns)
     ends = _turn_ends(messages, dialect)
     cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
     native = dialect != "cline"
