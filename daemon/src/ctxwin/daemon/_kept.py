@@ -101,18 +101,17 @@ class KeptHistory:
             assert history is not None
             return self._dialect_result(state, op, args, result, mapped, history)
         view_form = args.get("view")
-        if view_form in _PATCH_VIEWS and history is not None:
-            if "messages" in result:
-                patch = self.view_patch(
-                    result["messages"],
-                    history,
-                    state.deleted_range,
-                    args.get("patch_base"),
-                    prepend=view_form == "patch_prepend",
-                )
-                if patch is not None:
-                    del result["messages"]
-                    result["patch"] = patch
+        if view_form in _PATCH_VIEWS and history is not None and "messages" in result:
+            patch = self.view_patch(
+                result["messages"],
+                history,
+                state.deleted_range,
+                args.get("patch_base"),
+                prepend=view_form == "patch_prepend",
+            )
+            if patch is not None:
+                del result["messages"]
+                result["patch"] = patch
         return result
 
     def view_patch(
