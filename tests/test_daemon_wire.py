@@ -131,6 +131,7 @@ def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
             "plan",
             "fleet",
             "dialects",
+            "read_tools",
         ],
         "dialects": ["cline", "openai-chat", "anthropic", "openai-responses", "gemini"],
     }

@@ -72,6 +72,96 @@ def test_a_dialect_is_fixed_at_first_use_and_kept_across_restarts(tmp_path: Path
         assert CHAT == again.truncated_messages(CHAT)["messages"]
 
 
+OPEN_FILE = [{"name": "open_file", "arg": "filename"}]
+
+
+def _open_file_reads() -> list[dict[str, Any]]:
+    """The task, then the same file read twice by a tool the daemon's table does not know."""
+    body = "def f():\n    return 1\n" * 200
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    for call in ("a", "b"):
+        messages += [
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": call,
+                        "name": "open_file",
+                        "input": {"filename": "src/x.py"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call, "content": body}],
+            },
+        ]
+    return messages
+
+
+def _first_read(view: list[Any]) -> Any:
+    return view[3]["content"][0]["content"]
+
+
+def test_a_task_names_its_own_read_tools_and_keeps_them_across_restarts(tmp_path: Path) -> None:
+    """read_tools extends a task's read table, is stored in ctxwin.json and outlives the daemon."""
+    messages = _open_file_reads()
+    notice = engine.DEFAULT_NOTICES.duplicate_file_read
+    with DaemonProcess(tmp_path) as daemon:
+        with Client(daemon.endpoint) as first:
+            plain = first.task("reads-default", dialect="anthropic")
+            assert not plain.optimize_file_reads(messages)["changed"]
+            own = first.task("reads-own", dialect="anthropic", read_tools=OPEN_FILE)
+            assert own.optimize_file_reads(messages)["changed"]
+            assert notice == _first_read(own.truncated_messages(messages)["messages"])
+            assert OPEN_FILE == own.inspect()["read_tools"]
+            first.flush("reads-own")
+        meta = json.loads((daemon.task_dir("reads-own") / "ctxwin.json").read_text())
+        assert OPEN_FILE == meta["read_tools"]
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as second:
+        again = second.task("reads-own", dialect="anthropic")  # no read_tools given: the stored
+        assert OPEN_FILE == again.inspect()["read_tools"]
+        reread = [*messages, *_open_file_reads()[2:4]]  # a third read of the same file
+        reread[-2]["content"][0]["id"] = reread[-1]["content"][0]["tool_use_id"] = "c"
+        assert again.optimize_file_reads(reread)["changed"]
+        view: list[Any] = again.truncated_messages(reread)["messages"]
+        assert notice == view[5]["content"][0]["content"]  # the second read, now stale too
+
+
+def test_stored_read_tools_that_no_longer_build_are_kept_and_not_used(tmp_path: Path) -> None:
+    """A ctxwin.json whose read tools do not build: the task is served, the tools are kept."""
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as first:
+        first.task("reads-stale", dialect="anthropic", read_tools=OPEN_FILE).inspect()
+        first.flush("reads-stale")
+    meta_path = daemon.task_dir("reads-stale") / "ctxwin.json"
+    meta = json.loads(meta_path.read_text())
+    meta["read_tools"] = [{"name": "open_file", "arg": "filename", "pattern": "("}]
+    meta_path.write_text(json.dumps(meta))
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as second:
+        task = second.task("reads-stale", dialect="anthropic")
+        assert not task.optimize_file_reads(_open_file_reads())["changed"]
+        assert meta["read_tools"] == task.inspect()["read_tools"]
+        assert "stored_read_tools_unused" in daemon.log()
+
+
+def test_read_tools_that_cannot_be_used_are_refused_by_name(client: Client) -> None:
+    """A malformed tool, a pattern without a path group, or a Cline task: a clear bad_request."""
+    task = client.task("reads-bad", dialect="anthropic")
+    with pytest.raises(BadRequestError, match=r"read_tools\[1\]: a read tool needs"):
+        task.inspect(read_tools=[*OPEN_FILE, {"name": "x"}])
+    with pytest.raises(BadRequestError, match=r"read_tools\[0\]: .*group named 'path'"):
+        task.inspect(read_tools=[{"name": "sh", "arg": "cmd", "pattern": "cat .*"}])
+    with pytest.raises(BadRequestError, match=r"read_tools\[0\] must be a map"):
+        task.inspect(read_tools=["open_file"])  # type: ignore[list-item]
+    with pytest.raises(BadRequestError, match="read_tools applies to the native dialects"):
+        client.task("reads-cline", read_tools=OPEN_FILE).inspect()
+    assert [] == task.inspect()["read_tools"]  # nothing was taken from the refused calls
+
+
 def test_a_delta_synced_error_names_the_absolute_history_index(client: Client) -> None:
     """A bad message sent in a delta is named by its index in the history, not in the delta."""
     task = client.task("absolute", dialect="openai-chat")
@@ -100,6 +190,19 @@ def test_count_tokens_of_a_dialect_counts_calls_results_and_system_messages(
         "print(1)\n" * 50,
     ]
     assert sum(client.count_tokens(text=part)["tokens"] for part in parts) == total
+
+
+def test_a_views_estimate_counts_the_system_messages_sent_with_it(client: Client) -> None:
+    """prepare_request's estimate of an uncut Chat view equals count_tokens of the same list."""
+    messages = [{"role": "system", "content": "Follow the house rules. " * 400}, *CHAT[1:]]
+    task = client.task("estimate-systems", dialect="openai-chat", ephemeral=True)
+    model: proto.Model = {"id": "gpt-4.1", "context_window": 128_000}
+    prepared = task.prepare_request(messages, model, estimate=True)
+    assert messages == prepared["messages"]
+    counted = client.count_tokens(messages, dialect="openai-chat")["tokens"]
+    system = client.count_tokens(text=messages[0]["content"])["tokens"]
+    assert system > 2000
+    assert counted == prepared["estimated_tokens"]
 
 
 def _result_ids(message: dict[str, Any]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ctxwin.engine import (
@@ -42,6 +42,8 @@ def fits(state: TaskState, messages: list[dict[str, Any]], budget: float, scale:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(10, 9000), min_size=6, max_size=60), st.integers(0, 80_000))
+# Over the target by a third of a token once calibrated: per-message rounding let it pass.
+@example([133, 10, 10, 10, 10, 8604, *[10] * 8, 8049, 9000], 6789)
 def test_fit_removes_no_more_turns_than_half_and_fits(sizes: list[int], extra: int) -> None:
     """Where half's result fits the target, fit cuts no more and its result fits too.
 

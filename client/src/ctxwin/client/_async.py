@@ -129,6 +129,7 @@ class AsyncClient:
         ephemeral: bool = False,
         delta: bool = True,
         dialect: str | None = None,
+        read_tools: _ops.ReadTools | None = None,
     ) -> AsyncTask:
         """A handle bound to one task id.
 
@@ -137,9 +138,18 @@ class AsyncClient:
             ephemeral: keep the task in the daemon's memory only (subagent runners).
             dialect: the task's message dialect (``openai-chat``, ``anthropic``,
                 ``openai-responses``, ``gemini``; None: ``cline``), fixed at first use.
+            read_tools: the task's own read tools besides the daemon's table
+                (``{"name", "arg", "when"?, "pattern"?}`` maps; native dialects only).
             delta: sync the history by delta (send what each turn adds).
         """
-        return AsyncTask(self, task_id, ephemeral=ephemeral, delta=delta, dialect=dialect)
+        return AsyncTask(
+            self,
+            task_id,
+            ephemeral=ephemeral,
+            delta=delta,
+            dialect=dialect,
+            read_tools=read_tools,
+        )
 
     # Transport.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect as _inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from ctxwin import proto
@@ -55,6 +55,7 @@ __all__ = [
     "compact_subagent",
     "condensed",
     "context_window_info",
+    "copy_read_tools",
     "count_tokens",
     "flush",
     "inspect",
@@ -73,6 +74,18 @@ __all__ = [
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+ReadTools = Sequence[Mapping[str, Any]]
+"""A task's own read tools: ``{"name", "arg", "when"?, "pattern"?}`` maps (docs/DIALECTS.md)."""
+
+
+def copy_read_tools(tools: ReadTools | None) -> list[dict[str, Any]] | None:
+    # Copied, so that the caller's later edits do not reach a call in flight; what
+    # is not a map goes as it is, for the daemon to refuse by its position.
+    if tools is None:
+        return None
+    return [dict(tool) if isinstance(tool, Mapping) else tool for tool in tools]
 
 
 def _ts(ts: int | None) -> int:
@@ -105,6 +118,7 @@ def should_compact(
     messages: Messages | None = None,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[ShouldCompactResult]:
     """``should_compact``: whether the last request's usage calls for compaction."""
@@ -117,6 +131,7 @@ def should_compact(
         messages=None if messages is None else copy_messages(messages),
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -129,6 +144,7 @@ def task_should_compact(
     messages: Messages | None = None,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[ShouldCompactResult]:
     """``should_compact`` for a task: whether the last request's usage calls for compaction.
@@ -144,6 +160,7 @@ def task_should_compact(
         messages=messages,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=read_tools,
         timeout=timeout,
     )
 
@@ -177,6 +194,7 @@ def prepare_request(
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     strategy: Strategy | None = None,
     proactive: bool | None = None,
     estimate: bool | None = None,
@@ -197,6 +215,7 @@ def prepare_request(
         deleted_range=deleted_range,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
         strategy=strategy,
         proactive=proactive,
         estimate=estimate,
@@ -212,6 +231,7 @@ def plan(
     use_auto_condense: bool | None = None,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     strategy: Strategy | None = None,
     proactive: bool | None = None,
     timeout: float | None = None,
@@ -225,6 +245,7 @@ def plan(
         use_auto_condense=use_auto_condense,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
         strategy=strategy,
         proactive=proactive,
     )
@@ -237,6 +258,7 @@ def truncated_messages(
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[TruncatedMessagesResult]:
     """``truncated_messages``: the view under the task's range and overlay (SPEC.md §4)."""
@@ -247,6 +269,7 @@ def truncated_messages(
         deleted_range=deleted_range,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -258,6 +281,7 @@ def optimize_file_reads(
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[OptimizeFileReadsResult]:
     """``optimize_file_reads``: replace stale duplicate file reads (SPEC.md §6; ``ts``: now)."""
@@ -268,6 +292,7 @@ def optimize_file_reads(
         deleted_range=deleted_range,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -279,6 +304,7 @@ def optimize_file_reads_in_memory(
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[OptimizeFileReadsInMemoryResult]:
     """``optimize_file_reads_in_memory`` (SPEC.md §8; ``ts`` defaults to now)."""
@@ -289,6 +315,7 @@ def optimize_file_reads_in_memory(
         deleted_range=deleted_range,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -299,6 +326,7 @@ def compact_subagent(
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[CompactSubagentResult]:
     """``compact_subagent``: compact a subagent's conversation (SPEC.md §8)."""
@@ -309,6 +337,7 @@ def compact_subagent(
         deleted_range=deleted_range,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -320,6 +349,7 @@ def apply_truncation_notice(
     keep_task: bool | None = None,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[ApplyTruncationNoticeResult]:
     """``apply_truncation_notice`` (SPEC.md §5; ``ts`` defaults to now).
@@ -334,6 +364,7 @@ def apply_truncation_notice(
         keep_task=keep_task,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -346,6 +377,7 @@ def compact(
     keep_task: bool | None = None,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[CompactResult]:
     """``compact``: force a cut (``quarter`` after a context-window error) (SPEC.md §8).
@@ -360,6 +392,7 @@ def compact(
         keep_task=keep_task,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -369,6 +402,7 @@ def condensed(
     *,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[CondensedResult]:
     """``condensed``: hide the summary request and its turn (SPEC.md §8)."""
@@ -378,6 +412,7 @@ def condensed(
         timeout,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -388,6 +423,7 @@ def rollback(
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[RollbackResult]:
     """``rollback``: drop overlay updates newer than ``ts`` (SPEC.md §9)."""
@@ -398,6 +434,7 @@ def rollback(
         deleted_range=deleted_range,
         ephemeral=ephemeral,
         dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
     )
 
 
@@ -406,10 +443,18 @@ def inspect(
     *,
     ephemeral: bool | None = None,
     dialect: str | None = None,
+    read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[InspectResult]:
     """``inspect``: the task's overlay, range and dirty flag."""
-    return build("inspect", {"task": task}, timeout, ephemeral=ephemeral, dialect=dialect)
+    return build(
+        "inspect",
+        {"task": task},
+        timeout,
+        ephemeral=ephemeral,
+        dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
+    )
 
 
 def flush(task: str | None = None, *, timeout: float | None = None) -> Call[FlushResult]:

@@ -105,6 +105,7 @@ class Client:
         ephemeral: bool = False,
         delta: bool = True,
         dialect: str | None = None,
+        read_tools: _ops.ReadTools | None = None,
     ) -> Task:
         """A handle bound to one task id.
 
@@ -113,9 +114,18 @@ class Client:
             ephemeral: keep the task in the daemon's memory only (subagent runners).
             dialect: the task's message dialect (``openai-chat``, ``anthropic``,
                 ``openai-responses``, ``gemini``; None: ``cline``), fixed at first use.
+            read_tools: the task's own read tools besides the daemon's table
+                (``{"name", "arg", "when"?, "pattern"?}`` maps; native dialects only).
             delta: sync the history by delta (send what each turn adds).
         """
-        return Task(self, task_id, ephemeral=ephemeral, delta=delta, dialect=dialect)
+        return Task(
+            self,
+            task_id,
+            ephemeral=ephemeral,
+            delta=delta,
+            dialect=dialect,
+            read_tools=read_tools,
+        )
 
     # Transport.
 

@@ -53,6 +53,7 @@ class _TaskBase:
         ephemeral: bool = False,
         delta: bool = True,
         dialect: str | None = None,
+        read_tools: _ops.ReadTools | None = None,
     ) -> None:
         if not is_valid_task_id(task_id):  # fail where the handle is made, not on first use
             error = InvalidTaskIdError(
@@ -63,6 +64,7 @@ class _TaskBase:
         self.id = task_id
         self.ephemeral = ephemeral
         self.dialect = dialect
+        self.read_tools = _ops.copy_read_tools(read_tools)
         self._delta = _core.DeltaSync(delta)
 
     @property
@@ -103,6 +105,8 @@ class _Shape(Generic[T]):
             kwargs = {**kwargs, "ephemeral": True}
         if self.opens and handle.dialect is not None and kwargs.get("dialect") is None:
             kwargs = {**kwargs, "dialect": handle.dialect}
+        if self.opens and handle.read_tools is not None and kwargs.get("read_tools") is None:
+            kwargs = {**kwargs, "read_tools": handle.read_tools}
         messages: Messages | None = None
         if self.history:
             if "messages" in kwargs:
@@ -151,6 +155,9 @@ class Task(_TaskBase):
         dialect: the task's message dialect (``openai-chat``, ``anthropic``,
             ``openai-responses``, ``gemini``; None: the daemon's default, ``cline``),
             sent with every op that takes it.
+        read_tools: the task's own read tools, besides the daemon's table
+            (``{"name", "arg", "when"?, "pattern"?}`` maps, docs/DIALECTS.md),
+            sent with every op that takes them; native dialects only.
     """
 
     def __init__(
@@ -161,8 +168,11 @@ class Task(_TaskBase):
         ephemeral: bool = False,
         delta: bool = True,
         dialect: str | None = None,
+        read_tools: _ops.ReadTools | None = None,
     ) -> None:
-        super().__init__(task_id, ephemeral=ephemeral, delta=delta, dialect=dialect)
+        super().__init__(
+            task_id, ephemeral=ephemeral, delta=delta, dialect=dialect, read_tools=read_tools
+        )
         self.client = client
         self._syncing = Turns()
 
@@ -223,6 +233,7 @@ class AsyncTask(_TaskBase):
         ephemeral: keep the task in the daemon's memory only (subagent runners).
         delta: sync the history by delta (send what each turn adds).
         dialect: the task's message dialect (see :class:`Task`).
+        read_tools: the task's own read tools (see :class:`Task`).
     """
 
     def __init__(
@@ -233,8 +244,11 @@ class AsyncTask(_TaskBase):
         ephemeral: bool = False,
         delta: bool = True,
         dialect: str | None = None,
+        read_tools: _ops.ReadTools | None = None,
     ) -> None:
-        super().__init__(task_id, ephemeral=ephemeral, delta=delta, dialect=dialect)
+        super().__init__(
+            task_id, ephemeral=ephemeral, delta=delta, dialect=dialect, read_tools=read_tools
+        )
         self.client = client
         self._syncing: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 

@@ -97,6 +97,12 @@ class Envelope:
         self.reply = reply
 
 
+_CLINE_READ_TOOLS = (
+    "read_tools applies to the native dialects; the cline dialect recognises a read "
+    "by its result's header (SPEC.md §6)"
+)
+
+
 class TaskActor:
     """The actor of one task id.
 
@@ -114,6 +120,10 @@ class TaskActor:
         self.store = system.store.open(task, self._ownership_lost)
         self._lost: str | None = None  # why the task's ownership was lost, once it was
         self._dialect_fixed = False  # the task's dialect is fixed at its first use
+        # The task's own read tools (wire form) and the tools built from them.
+        self._read_tools: tuple[dict[str, Any], ...] = ()
+        self._own_tools: tuple[engine.ReadTool, ...] = ()
+        self._read_tool_changes = 0  # counted in the revision: they are stored
         self.state: engine.TaskState | None = None
         self.mailbox: deque[Envelope] = deque()
         self._wakeup = asyncio.Event()
@@ -179,10 +189,11 @@ class TaskActor:
             if extras.calibration is not None:
                 calibration = self.kept.calibration
                 calibration.ratio, calibration.samples = extras.calibration
+            self._load_read_tools(extras.read_tools)
         state = self.state
         # A stored task has its dialect already; a new one gets it from its first call.
         self._dialect_fixed = not state.empty
-        state.set_dialect(state.dialect, self.system.reads_for(state.dialect))
+        state.set_dialect(state.dialect, self._reads(state.dialect))
         self.kept.use_dialect(state.dialect)
         self.writes.loaded(self._revision())
         _log.info("actor_started", task=self.task, ephemeral=self.ephemeral)
@@ -291,6 +302,8 @@ class TaskActor:
                     f"task {self.task}: this daemon's lease on it lapsed; send the request again"
                 )
             self._check_dialect(state, op, args)
+            if "read_tools" in args:
+                self._set_read_tools(state, op, args["read_tools"])
             if args.get("ephemeral") is True and not self.ephemeral:
                 self._become_ephemeral(state)
             elif op != "inspect":
@@ -325,6 +338,7 @@ class TaskActor:
             "dirty": self.dirty,
             "calibration": {"ratio": calibration.ratio, "samples": calibration.samples},
             "history": self.kept.kept_messages(),
+            "read_tools": list(self._read_tools),
             **self.store.describe(),
         }
 
@@ -356,10 +370,48 @@ class TaskActor:
                     "(a task's dialect is fixed at its first use; close it, or use another "
                     "task id)",
                 )
-            state.set_dialect(asked, self.system.reads_for(asked))
+            if asked == engine.CLINE and self._own_tools:
+                raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, _CLINE_READ_TOOLS)
+            state.set_dialect(asked, self._reads(asked))
             self.kept.use_dialect(asked)
         if op != "inspect":
             self._dialect_fixed = True
+
+    def _reads(self, dialect: str) -> engine.ReadRules | None:
+        return self.system.reads_for(dialect, self._own_tools)
+
+    def _load_read_tools(self, stored: tuple[dict[str, Any], ...]) -> None:
+        """Take the stored read tools; ones that no longer build are kept but not used."""
+        self._read_tools = stored
+        try:
+            self._own_tools = tuple(engine.read_tool_from_config(item) for item in stored)
+        except ValueError as exc:
+            self._own_tools = ()
+            _log.warning("stored_read_tools_unused", task=self.task, error=str(exc))
+
+    def _set_read_tools(self, state: engine.TaskState, op: str, asked: list[Any]) -> None:
+        """Make ``asked`` the task's own read tools (besides the daemon's table).
+
+        Raises:
+            ProtocolError: ``bad_request`` naming the tool that is not of the
+                configuration form, or for a task of the Cline dialect.
+        """
+        wanted = tuple(asked)
+        if wanted == self._read_tools:
+            return
+        built = []
+        for position, item in enumerate(wanted):
+            try:
+                built.append(engine.read_tool_from_config(item))
+            except ValueError as exc:
+                raise proto.ProtocolError(
+                    proto.ErrorCode.BAD_REQUEST, f"{op}: read_tools[{position}]: {exc}"
+                ) from None
+        if built and state.dialect == engine.CLINE:
+            raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {_CLINE_READ_TOOLS}")
+        self._read_tools, self._own_tools = wanted, tuple(built)
+        self._read_tool_changes += 1
+        state.set_dialect(state.dialect, self._reads(state.dialect))
 
     def _become_ephemeral(self, state: engine.TaskState) -> None:
         """Keep the task in memory only from now on, as a request asks, if nothing is lost.
@@ -392,13 +444,13 @@ class TaskActor:
     def _revision(self) -> int:
         """Grows with every change of what is stored: the state, or a calibration sample."""
         assert self.state is not None
-        return self.state.revision + self.kept.calibration.samples
+        return self.state.revision + self.kept.calibration.samples + self._read_tool_changes
 
     def _extras(self) -> TaskExtras:
         calibration = self.kept.calibration
         pair = (calibration.ratio, calibration.samples) if calibration.samples else None
         assert self.state is not None
-        return TaskExtras(pair, self.state.dialect)
+        return TaskExtras(pair, self.state.dialect, self._read_tools)
 
     async def _save(self) -> bool:
         assert self.state is not None
@@ -497,9 +549,16 @@ class ActorSystem:
         self.final_flush_failures = 0
         self.accepting = True
 
-    def reads_for(self, dialect: str) -> engine.ReadRules | None:
-        """The read tools a task of ``dialect`` counts (None: Cline's own rules, SPEC.md §6)."""
-        return None if dialect == engine.CLINE else self.read_rules
+    def reads_for(
+        self, dialect: str, own: tuple[engine.ReadTool, ...] = ()
+    ) -> engine.ReadRules | None:
+        """The read tools a task of ``dialect`` counts (None: Cline's own rules, SPEC.md §6).
+
+        ``own``: the task's own tools (``read_tools``), counted besides the daemon's.
+        """
+        if dialect == engine.CLINE:
+            return None
+        return self.read_rules.extended(own) if own else self.read_rules
 
     def compact_known_tasks(self, limit: int = COMPACT_MAX_TASKS) -> bool:
         """Re-create the ids of stopped tasks that ``known_tasks`` keeps.

@@ -26,7 +26,14 @@ from ctxwin import engine, proto
 
 from ._persist import TaskRecord, decode_record, encode_task
 from ._redis import Fenced, Lease, OwnedElsewhere, RedisStore, StoreUnavailable
-from ._store import StoreError, StoreUnavailableError, TaskExtras, build_state, record_of
+from ._store import (
+    StoreError,
+    StoreUnavailableError,
+    TaskExtras,
+    build_state,
+    extras_of,
+    record_of,
+)
 
 __all__ = ["RedisStateStore", "RedisTaskStore"]
 
@@ -100,7 +107,7 @@ class RedisTaskStore:
                 state = build_state(record, self.parent.notices)
         else:
             state = build_state(record, self.parent.notices)
-        extras = TaskExtras(record.calibration, record.dialect)
+        extras = extras_of(record)
         # What is stored is current as loaded, whatever fence wrote it (and an empty
         # new task has nothing to write).
         self._current = self._encode(state, extras)

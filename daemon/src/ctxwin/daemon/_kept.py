@@ -56,6 +56,7 @@ class KeptHistory:
         # with the history (docs/DIALECTS.md); None for the Cline dialect.
         self.dialect: engine.Dialect | None = None
         self.mapped: engine.MappedHistory | None = None
+        self._kept_out: dict[int, tuple[Any, int]] = {}  # history index: (message, tokens)
 
     def use_dialect(self, name: str) -> None:
         """Serve the task's history in dialect ``name`` from now on."""
@@ -86,7 +87,8 @@ class KeptHistory:
                 await anyio.to_thread.run_sync(history.count_missing, tokens.count_message)
             if op == "prepare_request":
                 self._calibrate(args.get("previous_request"))
-            context = TaskContext(history.counter(tokens.count_message), self.calibration)
+            fixed = 0 if mapped is None else self._kept_out_tokens(mapped)
+            context = TaskContext(history.counter(tokens.count_message), self.calibration, fixed)
         if op == "prepare_request":
             # The next report is of this request: it calibrates only against this view's estimate.
             self._estimate = None
@@ -171,6 +173,24 @@ class KeptHistory:
     def _next_token(self) -> bytes:
         self._patch_serial += 1
         return self._patch_serial.to_bytes(8, "big") + self._patch_salt
+
+    def _kept_out_tokens(self, mapped: engine.MappedHistory) -> int:
+        """Tokens of the kept-out (system) messages, sent with every view; counted as
+        ``count_tokens`` counts them, once per message object."""
+        counted = self._kept_out
+        total = 0
+        for index in mapped.systems:
+            message = mapped.source[index]
+            held = counted.get(index)
+            if held is None or held[0] is not message:
+                text = engine.kept_out_text(message)
+                held = counted[index] = (message, self._tokens.count_text(text))
+            total += held[1]
+        if len(counted) > len(mapped.systems):
+            systems = set(mapped.systems)
+            for index in [index for index in counted if index not in systems]:
+                del counted[index]
+        return total
 
     def _mapped(self, op: str, history: engine.History, unchanged: int) -> engine.MappedHistory:
         """The kept history in the internal form, synced with it (only new messages mapped).

@@ -101,13 +101,18 @@ class TaskContext:
     Args:
         count: tokens of one message, cached per message by the task's history.
         calibration: the task's ratio of reported to estimated tokens.
+        fixed: tokens sent with every view besides its messages (a native
+            dialect's kept-out system messages).
     """
 
-    __slots__ = ("calibration", "count")
+    __slots__ = ("calibration", "count", "fixed")
 
-    def __init__(self, count: engine.Counter, calibration: engine.Calibration) -> None:
+    def __init__(
+        self, count: engine.Counter, calibration: engine.Calibration, fixed: int = 0
+    ) -> None:
         self.count = count
         self.calibration = calibration
+        self.fixed = fixed
 
     def budgeting(self, args: Args) -> engine.Budgeting:
         """The estimation settings a request asked for."""
@@ -116,6 +121,7 @@ class TaskContext:
             self.calibration.ratio,
             args.get("strategy") or "default",
             bool(args.get("proactive", False)),
+            fixed=self.fixed,
         )
 
 

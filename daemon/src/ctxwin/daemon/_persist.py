@@ -4,7 +4,8 @@ A task lives in ``<state_dir>/tasks/<task_id>/``:
 
 - ``ctxwin.json``: the authority, the task's whole state in one file, replaced
   atomically as a unit: ``{"format": 2, "dialect": ..., "deleted_range": ...,
-  "calibration": {"ratio": ..., "samples": ...} | null, "updates": ...}``, where
+  "calibration": {"ratio": ..., "samples": ...} | null, "read_tools"?: [...],
+  "updates": ...}``, where
   ``updates`` is the overlay in the on-disk form of SPEC.md §1;
 - ``context_history.json``: the compatible export, exactly ``json.dumps`` of
   the engine's ``dump_updates()``, written after the authority. It is read only
@@ -77,12 +78,14 @@ class TaskRecord:
         calibration: ``(ratio, samples)`` of the task's calibration, or None when
             it has no sample.
         dialect: the task's message dialect, stored as given.
+        read_tools: the task's own read tools in their wire form (``read_tools``).
     """
 
     updates: Any = None
     deleted_range: list[int] | None = None
     calibration: tuple[float, int] | None = None
     dialect: str = DEFAULT_DIALECT
+    read_tools: tuple[dict[str, Any], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -92,6 +95,7 @@ class TaskRecord:
             and self.deleted_range is None
             and self.calibration is None
             and self.dialect == DEFAULT_DIALECT
+            and not self.read_tools
         )
 
 
@@ -127,6 +131,8 @@ def encode_task(record: TaskRecord, fence: int | None = None) -> Encoded:
         "deleted_range": record.deleted_range,
         "calibration": _calibration_map(record.calibration),
     }
+    if record.read_tools:
+        head["read_tools"] = list(record.read_tools)
     if fence is not None:
         head["fence"] = fence
     prefix = json.dumps(head).encode("utf-8")
@@ -161,17 +167,22 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
     dialect = value.get("dialect", DEFAULT_DIALECT)
     calibration = value.get("calibration")
     fence = value.get("fence")
+    read_tools = value.get("read_tools", [])
     if (
         not _valid_range(value.get("deleted_range"))
         or not _valid_calibration(calibration)
         or not isinstance(dialect, str)
         or not dialect
         or "updates" not in value
+        or not isinstance(read_tools, list)
+        or not all(isinstance(tool, dict) for tool in read_tools)
         or not (fence is None or (isinstance(fence, int) and not isinstance(fence, bool)))
     ):
         raise ValueError("unexpected content")
     pair = None if calibration is None else (float(calibration["ratio"]), calibration["samples"])
-    record = TaskRecord(value["updates"], value.get("deleted_range"), pair, dialect)
+    record = TaskRecord(
+        value["updates"], value.get("deleted_range"), pair, dialect, tuple(read_tools)
+    )
     return record, fence
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "TaskExtras",
     "TaskStore",
     "build_state",
+    "extras_of",
     "record_of",
 ]
 
@@ -54,10 +55,12 @@ class TaskExtras:
     Attributes:
         calibration: ``(ratio, samples)`` of its calibration, None before the first sample.
         dialect: its message dialect, stored as given.
+        read_tools: its own read tools, in their wire form.
     """
 
     calibration: tuple[float, int] | None = None
     dialect: str = DEFAULT_DIALECT
+    read_tools: tuple[dict[str, Any], ...] = ()
 
 
 class TaskStore(Protocol):
@@ -131,9 +134,20 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
     )
 
 
+def extras_of(record: TaskRecord) -> TaskExtras:
+    """The extras a stored record carries."""
+    return TaskExtras(record.calibration, record.dialect, record.read_tools)
+
+
 def record_of(state: engine.TaskState, extras: TaskExtras) -> TaskRecord:
     """The record that stores this state and these extras."""
-    return TaskRecord(state.dump_updates(), state.deleted_range, extras.calibration, extras.dialect)
+    return TaskRecord(
+        state.dump_updates(),
+        state.deleted_range,
+        extras.calibration,
+        extras.dialect,
+        extras.read_tools,
+    )
 
 
 class FileTaskStore:
@@ -155,7 +169,7 @@ class FileTaskStore:
         notices = self.notices
 
         def build(record: TaskRecord) -> tuple[engine.TaskState, TaskExtras]:
-            return build_state(record, notices), TaskExtras(record.calibration, record.dialect)
+            return build_state(record, notices), extras_of(record)
 
         state, extras = await anyio.to_thread.run_sync(self.files.load, build)
         self.files.mark_current(_encode(state, extras))

@@ -38,6 +38,8 @@ class Budgeting:
             the request when it would not fit.
         target: fraction of ``max_allowed_size`` that ``fit`` aims for, leaving
             room for the next turns so that a fit is not redone every turn.
+        fixed: raw tokens sent with every view besides its messages (a native
+            dialect's system and developer messages, never cut).
     """
 
     count: Counter
@@ -45,14 +47,15 @@ class Budgeting:
     strategy: Strategy = "default"
     proactive: bool = False
     target: float = DEFAULT_FIT_TARGET
+    fixed: int = 0
 
     def tokens(self, message: Message) -> int:
         """Calibrated tokens of one message."""
         return round(self.count(message) * self.ratio)
 
     def view_tokens(self, view: Sequence[Message]) -> int:
-        """Calibrated tokens of a whole view."""
-        return round(sum(self.count(message) for message in view) * self.ratio)
+        """Calibrated tokens of a whole view, with what is sent beside it (``fixed``)."""
+        return round((sum(self.count(message) for message in view) + self.fixed) * self.ratio)
 
 
 def largest_messages(
@@ -97,12 +100,15 @@ def fit_range(
     def tokens_at(index: int) -> int:
         entry = overlay.get(index)
         message = messages[index] if entry is None else apply_overlay(messages[index], entry)
-        return budgeting.tokens(message)
+        return budgeting.count(message)
 
+    # Raw counts summed, calibrated once: rounding each message would let a view
+    # whose calibrated total is over the budget by a fraction pass as fitting.
+    ratio = budgeting.ratio
     start = keep_from(deleted_range)
     kept = [tokens_at(index) for index in range(start, len(messages))]
-    remaining = tokens_at(0) + tokens_at(1) + sum(kept)
-    if remaining <= budget:
+    remaining = budgeting.fixed + tokens_at(0) + tokens_at(1) + sum(kept)
+    if remaining * ratio <= budget:
         return current, True
     best: list[int] | None = None
     for end in range(start, len(messages) - 1):
@@ -110,7 +116,7 @@ def fit_range(
         if messages[end].get("role") != "assistant" or messages[end + 1].get("role") != "user":
             continue
         best = [2, end]
-        if remaining <= budget:
+        if remaining * ratio <= budget:
             return best, True
     return (best or current), False
 

@@ -184,6 +184,7 @@ class InspectResult(TypedDict):
     dirty: bool
     calibration: NotRequired[dict[str, float]]
     history: NotRequired[int | None]
+    read_tools: NotRequired[list[dict[str, Any]]]
     store: NotRequired[str]
     owner: NotRequired[str]
     fence: NotRequired[int | None]

@@ -226,6 +226,24 @@ def _check_threshold(value: object) -> None:
         raise _Invalid("must not be negative")
 
 
+MAX_READ_TOOLS = 64
+"""Read tools one task may name (``read_tools``) besides the daemon's table."""
+
+
+def _check_read_tools(value: object) -> None:
+    """A list of read-tool maps; what each must hold is checked where tools are built."""
+    if not isinstance(value, list):
+        raise _Invalid("must be a list of maps ({name, arg, when?, pattern?})")
+    if len(value) > MAX_READ_TOOLS:
+        raise _Invalid(f"holds {len(value)} tools; at most {MAX_READ_TOOLS}")
+    for position, item in enumerate(value):
+        if not isinstance(item, dict) or not all(isinstance(key, str) for key in item):
+            raise _Invalid(
+                f"read_tools[{position}] must be a map with string keys",
+                placed=f"read_tools[{position}]",
+            )
+
+
 def _one_of(values: tuple[str, ...]) -> Callable[[object], None]:
     def check(value: object) -> None:
         if value not in values:
@@ -248,6 +266,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "text": _check_str,
     "ephemeral": _check_bool,
     "dialect": _one_of(DIALECTS),
+    "read_tools": _check_read_tools,
     "append": _check_messages,
     "base": _check_base,
     "base_digest": _check_digest,
@@ -296,7 +315,7 @@ class OpSpec:
         return self._fields
 
 
-_OPEN = ("ephemeral", "dialect")
+_OPEN = ("ephemeral", "dialect", "read_tools")
 _HISTORY = (("messages", "append"),)
 _DELTA = ("base", "base_digest", "view", "patch_base")
 _BUDGETING = ("strategy", "proactive", "estimate")

@@ -13,6 +13,7 @@ FEATURES = (
     "plan",
     "fleet",
     "dialects",
+    "read_tools",
 )
 """Optional parts of protocol version 1 this version implements, named in ``ping``.
 
@@ -23,5 +24,6 @@ FEATURES = (
 calibrate estimates; ``plan``: the ``plan`` op; ``fleet``: a task is served by
 one daemon at a time, and another answers ``owned_elsewhere`` naming its ``owner``;
 ``dialects``: task ops and ``count_tokens`` take ``dialect`` (``ping`` lists them,
-docs/DIALECTS.md).
+docs/DIALECTS.md); ``read_tools``: task ops take ``read_tools``, the tools
+whose calls read a file in that task, besides the daemon's table.
 """

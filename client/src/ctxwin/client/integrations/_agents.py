@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ from agents.run_config import CallModelData, ModelInputData
 
 from ._openai import usage_from_responses
 from ._plain import Plain
-from ._window import AsyncWindow, Request, Turn
+from ._window import Request, Turn, WindowOptions
 
 __all__ = ["ContextWindowFilter"]
 
@@ -108,15 +107,8 @@ class ContextWindowFilter:
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
     ) -> None:
-        self._ctxwin_window = AsyncWindow(
-            task=task,
-            prefix=PREFIX,
-            dialect=DIALECT,
-            context_window=context_window,
-            endpoint=endpoint,
-            on_turn=on_turn,
-        )
-        weakref.finalize(self, self._ctxwin_window.close)
+        options = WindowOptions(PREFIX, DIALECT, task, context_window, endpoint, on_turn)
+        self._ctxwin_window = options.async_window(self)
         self._plain = Plain()
         self._pending: dict[int, Request] = {}  # by agent, until its response arrives
         self.hooks: RunHooks[Any] = _UsageHooks(self)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import anthropic
 
+from ctxwin.proto import Usage
+
 from .._usage import usage_from_anthropic
 from ._plain import Plain
-from ._streams import AsyncWatchedStream, WatchedStream
-from ._window import AsyncWindow, Request, Turn, Window
+from ._window import AsyncWindow, Request, Turn, Window, WindowOptions, answered, keep_wrapped
 
 __all__ = ["wrap"]
 
@@ -40,9 +40,10 @@ def _merge_usage(total: dict[str, int], usage: Any) -> None:
             total[name] = value
 
 
-def _event_usage(total: dict[str, int]) -> Callable[[Any], bool]:
+def _event_usage(seen: dict[str, Any]) -> Callable[[Any], bool]:
     """Watch raw stream events: ``message_start`` carries the input counts, ``message_delta``
     the output count so far (and, on newer API versions, the input counts again)."""
+    total: dict[str, int] = seen.setdefault("usage", {})
 
     def see(event: Any) -> bool:
         kind = getattr(event, "type", None)
@@ -55,8 +56,16 @@ def _event_usage(total: dict[str, int]) -> Callable[[Any], bool]:
     return see
 
 
+def _usage(usage: Any) -> Usage | None:
+    return usage_from_anthropic(usage) if usage else None
+
+
 def _finish(window: Window | AsyncWindow, request: Request, usage: Any) -> Turn:
-    return window.finish(request, usage_from_anthropic(usage) if usage else None)
+    return window.finish(request, _usage(usage))
+
+
+def _answer(window: Window | AsyncWindow, request: Request, result: Any, streaming: bool) -> Any:
+    return answered(window, request, result, streaming=streaming, watch=_event_usage, usage=_usage)
 
 
 def _snapshot_usage(stream: Any) -> Any:
@@ -155,11 +164,7 @@ def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthrop
     def create_message(*args: Any, **kwargs: Any) -> Any:
         _, request = begin(kwargs)
         result = window.send(request, lambda view: create(*args, **{**kwargs, "messages": view}))
-        if not kwargs.get("stream"):
-            _finish(window, request, getattr(result, "usage", None))
-            return result
-        total: dict[str, int] = {}
-        return WatchedStream(result, _event_usage(total), lambda: _finish(window, request, total))
+        return _answer(window, request, result, bool(kwargs.get("stream")))
 
     def stream_message(*args: Any, **kwargs: Any) -> _StreamManager:
         _, request = begin(kwargs)
@@ -169,15 +174,7 @@ def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthrop
 
     setattr(client.messages, "create", create_message)  # noqa: B010 - instance override
     setattr(client.messages, "stream", stream_message)  # noqa: B010 - instance override
-    copy = client.copy
-
-    def copy_wrapped(*args: Any, **kwargs: Any) -> anthropic.Anthropic:
-        return _wrap_sync(copy(*args, **kwargs), window)
-
-    setattr(client, "copy", copy_wrapped)  # noqa: B010 - with_options keeps the wrapping
-    setattr(client, "with_options", copy_wrapped)  # noqa: B010
-    setattr(client, "_ctxwin_window", window)  # noqa: B010
-    return client
+    return keep_wrapped(client, window, _wrap_sync)
 
 
 def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthropic.AsyncAnthropic:
@@ -196,13 +193,8 @@ def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthro
         async def call(view: list[Any]) -> Any:
             return await create(*args, **{**kwargs, "messages": view})
 
-        result = await window.send(request, call)
-        if not kwargs.get("stream"):
-            _finish(window, request, getattr(result, "usage", None))
-            return result
-        total: dict[str, int] = {}
-        return AsyncWatchedStream(
-            result, _event_usage(total), lambda: _finish(window, request, total)
+        return _answer(
+            window, request, await window.send(request, call), bool(kwargs.get("stream"))
         )
 
     def stream_message(*args: Any, **kwargs: Any) -> _AsyncStreamManager:
@@ -214,15 +206,7 @@ def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthro
 
     setattr(client.messages, "create", create_message)  # noqa: B010 - instance override
     setattr(client.messages, "stream", stream_message)  # noqa: B010 - instance override
-    copy = client.copy
-
-    def copy_wrapped(*args: Any, **kwargs: Any) -> anthropic.AsyncAnthropic:
-        return _wrap_async(copy(*args, **kwargs), window)
-
-    setattr(client, "copy", copy_wrapped)  # noqa: B010 - with_options keeps the wrapping
-    setattr(client, "with_options", copy_wrapped)  # noqa: B010
-    setattr(client, "_ctxwin_window", window)  # noqa: B010
-    return client
+    return keep_wrapped(client, window, _wrap_async)
 
 
 def wrap(
@@ -263,24 +247,7 @@ def wrap(
         The wrapped copy, of the same type as ``client``.
     """
     copy = client.with_options()
+    options = WindowOptions(DIALECT, DIALECT, task, context_window, endpoint, on_turn)
     if isinstance(copy, anthropic.AsyncAnthropic):
-        async_window = AsyncWindow(
-            task=task,
-            prefix=DIALECT,
-            dialect=DIALECT,
-            context_window=context_window,
-            endpoint=endpoint,
-            on_turn=on_turn,
-        )
-        weakref.finalize(copy, async_window.close)
-        return _wrap_async(copy, async_window)
-    window = Window(
-        task=task,
-        prefix=DIALECT,
-        dialect=DIALECT,
-        context_window=context_window,
-        endpoint=endpoint,
-        on_turn=on_turn,
-    )
-    weakref.finalize(copy, window.close)
-    return _wrap_sync(copy, window)
+        return _wrap_async(copy, options.async_window(copy))
+    return _wrap_sync(copy, options.window(copy))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ from langchain_core.messages import (
 from ctxwin.proto import Usage
 
 from ._mapping import Converted, convert, origins, text_of
-from ._window import AsyncWindow, Request, Turn, Window
+from ._window import AsyncWindow, Request, Turn, Window, WindowOptions
 
 __all__ = ["ContextWindowMiddleware", "from_openai_chat", "to_openai_chat", "usage_from_langchain"]
 
@@ -194,14 +193,7 @@ class ContextWindowMiddleware(AgentMiddleware):
         on_turn: Callable[[Turn], None] | None = None,
     ) -> None:
         super().__init__()
-        self._options: dict[str, Any] = {
-            "task": task,
-            "prefix": PREFIX,
-            "dialect": DIALECT,
-            "context_window": context_window,
-            "endpoint": endpoint,
-            "on_turn": on_turn,
-        }
+        self._options = WindowOptions(PREFIX, DIALECT, task, context_window, endpoint, on_turn)
         self._sync: Window | None = None
         self._async: AsyncWindow | None = None
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}
@@ -212,14 +204,12 @@ class ContextWindowMiddleware(AgentMiddleware):
 
     def _window(self) -> Window:
         if self._sync is None:
-            self._sync = Window(**self._options)
-            weakref.finalize(self, self._sync.close)
+            self._sync = self._options.window(self)
         return self._sync
 
     def _async_window(self) -> AsyncWindow:
         if self._async is None:
-            self._async = AsyncWindow(**self._options)
-            weakref.finalize(self, self._async.close)
+            self._async = self._options.async_window(self)
         return self._async
 
     def _convert(self, request: ModelRequest[Any]) -> tuple[Converted[BaseMessage], list[Any]]:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import openai
 
@@ -12,8 +11,7 @@ from ctxwin.proto import Usage
 
 from .._usage import usage_from_openai
 from ._plain import Plain
-from ._streams import AsyncWatchedStream, WatchedStream
-from ._window import AsyncWindow, Request, Turn, Window
+from ._window import AsyncWindow, Request, Turn, Window, WindowOptions, answered, keep_wrapped
 
 __all__ = ["usage_from_responses", "wrap"]
 
@@ -74,24 +72,26 @@ def _responses_head(instructions: Any, items: Sequence[Any]) -> list[Any]:
     return head
 
 
-def _chat_usage(state: dict[str, Any], hide_usage: bool) -> Callable[[Any], bool]:
-    def see(chunk: Any) -> bool:
-        usage = getattr(chunk, "usage", None)
-        if usage is not None:
-            state["usage"] = usage
-            if hide_usage and not getattr(chunk, "choices", None):
-                return False  # the usage chunk ctxwin asked for; the caller did not
-        return True
+def _chat_watch(hide_usage: bool) -> Callable[[dict[str, Any]], Callable[[Any], bool]]:
+    def watch(seen: dict[str, Any]) -> Callable[[Any], bool]:
+        def see(chunk: Any) -> bool:
+            usage = getattr(chunk, "usage", None)
+            if usage is not None:
+                seen["usage"] = usage
+                if hide_usage and not getattr(chunk, "choices", None):
+                    return False  # the usage chunk ctxwin asked for; the caller did not
+            return True
 
-    return see
+        return see
+
+    return watch
 
 
-def _responses_usage(state: dict[str, Any]) -> Callable[[Any], bool]:
+def _responses_watch(seen: dict[str, Any]) -> Callable[[Any], bool]:
     def see(event: Any) -> bool:
-        response = getattr(event, "response", None)
-        usage = getattr(response, "usage", None)
+        usage = getattr(getattr(event, "response", None), "usage", None)
         if usage is not None:
-            state["usage"] = usage
+            seen["usage"] = usage
         return True
 
     return see
@@ -115,148 +115,120 @@ def _managed_responses(kwargs: Mapping[str, Any]) -> bool:
     )
 
 
-def _finish_chat(window: Window | AsyncWindow, request: Request, usage: Any) -> Turn:
-    return window.finish(request, usage_from_openai(usage) if usage is not None else None)
+def _chat_usage(usage: Any) -> Usage | None:
+    return usage_from_openai(usage) if usage is not None else None
 
 
-def _finish_responses(window: Window | AsyncWindow, request: Request, usage: Any) -> Turn:
-    return window.finish(request, usage_from_responses(usage) if usage is not None else None)
+def _responses_usage(usage: Any) -> Usage | None:
+    return usage_from_responses(usage) if usage is not None else None
+
+
+class _Calls:
+    """What both twins do around a call: the view's history, the head, the answer."""
+
+    def __init__(self, window: Window | AsyncWindow) -> None:
+        self.chat_window = window
+        self.responses_window = type(window)(
+            task=window.state.task,
+            prefix=RESPONSES_DIALECT,
+            dialect=RESPONSES_DIALECT,
+            context_window=window.state.context_window,
+            client=window.client,  # type: ignore[arg-type]  # the twin's own client type
+            on_turn=window.state.on_turn,
+        )
+        self._chat_plain, self._responses_plain = Plain(), Plain()
+
+    def chat(self, kwargs: dict[str, Any]) -> tuple[list[Any], str, list[Any], bool, bool]:
+        """The history, model and head of a chat call; whether it streams, and hides usage."""
+        messages = self._chat_plain(list(kwargs.get("messages", [])))
+        streaming = bool(kwargs.get("stream"))
+        hide = _stream_options(kwargs) if streaming else False
+        return messages, str(kwargs.get("model", "")), _chat_head(messages), streaming, hide
+
+    def responses(self, kwargs: Mapping[str, Any]) -> tuple[list[Any], str, list[Any]]:
+        """The input items, model and head of a managed Responses call."""
+        items = self._responses_plain(list(kwargs["input"]))
+        head = _responses_head(kwargs.get("instructions"), items)
+        return items, str(kwargs.get("model", "")), head
+
+    def chat_answer(self, request: Request, result: Any, streaming: bool, hide: bool) -> Any:
+        return answered(
+            self.chat_window,
+            request,
+            result,
+            streaming=streaming,
+            watch=_chat_watch(hide),
+            usage=_chat_usage,
+        )
+
+    def responses_answer(self, request: Request, result: Any, streaming: bool) -> Any:
+        return answered(
+            self.responses_window,
+            request,
+            result,
+            streaming=streaming,
+            watch=_responses_watch,
+            usage=_responses_usage,
+        )
 
 
 def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
-    chat_plain, responses_plain = Plain(), Plain()
-    chat_window = window
-    responses_window = Window(
-        task=window.state.task,
-        prefix=RESPONSES_DIALECT,
-        dialect=RESPONSES_DIALECT,
-        context_window=window.state.context_window,
-        client=window.client,
-        on_turn=window.state.on_turn,
-    )
+    calls = _Calls(window)
+    chat_window, responses_window = window, cast(Window, calls.responses_window)
     chat_create = client.chat.completions.create
     responses_create = client.responses.create
 
     def create_chat(*args: Any, **kwargs: Any) -> Any:
-        messages = chat_plain(list(kwargs.get("messages", [])))
-        model = str(kwargs.get("model", ""))
-        request = chat_window.begin(messages, model, _chat_head(messages))
-        streaming = bool(kwargs.get("stream"))
-        hide = _stream_options(kwargs) if streaming else False
+        messages, model, head, streaming, hide = calls.chat(kwargs)
+        request = chat_window.begin(messages, model, head)
         result = chat_window.send(
             request, lambda view: chat_create(*args, **{**kwargs, "messages": view})
         )
-        if not streaming:
-            _finish_chat(chat_window, request, getattr(result, "usage", None))
-            return result
-        state: dict[str, Any] = {}
-        return WatchedStream(
-            result,
-            _chat_usage(state, hide),
-            lambda: _finish_chat(chat_window, request, state.get("usage")),
-        )
+        return calls.chat_answer(request, result, streaming, hide)
 
     def create_response(*args: Any, **kwargs: Any) -> Any:
         if not _managed_responses(kwargs):
             return responses_create(*args, **kwargs)
-        items = responses_plain(list(kwargs["input"]))
-        model = str(kwargs.get("model", ""))
-        head = _responses_head(kwargs.get("instructions"), items)
-        request = responses_window.begin(items, model, head)
+        request = responses_window.begin(*calls.responses(kwargs))
         result = responses_window.send(
             request, lambda view: responses_create(*args, **{**kwargs, "input": view})
         )
-        if not kwargs.get("stream"):
-            _finish_responses(responses_window, request, getattr(result, "usage", None))
-            return result
-        state: dict[str, Any] = {}
-        return WatchedStream(
-            result,
-            _responses_usage(state),
-            lambda: _finish_responses(responses_window, request, state.get("usage")),
-        )
+        return calls.responses_answer(request, result, bool(kwargs.get("stream")))
 
     setattr(client.chat.completions, "create", create_chat)  # noqa: B010 - instance override
     setattr(client.responses, "create", create_response)  # noqa: B010 - instance override
-    copy = client.copy
-
-    def copy_wrapped(*args: Any, **kwargs: Any) -> openai.OpenAI:
-        return _wrap_sync(copy(*args, **kwargs), window)
-
-    setattr(client, "copy", copy_wrapped)  # noqa: B010 - with_options keeps the wrapping
-    setattr(client, "with_options", copy_wrapped)  # noqa: B010
-    setattr(client, "_ctxwin_window", window)  # noqa: B010
-    return client
+    return keep_wrapped(client, window, _wrap_sync)
 
 
 def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.AsyncOpenAI:
-    chat_plain, responses_plain = Plain(), Plain()
-    chat_window = window
-    responses_window = AsyncWindow(
-        task=window.state.task,
-        prefix=RESPONSES_DIALECT,
-        dialect=RESPONSES_DIALECT,
-        context_window=window.state.context_window,
-        client=window.client,
-        on_turn=window.state.on_turn,
-    )
+    calls = _Calls(window)
+    chat_window, responses_window = window, cast(AsyncWindow, calls.responses_window)
     chat_create = client.chat.completions.create
     responses_create = client.responses.create
 
     async def create_chat(*args: Any, **kwargs: Any) -> Any:
-        messages = chat_plain(list(kwargs.get("messages", [])))
-        model = str(kwargs.get("model", ""))
-        request = await chat_window.begin(messages, model, _chat_head(messages))
-        streaming = bool(kwargs.get("stream"))
-        hide = _stream_options(kwargs) if streaming else False
+        messages, model, head, streaming, hide = calls.chat(kwargs)
+        request = await chat_window.begin(messages, model, head)
 
         async def call(view: list[Any]) -> Any:
             return await chat_create(*args, **{**kwargs, "messages": view})
 
-        result = await chat_window.send(request, call)
-        if not streaming:
-            _finish_chat(chat_window, request, getattr(result, "usage", None))
-            return result
-        state: dict[str, Any] = {}
-        return AsyncWatchedStream(
-            result,
-            _chat_usage(state, hide),
-            lambda: _finish_chat(chat_window, request, state.get("usage")),
-        )
+        return calls.chat_answer(request, await chat_window.send(request, call), streaming, hide)
 
     async def create_response(*args: Any, **kwargs: Any) -> Any:
         if not _managed_responses(kwargs):
             return await responses_create(*args, **kwargs)
-        items = responses_plain(list(kwargs["input"]))
-        model = str(kwargs.get("model", ""))
-        head = _responses_head(kwargs.get("instructions"), items)
-        request = await responses_window.begin(items, model, head)
+        request = await responses_window.begin(*calls.responses(kwargs))
 
         async def call(view: list[Any]) -> Any:
             return await responses_create(*args, **{**kwargs, "input": view})
 
         result = await responses_window.send(request, call)
-        if not kwargs.get("stream"):
-            _finish_responses(responses_window, request, getattr(result, "usage", None))
-            return result
-        state: dict[str, Any] = {}
-        return AsyncWatchedStream(
-            result,
-            _responses_usage(state),
-            lambda: _finish_responses(responses_window, request, state.get("usage")),
-        )
+        return calls.responses_answer(request, result, bool(kwargs.get("stream")))
 
     setattr(client.chat.completions, "create", create_chat)  # noqa: B010 - instance override
     setattr(client.responses, "create", create_response)  # noqa: B010 - instance override
-    copy = client.copy
-
-    def copy_wrapped(*args: Any, **kwargs: Any) -> openai.AsyncOpenAI:
-        return _wrap_async(copy(*args, **kwargs), window)
-
-    setattr(client, "copy", copy_wrapped)  # noqa: B010 - with_options keeps the wrapping
-    setattr(client, "with_options", copy_wrapped)  # noqa: B010
-    setattr(client, "_ctxwin_window", window)  # noqa: B010
-    return client
+    return keep_wrapped(client, window, _wrap_async)
 
 
 def wrap(
@@ -299,24 +271,7 @@ def wrap(
         The wrapped copy, of the same type as ``client``.
     """
     copy = client.with_options()
+    options = WindowOptions(CHAT_DIALECT, CHAT_DIALECT, task, context_window, endpoint, on_turn)
     if isinstance(copy, openai.AsyncOpenAI):
-        async_window = AsyncWindow(
-            task=task,
-            prefix=CHAT_DIALECT,
-            dialect=CHAT_DIALECT,
-            context_window=context_window,
-            endpoint=endpoint,
-            on_turn=on_turn,
-        )
-        weakref.finalize(copy, async_window.close)
-        return _wrap_async(copy, async_window)
-    window = Window(
-        task=task,
-        prefix=CHAT_DIALECT,
-        dialect=CHAT_DIALECT,
-        context_window=context_window,
-        endpoint=endpoint,
-        on_turn=on_turn,
-    )
-    weakref.finalize(copy, window.close)
-    return _wrap_sync(copy, window)
+        return _wrap_async(copy, options.async_window(copy))
+    return _wrap_sync(copy, options.window(copy))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +39,7 @@ from pydantic_ai.models import ModelRequestContext
 from ctxwin.proto import Usage
 
 from ._mapping import Converted, convert, origins, text_of
-from ._window import AsyncWindow, Request, Turn, is_window_error
+from ._window import Request, Turn, WindowOptions, is_window_error
 
 __all__ = ["ContextWindow", "from_openai_chat", "to_openai_chat", "usage_from_pydantic_ai"]
 
@@ -271,15 +270,8 @@ class ContextWindow(AbstractCapability[Any]):
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
     ) -> None:
-        self._ctxwin_window = AsyncWindow(
-            task=task,
-            prefix=PREFIX,
-            dialect=DIALECT,
-            context_window=context_window,
-            endpoint=endpoint,
-            on_turn=on_turn,
-        )
-        weakref.finalize(self, self._ctxwin_window.close)
+        options = WindowOptions(PREFIX, DIALECT, task, context_window, endpoint, on_turn)
+        self._ctxwin_window = options.async_window(self)
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}
         self._pending: dict[str, tuple[Request, Converted[ModelMessage]]] = {}
 

@@ -18,9 +18,10 @@ import hashlib
 import json
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ctxwin.proto import Model, PrepareRequestResult, Usage, is_context_window_error
 
@@ -28,14 +29,18 @@ from .._async import AsyncClient
 from .._sync import Client
 from .._task import AsyncTask, Task
 from ._models import known_context_window
+from ._streams import AsyncWatchedStream, WatchedStream
 
 __all__ = [
     "AsyncWindow",
     "Request",
     "Turn",
     "Window",
+    "WindowOptions",
+    "answered",
     "derive_task_id",
     "is_window_error",
+    "keep_wrapped",
     "window_of",
 ]
 
@@ -273,7 +278,39 @@ def _task_options(dialect: str | None, ephemeral: bool) -> dict[str, Any]:
     return options
 
 
-class Window:
+class _Shared:
+    """What both twins share: the conversations, the finish of a request, the latest turn."""
+
+    state: _Conversations
+    _options: dict[str, Any]
+
+    def _start(
+        self,
+        task: str | None,
+        prefix: str,
+        dialect: str | None,
+        context_window: int | None,
+        on_turn: Callable[[Turn], None] | None,
+        ephemeral: bool,
+        open_task: Callable[[str], Any],
+    ) -> None:
+        self._options = _task_options(dialect, ephemeral)
+        self.state = _Conversations(
+            task, prefix, dialect, context_window, on_turn, ephemeral, open_task
+        )
+        if task is not None:
+            self.state.entry(())  # a wrong task id fails here, not on the first request
+
+    def finish(self, request: Request, usage: Usage | None) -> Turn:
+        """Record the request's usage for the next turn and report it."""
+        return self.state.finish(request, usage)
+
+    def last(self, task: str | None = None) -> Turn | None:
+        """The latest turn of ``task`` (default: of the conversation used last)."""
+        return self.state.last(task)
+
+
+class Window(_Shared):
     """The blocking twin: one client of the daemon, one task per conversation.
 
     Args:
@@ -303,13 +340,7 @@ class Window:
     ) -> None:
         self.client = client if client is not None else Client(endpoint)
         self._own_client = client is None
-        options = _task_options(dialect, ephemeral)
-        self.state = _Conversations(
-            task, prefix, dialect, context_window, on_turn, ephemeral, self._open
-        )
-        self._options = options
-        if task is not None:
-            self.state.entry(())  # a wrong task id fails here, not on the first request
+        self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
 
     def _open(self, task: str) -> Task:
         return self.client.task(task, **self._options)
@@ -349,21 +380,13 @@ class Window:
         view = handle.truncated_messages(request.messages)["messages"]
         self.state.compacted(request, view, compacted["deleted_range"])
 
-    def finish(self, request: Request, usage: Usage | None) -> Turn:
-        """Record the request's usage for the next turn and report it."""
-        return self.state.finish(request, usage)
-
-    def last(self, task: str | None = None) -> Turn | None:
-        """The latest turn of ``task`` (default: of the conversation used last)."""
-        return self.state.last(task)
-
     def close(self) -> None:
         """Close the ctxwin client, if this window made it."""
         if self._own_client:
             self.client.close()
 
 
-class AsyncWindow:
+class AsyncWindow(_Shared):
     """The asyncio twin of :class:`Window` (same arguments, with an :class:`AsyncClient`)."""
 
     def __init__(
@@ -380,12 +403,7 @@ class AsyncWindow:
     ) -> None:
         self.client = client if client is not None else AsyncClient(endpoint)
         self._own_client = client is None
-        self._options = _task_options(dialect, ephemeral)
-        self.state = _Conversations(
-            task, prefix, dialect, context_window, on_turn, ephemeral, self._open
-        )
-        if task is not None:
-            self.state.entry(())
+        self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
 
     def _open(self, task: str) -> AsyncTask:
         return self.client.task(task, **self._options)
@@ -416,14 +434,6 @@ class AsyncWindow:
         view = (await handle.truncated_messages(request.messages))["messages"]
         self.state.compacted(request, view, compacted["deleted_range"])
 
-    def finish(self, request: Request, usage: Usage | None) -> Turn:
-        """Record the request's usage for the next turn and report it."""
-        return self.state.finish(request, usage)
-
-    def last(self, task: str | None = None) -> Turn | None:
-        """The latest turn of ``task`` (default: of the conversation used last)."""
-        return self.state.last(task)
-
     def close(self) -> None:
         """Close the ctxwin client now, if this window made it."""
         if self._own_client:
@@ -452,3 +462,101 @@ def window_of(wrapped: object) -> Window | AsyncWindow:
     if not isinstance(window, Window | AsyncWindow):
         raise TypeError(f"{type(wrapped).__name__} object is not a ctxwin adapter")
     return window
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """What an adapter's window is made of; :meth:`window` and :meth:`async_window` make it.
+
+    Attributes:
+        prefix: the prefix of derived task ids.
+        dialect: the message dialect of the tasks.
+        task: the task id for every conversation, or None to derive them.
+        context_window: the model's window in tokens, or None for the known one.
+        endpoint: where the daemon listens (default: as the client finds it).
+        on_turn: called with each :class:`Turn`.
+    """
+
+    prefix: str
+    dialect: str
+    task: str | None = None
+    context_window: int | None = None
+    endpoint: str | None = None
+    on_turn: Callable[[Turn], None] | None = None
+
+    def _open(self, kind: type[Window] | type[AsyncWindow], owner: object) -> Window | AsyncWindow:
+        window = kind(
+            task=self.task,
+            prefix=self.prefix,
+            dialect=self.dialect,
+            context_window=self.context_window,
+            endpoint=self.endpoint,
+            on_turn=self.on_turn,
+        )
+        weakref.finalize(owner, window.close)
+        return window
+
+    def window(self, owner: object) -> Window:
+        """A blocking window with a client of its own, closed once ``owner`` is collected."""
+        return cast(Window, self._open(Window, owner))
+
+    def async_window(self, owner: object) -> AsyncWindow:
+        """An asyncio window with a client of its own, closed once ``owner`` is collected."""
+        return cast(AsyncWindow, self._open(AsyncWindow, owner))
+
+
+W = TypeVar("W", Window, AsyncWindow)
+S = TypeVar("S")
+
+
+def keep_wrapped(client: S, window: W, rewrap: Callable[[S, W], S]) -> S:
+    """Mark ``client`` as wrapped around ``window``; its copies (``with_options``) are wrapped too.
+
+    Args:
+        client: the SDK client whose methods were just replaced.
+        window: the window they use.
+        rewrap: wraps a copy of the client around the same window.
+
+    Returns:
+        ``client``.
+    """
+    copy = getattr(client, "copy")  # noqa: B009 - both SDKs' clients have it
+
+    def copy_wrapped(*args: Any, **kwargs: Any) -> S:
+        return rewrap(copy(*args, **kwargs), window)
+
+    setattr(client, "copy", copy_wrapped)  # noqa: B010 - instance override
+    setattr(client, "with_options", copy_wrapped)  # noqa: B010 - with_options is copy
+    setattr(client, "_ctxwin_window", window)  # noqa: B010
+    return client
+
+
+def answered(
+    window: Window | AsyncWindow,
+    request: Request,
+    result: Any,
+    *,
+    streaming: bool,
+    watch: Callable[[dict[str, Any]], Callable[[Any], bool]],
+    usage: Callable[[Any], Usage | None],
+) -> Any:
+    """What an SDK call returns, with the request finished once its usage is known.
+
+    Args:
+        window: the window the request was begun on.
+        request: the request.
+        result: the SDK's answer: a response, or a stream when ``streaming``.
+        streaming: whether ``result`` is a stream (sync or async, as the window).
+        watch: makes the stream's item filter; it keeps the usage it sees in
+            the map it is given, under ``"usage"``.
+        usage: the wire usage from the response's (or the stream's) usage, or None.
+
+    Returns:
+        ``result`` itself, or the stream watched so that its end finishes the request.
+    """
+    if not streaming:
+        window.finish(request, usage(getattr(result, "usage", None)))
+        return result
+    seen: dict[str, Any] = {}
+    kind = AsyncWatchedStream if isinstance(window, AsyncWindow) else WatchedStream
+    return kind(result, watch(seen), lambda: window.finish(request, usage(seen.get("usage"))))
