@@ -133,19 +133,28 @@ def test_a_task_names_its_own_read_tools_and_keeps_them_across_restarts(tmp_path
 
 
 def test_stored_read_tools_that_no_longer_build_are_kept_and_not_used(tmp_path: Path) -> None:
-    """A ctxwin.json whose read tools do not build: the task is served, the tools are kept."""
+    """A ctxwin.json tool that does not build: the task is served, the tool kept and not used."""
     with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as first:
         first.task("reads-stale", dialect="anthropic", read_tools=OPEN_FILE).inspect()
         first.flush("reads-stale")
     meta_path = daemon.task_dir("reads-stale") / "ctxwin.json"
     meta = json.loads(meta_path.read_text())
-    meta["read_tools"] = [{"name": "open_file", "arg": "filename", "pattern": "("}]
+    stale = {"name": "open_file", "arg": "filename", "pattern": "("}
+    meta["read_tools"] = [stale]
     meta_path.write_text(json.dumps(meta))
     with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as second:
         task = second.task("reads-stale", dialect="anthropic")
         assert not task.optimize_file_reads(_open_file_reads())["changed"]
         assert meta["read_tools"] == task.inspect()["read_tools"]
         assert "stored_read_tools_unused" in daemon.log()
+        # Sent again as stored, the tool is refused by name rather than taken silently.
+        with pytest.raises(BadRequestError, match=r"read_tools\[0\]: .*does not compile"):
+            task.inspect(read_tools=[stale])
+    meta["read_tools"] = [stale, *OPEN_FILE]  # one bad entry leaves the others in use
+    meta_path.write_text(json.dumps(meta))
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as third:
+        task = third.task("reads-stale", dialect="anthropic")
+        assert task.optimize_file_reads(_open_file_reads())["changed"]
 
 
 def test_read_tools_that_cannot_be_used_are_refused_by_name(client: Client) -> None:
@@ -157,9 +166,29 @@ def test_read_tools_that_cannot_be_used_are_refused_by_name(client: Client) -> N
         task.inspect(read_tools=[{"name": "sh", "arg": "cmd", "pattern": "cat .*"}])
     with pytest.raises(BadRequestError, match=r"read_tools\[0\] must be a map"):
         task.inspect(read_tools=["open_file"])  # type: ignore[list-item]
+    with pytest.raises(BadRequestError, match="read_tools must be a list"):
+        task.inspect(read_tools="open_file")  # type: ignore[arg-type]
     with pytest.raises(BadRequestError, match="read_tools applies to the native dialects"):
         client.task("reads-cline", read_tools=OPEN_FILE).inspect()
     assert [] == task.inspect()["read_tools"]  # nothing was taken from the refused calls
+    # The refused call fixed nothing: naming the dialect with the same tools now works.
+    retry = client.task("reads-cline", dialect="anthropic", read_tools=OPEN_FILE)
+    assert OPEN_FILE == retry.inspect()["read_tools"]
+    # A request refused for its messages leaves the tools it named unset.
+    with pytest.raises(BadRequestError, match=r"messages\[0\]"):
+        task.truncated_messages([{"role": "bogus"}], read_tools=OPEN_FILE)
+    assert [] == task.inspect()["read_tools"]
+
+
+def test_an_inspected_task_becomes_ephemeral_with_a_dialect_and_read_tools(
+    dialect_daemon: DaemonProcess, client: Client
+) -> None:
+    """Looked at first, then opened ephemeral in a native dialect with tools: nothing is written."""
+    client.task("reads-ephemeral").inspect()
+    task = client.task("reads-ephemeral", ephemeral=True, dialect="anthropic", read_tools=OPEN_FILE)
+    assert task.optimize_file_reads(_open_file_reads())["changed"]
+    client.flush()
+    assert not (dialect_daemon.task_dir("reads-ephemeral") / "ctxwin.json").exists()
 
 
 def test_a_delta_synced_error_names_the_absolute_history_index(client: Client) -> None:

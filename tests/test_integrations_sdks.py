@@ -156,6 +156,23 @@ def test_a_second_refusal_reaches_the_caller_after_one_retry(ctxwind: DaemonProc
         assert [400, 400] == [r.status for r in provider.sent(CHAT)]
 
 
+def test_one_task_id_serves_chat_and_responses_calls_and_copies_keep_it(
+    ctxwind: DaemonProcess,
+) -> None:
+    """A given task id: chat calls use it, Responses calls `<task>-responses`, copies too."""
+    turns: list[Turn] = []
+    with FakeProvider() as provider:
+        client = ctxwin_openai.wrap(
+            _openai(provider), task="both-apis", endpoint=ctxwind.endpoint, on_turn=turns.append
+        )
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        client.with_options(timeout=30).responses.create(
+            model="gpt-4o", input=[{"role": "user", "content": "hi"}]
+        )
+        client.close()
+    assert ["both-apis", "both-apis-responses"] == [turn.task for turn in turns]
+
+
 @pytest.mark.anyio
 async def test_responses_through_the_async_client_stream_and_shrink(ctxwind: DaemonProcess) -> None:
     """AsyncOpenAI responses.create, streamed and not: valid views, cut, with notices."""

@@ -9,6 +9,7 @@ arguments: adding an argument to an op means editing its builder, nothing else.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect as _inspect
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -81,11 +82,12 @@ ReadTools = Sequence[Mapping[str, Any]]
 
 
 def copy_read_tools(tools: ReadTools | None) -> list[dict[str, Any]] | None:
+    """A call's own copy of ``read_tools`` (None stays None)."""
     # Copied, so that the caller's later edits do not reach a call in flight; what
-    # is not a map goes as it is, for the daemon to refuse by its position.
-    if tools is None:
-        return None
-    return [dict(tool) if isinstance(tool, Mapping) else tool for tool in tools]
+    # is not a list of maps goes as it is, for the daemon to refuse it by name.
+    if tools is None or isinstance(tools, str | bytes | Mapping):
+        return tools  # type: ignore[return-value]
+    return [copy.deepcopy(dict(tool)) if isinstance(tool, Mapping) else tool for tool in tools]
 
 
 def _ts(ts: int | None) -> int:

@@ -294,6 +294,8 @@ class TaskActor:
         assert state is not None
         assert isinstance(envelope.op, str)
         op, args, reply = envelope.op, envelope.args, envelope.reply
+        tools: tuple[tuple[dict[str, Any], ...], tuple[engine.ReadTool, ...]] | None = None
+        before = self._read_tools, self._own_tools
         try:
             if not self.ephemeral and not self.store.serving():
                 # The lease may have passed to another daemon: answer nothing more from here.
@@ -301,13 +303,15 @@ class TaskActor:
                 raise ActorStoppedError(
                     f"task {self.task}: this daemon's lease on it lapsed; send the request again"
                 )
-            self._check_dialect(state, op, args)
-            if "read_tools" in args:
-                self._set_read_tools(state, op, args["read_tools"])
+            # Everything a request names is checked before anything is fixed by it.
+            tools = self._wanted_tools(state, op, args)
             if args.get("ephemeral") is True and not self.ephemeral:
                 self._become_ephemeral(state)
             elif op != "inspect":
                 self._only_inspected = False
+            self._check_dialect(state, op, args)
+            if tools is not None:
+                self._use_tools(state, *tools)
             own = _OWN_OPS.get(op)
             if own is not None:
                 result = await own(self)
@@ -316,6 +320,8 @@ class TaskActor:
             else:
                 result = run_task_op(state, op, args)
         except Exception as exc:
+            if tools is not None and (self._read_tools, self._own_tools) != before:
+                self._use_tools(state, *before)  # a refused request leaves its tools unset
             self._changed()  # a failing op may still have changed the state
             if reply is not None:
                 reply.set_exception(exc)
@@ -371,7 +377,7 @@ class TaskActor:
                     "task id)",
                 )
             if asked == engine.CLINE and self._own_tools:
-                raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, _CLINE_READ_TOOLS)
+                raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {_CLINE_READ_TOOLS}")
             state.set_dialect(asked, self._reads(asked))
             self.kept.use_dialect(asked)
         if op != "inspect":
@@ -381,24 +387,33 @@ class TaskActor:
         return self.system.reads_for(dialect, self._own_tools)
 
     def _load_read_tools(self, stored: tuple[dict[str, Any], ...]) -> None:
-        """Take the stored read tools; ones that no longer build are kept but not used."""
+        """Take the stored read tools; each one that no longer builds is kept but not used."""
         self._read_tools = stored
-        try:
-            self._own_tools = tuple(engine.read_tool_from_config(item) for item in stored)
-        except ValueError as exc:
-            self._own_tools = ()
-            _log.warning("stored_read_tools_unused", task=self.task, error=str(exc))
+        built = []
+        for position, item in enumerate(stored):
+            try:
+                built.append(engine.read_tool_from_config(item))
+            except ValueError as exc:
+                _log.warning(
+                    "stored_read_tools_unused", task=self.task, tool=position, error=str(exc)
+                )
+        self._own_tools = tuple(built)
 
-    def _set_read_tools(self, state: engine.TaskState, op: str, asked: list[Any]) -> None:
-        """Make ``asked`` the task's own read tools (besides the daemon's table).
+    def _wanted_tools(
+        self, state: engine.TaskState, op: str, args: dict[str, Any]
+    ) -> tuple[tuple[dict[str, Any], ...], tuple[engine.ReadTool, ...]] | None:
+        """The read tools a request gives, built; None when it gives none or the ones in use.
 
         Raises:
             ProtocolError: ``bad_request`` naming the tool that is not of the
                 configuration form, or for a task of the Cline dialect.
         """
+        asked = args.get("read_tools")
+        if asked is None:
+            return None
         wanted = tuple(asked)
-        if wanted == self._read_tools:
-            return
+        if wanted == self._read_tools and len(self._own_tools) == len(wanted):
+            return None
         built = []
         for position, item in enumerate(wanted):
             try:
@@ -407,9 +422,19 @@ class TaskActor:
                 raise proto.ProtocolError(
                     proto.ErrorCode.BAD_REQUEST, f"{op}: read_tools[{position}]: {exc}"
                 ) from None
-        if built and state.dialect == engine.CLINE:
+        dialect = args.get("dialect") or state.dialect
+        if built and dialect == engine.CLINE:
             raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {_CLINE_READ_TOOLS}")
-        self._read_tools, self._own_tools = wanted, tuple(built)
+        return wanted, tuple(built)
+
+    def _use_tools(
+        self,
+        state: engine.TaskState,
+        wanted: tuple[dict[str, Any], ...],
+        built: tuple[engine.ReadTool, ...],
+    ) -> None:
+        """Make these the task's own read tools (besides the daemon's table)."""
+        self._read_tools, self._own_tools = wanted, built
         self._read_tool_changes += 1
         state.set_dialect(state.dialect, self._reads(state.dialect))
 

@@ -64,6 +64,7 @@ class KeptHistory:
         if dialect is not self.dialect:
             self.dialect = dialect
             self.mapped = None
+            self._kept_out.clear()
 
     async def run(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """Run an op over the task's history, resolving a delta and answering a patch.
@@ -243,6 +244,7 @@ class KeptHistory:
         """Forget the kept history (memory cap); the next delta gets ``resync_required``."""
         self.history = None
         self.mapped = None
+        self._kept_out.clear()  # its messages are the history's: they go with it
         self._sent_overrides = None
         self._last_patch = None
 

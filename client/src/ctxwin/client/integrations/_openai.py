@@ -18,6 +18,8 @@ __all__ = ["usage_from_responses", "wrap"]
 C = TypeVar("C", openai.OpenAI, openai.AsyncOpenAI)
 
 CHAT_DIALECT = "openai-chat"
+RESPONSES_SUFFIX = "-responses"
+"""Added to a given task id for the task of ``responses.create`` calls (``task-responses``)."""
 RESPONSES_DIALECT = "openai-responses"
 
 
@@ -128,8 +130,10 @@ class _Calls:
 
     def __init__(self, window: Window | AsyncWindow) -> None:
         self.chat_window = window
+        task = window.state.task
         self.responses_window = type(window)(
-            task=window.state.task,
+            # A task has one dialect: Responses calls get a task of their own.
+            task=None if task is None else f"{task}{RESPONSES_SUFFIX}",
             prefix=RESPONSES_DIALECT,
             dialect=RESPONSES_DIALECT,
             context_window=window.state.context_window,
@@ -257,10 +261,11 @@ def wrap(
     Args:
         client: an ``openai.OpenAI`` or ``openai.AsyncOpenAI`` client (Azure too).
             It is copied (``with_options()``); the original stays as it was.
-        task: the ctxwin task id for every conversation of this client; None
-            derives one per conversation from its system messages and first
-            user message (``openai-chat-<digest>``, ``openai-responses-<digest>``),
-            stable across restarts.
+        task: the ctxwin task id for every conversation of this client
+            (``responses.create`` calls use ``<task>-responses``: a task has one
+            dialect); None derives one per conversation from its system
+            messages and first user message (``openai-chat-<digest>``,
+            ``openai-responses-<digest>``), stable across restarts.
         context_window: the model's window in tokens; None takes the model's
             known window (from each call's ``model=``), else the daemon's default.
         endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
