@@ -124,9 +124,19 @@ class Loopback:
     def patch(
         self, result: dict[str, Any], history: engine.History, args: dict[str, Any]
     ) -> dict[str, Any]:
-        patch = _view_patch(result["messages"], history.messages, self.state.deleted_range)
-        assert patch is not None
-        reused = self.kept._reuse_overrides(patch, args.get("patch_base"))
+        view_patch = getattr(self.kept, "view_patch", None)  # (trees before it: two steps)
+        if view_patch is not None:
+            reused = view_patch(
+                result["messages"],
+                history,
+                self.state.deleted_range,
+                args.get("patch_base"),
+                prepend=args.get("view") == "patch_prepend",
+            )
+        else:
+            patch = _view_patch(result["messages"], history.messages, self.state.deleted_range)
+            assert patch is not None
+            reused = self.kept._reuse_overrides(patch, args.get("patch_base"))
         answer = {key: value for key, value in result.items() if key != "messages"}
         answer["patch"] = reused
         return answer
@@ -249,8 +259,10 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     assert not result["range_updated"], "pick a turn that does not cut"
     saved = {
         name: getattr(loop.kept, name)
-        for name in ("_sent_overrides", "_patch_token", "_patch_serial")
+        for name in ("_sent_overrides", "_patch_token", "_patch_serial", "_last_patch")
+        if hasattr(loop.kept, name)
     }
+    unchanged = getattr(kept, "_unchanged", None)  # the kept history's mark of changes
     answer = loop.patch(result, kept, args)
     reply_body = _encode_result(request_id, answer)
     handle = loop.handle
@@ -260,6 +272,8 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     def reset_actor() -> None:
         for name, value in saved.items():
             setattr(loop.kept, name, value)
+        if unchanged is not None:
+            kept._unchanged = unchanged
 
     def sync_and_settle() -> None:
         loop.sync(args)

@@ -123,7 +123,16 @@ def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
         "pong": True,
         "version": proto.__version__,
         "proto": proto.PROTOCOL_VERSION,
-        "features": ["delta", "view_patch", "budgeting", "plan", "fleet", "dialects", "read_tools"],
+        "features": [
+            "delta",
+            "view_patch",
+            "view_patch_prepend",
+            "budgeting",
+            "plan",
+            "fleet",
+            "dialects",
+            "read_tools",
+        ],
         "dialects": ["cline", "openai-chat", "anthropic", "openai-responses", "gemini"],
     }
 

@@ -125,6 +125,45 @@ def test_turns_append_and_views_match_full_mode(delta_daemon: DaemonProcess) -> 
         assert delta.delta
 
 
+def test_tool_results_filled_in_turn_after_turn_match_full_mode(
+    delta_daemon: DaemonProcess,
+) -> None:
+    """User messages lacking their tool results: delta views equal full ones, the reply small."""
+    messages: list[dict[str, Any]] = conversation(0)
+    with Client(delta_daemon.endpoint) as client:
+        delta, full = both(client, "fills")
+        for turn in range(5):
+            messages = [
+                *messages,
+                {"role": "user", "content": [{"type": "text", "text": f"ran {turn}\n" * 200}]},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": f"t{turn}", "name": "run", "input": {}}],
+                },
+            ]
+            view = delta.truncated_messages(messages)["messages"]
+            assert full.truncated_messages(messages)["messages"] == view
+            usage: proto.Usage = {"ts": turn, "tokens_in": 1_000, "tokens_out": 50}
+            want = full.prepare_request(messages, MODEL, previous_request=usage)
+            assert want == delta.prepare_request(messages, MODEL, previous_request=usage)
+        newest: Any = view[-2]
+        assert [block["type"] for block in newest["content"]] == ["tool_result", "text"]
+        assert newest["content"][1] is messages[-2]["content"][0]  # the caller's own block
+    chain = proto.DigestChain(messages)
+    asked: dict[str, Any] = {
+        "task": "fills-delta",
+        "base": len(messages),
+        "append": [],
+        "view": "patch_prepend",
+    }
+    asked["base_digest"] = chain.digest(len(messages))
+    reply = delta_daemon.call("truncated_messages", asked)
+    assert reply.result is not None
+    patch = reply.result["patch"]
+    assert len(messages) - 2 in [origin for origin, _ in patch["prepend"]]
+    assert patch["overrides"] == []
+
+
 def test_a_rewritten_history_and_a_dropped_tail_resync_or_cut(delta_daemon: DaemonProcess) -> None:
     """Messages replaced in the middle and a dropped trailing message give full-mode views."""
     with Client(delta_daemon.endpoint) as client:
@@ -323,6 +362,23 @@ def test_a_daemon_without_delta_sync_gets_whole_lists(tmp_path: Path) -> None:
         assert not task.delta
         assert task.truncated_messages(messages)["messages"] == messages
         assert ["view" in request.args for request in router.requests] == [True, False, False]
+
+
+def test_a_daemon_without_the_prepend_form_gets_plain_patch_requests(tmp_path: Path) -> None:
+    """A daemon that refuses view patch_prepend is asked for plain patches from then on."""
+
+    def older_daemon(request: proto.Request) -> list[bytes]:
+        if request.args.get("view") == "patch_prepend":
+            return error(request, "bad_request", f"{request.op}: view must be one of list, patch")
+        return ok(request, {"messages": request.args["messages"]})
+
+    messages = conversation(1)
+    with FakeRouter(tmp_path, older_daemon) as router, Client(router.endpoint) as client:
+        task = client.task("older")
+        assert task.truncated_messages(messages)["messages"] == messages
+        assert task.delta
+        views = [request.args.get("view") for request in router.requests]
+        assert views == ["patch_prepend", "patch"]
 
 
 def test_patches_resend_only_new_overrides_to_a_caller_that_holds_the_last(

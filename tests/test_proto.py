@@ -214,7 +214,7 @@ def test_every_op_of_the_design_table_is_known() -> None:
         ({"append": [], "base": -1, "base_digest": bytes(16)}, "base must be a non-negative"),
         ({"append": [], "base": 0, "base_digest": b"short"}, "base_digest must be 16 bytes"),
         ({"append": [{"role": "x"}], "base": 3, "base_digest": bytes(16)}, "messages[3].role"),
-        ({"messages": [], "view": "diff"}, "view must be one of list, patch"),
+        ({"messages": [], "view": "diff"}, "view must be one of list, patch, patch_prepend"),
     ],
 )
 def test_delta_arguments_are_checked(args: dict[str, Any], fragment: str) -> None:

@@ -172,12 +172,14 @@ class DeltaSync:
     more; a daemon without delta sync (it refuses the fields) turns it off.
     """
 
-    __slots__ = ("enabled", "patches", "sender")
+    __slots__ = ("enabled", "patches", "sender", "view")
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.sender = proto.DeltaSender()
         self.patches = proto.PatchReceiver()
+        # Patches with ``prepend`` entries; plain ones from a daemon that refuses the form.
+        self.view = "patch_prepend"
 
     def reset(self) -> None:
         """Send the whole list next time (after editing old messages in place)."""
@@ -206,7 +208,7 @@ class DeltaSync:
             sender.sent(messages, history, owned=owned)
             return result
 
-        asked: dict[str, Any] = {**history, "view": "patch"}
+        asked: dict[str, Any] = {**history, "view": self.view}
         if patches.token is not None:
             asked["patch_base"] = patches.token
         return _with_history(call, asked, finish, sending)
@@ -221,6 +223,9 @@ class DeltaSync:
             self.sender.reset()
             return self.call(call, messages, owned=owned)
         refused = error.code == ErrorCode.BAD_REQUEST.value and not error.local
+        if refused and self.view != "patch" and "view must be one of" in error.message:
+            self.view = "patch"  # a daemon without the prepend form
+            return self.call(call, messages, owned=owned)
         if refused and "unknown argument" in error.message:  # a daemon without delta sync
             self.enabled = False
             self.sender.reset()

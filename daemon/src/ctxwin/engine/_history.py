@@ -27,7 +27,7 @@ class ResyncRequired(Exception):
 class History:
     """The messages of one task with their prefix digests and cached token counts."""
 
-    __slots__ = ("_chain", "_others", "_positions", "_tokens", "messages")
+    __slots__ = ("_chain", "_others", "_positions", "_tokens", "_unchanged", "messages")
 
     def __init__(self, messages: Sequence[Message] = ()) -> None:
         self.messages = KnownPairs(messages)
@@ -41,6 +41,8 @@ class History:
         # Counts of view messages that are not the history's (overlaid or repaired
         # copies); a view built on the last one shares them, so they count once.
         self._others: dict[int, tuple[Message, int]] = {}
+        # Messages below this index are the same objects as at the last take_unchanged().
+        self._unchanged = 0
 
     def _cut(self, length: int) -> None:
         """Drop messages from ``length`` on, with their caches."""
@@ -50,6 +52,7 @@ class History:
         del self.messages[length:]
         del self._tokens[length:]
         self.messages.changed_from(length)
+        self._unchanged = min(self._unchanged, length)
 
     def _extend(self, messages: Sequence[Message]) -> None:
         first = len(self.messages)
@@ -61,6 +64,15 @@ class History:
 
     def __len__(self) -> int:
         return len(self.messages)
+
+    def take_unchanged(self) -> int:
+        """How many leading messages are the same objects as at the last call (0 the first time).
+
+        A view patch made on the last one needs to look again only at view
+        messages that changed and at history messages from there on.
+        """
+        unchanged, self._unchanged = self._unchanged, len(self.messages)
+        return min(unchanged, len(self.messages))
 
     def settle(self) -> None:
         """Hash the messages the digest chain does not cover yet (cheap when it covers all)."""

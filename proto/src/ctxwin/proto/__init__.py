@@ -30,6 +30,7 @@ from ._delta import (
     apply_view_patch,
     chain_digest,
     message_digest,
+    prepended_blocks,
 )
 from ._endpoint import (
     ENDPOINT_ENV,
@@ -171,6 +172,7 @@ __all__ = [
     "now_ms",
     "pack",
     "peek_request_id",
+    "prepended_blocks",
     "read_overlay",
     "resolve_endpoint",
     "result_encoder",

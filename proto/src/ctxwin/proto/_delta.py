@@ -128,9 +128,12 @@ class DigestChain:
 def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[Any]:
     """Rebuild a view from the caller's own history and a patch result.
 
-    A patch is ``{"length": n, "keep_from": k, "overrides": [[index, message], ...]}``:
-    the view is messages 0 and 1 and ``k`` to ``n - 1`` of the history (all of
-    it when ``n < 2``), with each listed index replaced by its message.
+    A patch is ``{"length": n, "keep_from": k, "overrides": [[index, message], ...]}``,
+    optionally with ``"prepend": [[index, [block, ...]], ...]``: the view is
+    messages 0 and 1 and ``k`` to ``n - 1`` of the history (all of it when
+    ``n < 2``), with each listed index replaced by its message, and each
+    prepended index by the history's own message at that index with the
+    blocks put before its content.
 
     Raises:
         ValueError: when the patch does not fit ``history``.
@@ -138,17 +141,66 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
     overrides = patch.get("overrides")
     if not isinstance(overrides, list):
         raise ValueError("view patch does not match the history it is applied to")
-    return _view_of(history, patch, _overrides(overrides))
+    return _view_of(history, patch, _overrides(history, overrides, patch.get("prepend")))
 
 
-def _overrides(items: list[Any]) -> dict[int, Any]:
-    """A patch's ``[[index, message], ...]`` as a map (a later index wins, as applied in turn)."""
+def _overrides(history: Sequence[Any], items: list[Any], prepend: object = None) -> dict[int, Any]:
+    """A patch's ``overrides`` (a later index wins, as applied in turn) and ``prepend`` as a map.
+
+    A prepended message is rebuilt from the caller's own message: the same
+    fields (the same objects), the content a new list of the given blocks
+    followed by the message's own blocks.
+    """
     held: dict[int, Any] = {}
     for item in items:
         if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
             raise ValueError("view patch overrides an index that is not in the view")
         held[item[0]] = item[1]
+    if prepend is None:
+        return held
+    if not isinstance(prepend, list):
+        raise ValueError("view patch prepend must be a list of [index, blocks]")
+    for item in prepend:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or type(item[0]) is not int
+            or not isinstance(item[1], list)
+        ):
+            raise ValueError("view patch prepend must be a list of [index, blocks]")
+        index, blocks = item
+        if not 0 <= index < len(history) or index in held:
+            raise ValueError("view patch prepends to an index that is not in the view")
+        message = history[index]
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list | tuple):
+            raise ValueError(f"view patch prepends to message {index}, which has no block list")
+        held[index] = {**message, "content": [*blocks, *content]}
     return held
+
+
+def prepended_blocks(original: Mapping[str, Any], message: Mapping[str, Any]) -> list[Any] | None:
+    """The blocks ``message`` puts before ``original``'s content, when that is all it changes.
+
+    That is: the same keys in the same order, every value but ``content`` the
+    very object ``original`` holds, and ``content`` a list ending with
+    ``original``'s own block objects. None otherwise (the whole message must
+    be sent). A ``prepend`` entry of these blocks rebuilds a message equal to
+    ``message`` from the caller's copy of ``original``.
+    """
+    content = original.get("content")
+    new = message.get("content")
+    if type(content) is not list or type(new) is not list or len(message) != len(original):
+        return None
+    added = len(new) - len(content)
+    if added < 0 or list(message) != list(original):
+        return None
+    for key, value in message.items():
+        if key != "content" and original[key] is not value:
+            return None
+    if any(map(operator.is_not, itertools.islice(new, added, None), content)):
+        return None
+    return new[:added]
 
 
 def _view_of(history: Sequence[Any], patch: Mapping[str, Any], held: dict[int, Any]) -> list[Any]:
@@ -210,7 +262,7 @@ class PatchReceiver:
     Every patch carries a ``token``. A caller that sends a token it applied as
     ``patch_base`` may get ``reuse: true`` with ``base`` (that token): the
     overrides of that patch stand, except the ``dropped`` indices, and
-    ``overrides`` lists only what is new or changed. Overlaid messages then
+    ``overrides`` (and ``prepend``) list only what is new or changed. Overlaid messages then
     cross the wire once, not every turn. Any mismatch (a lost reply, a daemon
     restart) makes the daemon send every override again. The overrides of the
     last few patches are kept, so that replies to calls made concurrently on
@@ -234,7 +286,7 @@ class PatchReceiver:
         overrides = patch.get("overrides")
         if not isinstance(overrides, list):
             raise ValueError("view patch without overrides")
-        new = _overrides(overrides)
+        new = _overrides(history, overrides, patch.get("prepend"))
         if patch.get("reuse"):
             base = patch.get("base")
             dropped = patch.get("dropped")

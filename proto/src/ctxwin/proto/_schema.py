@@ -23,7 +23,7 @@ TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 KEEP_VALUES = ("none", "lastTwo", "half", "quarter")
 COMPACT_KEEP_VALUES = ("quarter", "none")
 USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
-VIEW_VALUES = ("list", "patch")
+VIEW_VALUES = ("list", "patch", "patch_prepend")
 STRATEGY_VALUES = ("default", "fit")
 DIALECTS = ("cline", "openai-chat", "anthropic", "openai-responses", "gemini")
 """A task's message dialects (docs/DIALECTS.md); ``cline`` (SPEC.md) is the default."""

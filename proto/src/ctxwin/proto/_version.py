@@ -5,11 +5,21 @@ PROTOCOL_VERSION = 1
 
 __version__ = "0.1.0"
 
-FEATURES = ("delta", "view_patch", "budgeting", "plan", "fleet", "dialects", "read_tools")
+FEATURES = (
+    "delta",
+    "view_patch",
+    "view_patch_prepend",
+    "budgeting",
+    "plan",
+    "fleet",
+    "dialects",
+    "read_tools",
+)
 """Optional parts of protocol version 1 this version implements, named in ``ping``.
 
 ``delta``: ops that take ``messages`` also take ``base``/``base_digest``/``append``;
-``view_patch``: ``view: "patch"`` returns views as patches; ``budgeting``:
+``view_patch``: ``view: "patch"`` returns views as patches; ``view_patch_prepend``:
+``view: "patch_prepend"`` returns them with ``prepend`` entries too; ``budgeting``:
 ``prepare_request`` takes ``strategy``/``proactive``/``estimate`` and tasks
 calibrate estimates; ``plan``: the ``plan`` op; ``fleet``: a task is served by
 one daemon at a time, and another answers ``owned_elsewhere`` naming its ``owner``;
