@@ -41,6 +41,17 @@ def _unread_bytes(port: int) -> int:
     return total
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state ``T``)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            continue  # a thread that just ended
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 def _session(
     kind: str, endpoint: str, op: str, args: tuple[Any, ...], connected: threading.Event
 ) -> Callable[[threading.Event], object]:
@@ -87,6 +98,8 @@ class InFlight:
         assert connected.wait(10)
         assert daemon.proc is not None
         os.kill(daemon.proc.pid, signal.SIGSTOP)
+        # The signal stops each thread in turn: until all are, one of them may still read.
+        wait_until(lambda: _stopped(daemon.proc.pid), 10, "the daemon stops")
         go.set()
         wait_until(lambda: _unread_bytes(port) > 0, 10, f"{op} waits in the daemon's socket")
 
