@@ -97,9 +97,10 @@ class InFlight:
         self.thread.start()
         assert connected.wait(10)
         assert daemon.proc is not None
-        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        pid = daemon.proc.pid
+        os.kill(pid, signal.SIGSTOP)
         # The signal stops each thread in turn: until all are, one of them may still read.
-        wait_until(lambda: _stopped(daemon.proc.pid), 10, "the daemon stops")
+        wait_until(lambda: _stopped(pid), 10, "the daemon stops")
         go.set()
         wait_until(lambda: _unread_bytes(port) > 0, 10, f"{op} waits in the daemon's socket")
 
