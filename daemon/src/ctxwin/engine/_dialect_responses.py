@@ -24,6 +24,7 @@ from ._dialect import (
     block,
     originals,
 )
+from ._dialect_anthropic import outer_content
 from ._dialect_chat import parse_arguments, text_parts, written_content
 
 TEXT_KINDS = ("input_text", "output_text", "text")
@@ -54,18 +55,6 @@ def _output_blocks(output: object) -> list[Block]:
                     continue
             inner.append({"type": "opaque", "visible": ""})
     return inner
-
-
-def _written_output(original: object, inner: list[Block], mapped: list[Block]) -> object:
-    if isinstance(original, str):
-        return inner[0]["text"] if inner and inner[0].get("type") == "text" else original
-    if not isinstance(original, list):
-        return original
-    out = list(original)
-    for place, item in enumerate(inner[: len(out)]):
-        if place < len(mapped) and item is not mapped[place] and item.get("type") == "text":
-            out[place] = {**out[place], "text": item["text"]}
-    return out
 
 
 class ResponsesDialect(Dialect):
@@ -131,7 +120,7 @@ class ResponsesDialect(Dialect):
             return out
         if self.holds_results(source):
             inner = mapped[ITEM]["content"]
-            output = _written_output(source.get("output"), own[0]["content"], inner)
+            output = outer_content(source.get("output"), own[0]["content"], inner)
             out.append({**source, "output": output})
             return out
         if source.get("type", "message") == "message":
