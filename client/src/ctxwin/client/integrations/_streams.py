@@ -9,7 +9,24 @@ from typing import Any
 __all__ = ["AsyncWatchedStream", "WatchedStream"]
 
 
-class WatchedStream:
+class _Watched:
+    """What both twins hold: the SDK stream, the filter, and the end not yet reported."""
+
+    def __init__(self, stream: Any, see: Callable[[Any], bool], end: Callable[[], object]) -> None:
+        self._stream = stream
+        self._see = see
+        self._end: Callable[[], object] | None = end
+
+    def _done(self) -> None:
+        end, self._end = self._end, None
+        if end is not None:
+            end()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class WatchedStream(_Watched):
     """Iterates an SDK stream as it is, shows each item to ``see``, calls ``end`` once.
 
     ``see(item)`` returns whether the caller gets the item (a usage chunk the
@@ -19,15 +36,8 @@ class WatchedStream:
     """
 
     def __init__(self, stream: Any, see: Callable[[Any], bool], end: Callable[[], object]) -> None:
-        self._stream = stream
-        self._see = see
-        self._end: Callable[[], object] | None = end
+        super().__init__(stream, see, end)
         self._items = self._watch()
-
-    def _done(self) -> None:
-        end, self._end = self._end, None
-        if end is not None:
-            end()
 
     def _watch(self) -> Iterator[Any]:
         try:
@@ -61,23 +71,13 @@ class WatchedStream:
         finally:
             self._done()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
-
-class AsyncWatchedStream:
+class AsyncWatchedStream(_Watched):
     """The asyncio twin of :class:`WatchedStream`."""
 
     def __init__(self, stream: Any, see: Callable[[Any], bool], end: Callable[[], object]) -> None:
-        self._stream = stream
-        self._see = see
-        self._end: Callable[[], object] | None = end
+        super().__init__(stream, see, end)
         self._items = self._watch()
-
-    def _done(self) -> None:
-        end, self._end = self._end, None
-        if end is not None:
-            end()
 
     async def _watch(self) -> AsyncIterator[Any]:
         try:
@@ -110,6 +110,3 @@ class AsyncWatchedStream:
             await self._stream.close()
         finally:
             self._done()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
