@@ -156,19 +156,11 @@ class KeptHistory:
             return _with_prepend(patch, messages) if prepend else patch
         held, sent, dropped = _patch_step(last, view, messages, unchanged)
         self._last_patch = _LastPatch(history, start, view, held)
+        patch = {"length": length, "keep_from": start, "overrides": sent, "token": token}
         if base is None or base != previous:
-            sent = [[origin, held[origin]] for origin in sorted(held)]
-            patch = {"length": length, "keep_from": start, "overrides": sent, "token": token}
+            patch["overrides"] = [[origin, held[origin]] for origin in sorted(held)]
         else:
-            patch = {
-                "length": length,
-                "keep_from": start,
-                "overrides": sent,
-                "token": token,
-                "reuse": True,
-                "base": previous,
-                "dropped": dropped,
-            }
+            patch |= {"reuse": True, "base": previous, "dropped": dropped}
         return _with_prepend(patch, messages) if prepend else patch
 
     def _next_token(self) -> bytes:
