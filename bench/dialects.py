@@ -132,8 +132,8 @@ def replay(
     messages = render_cline_reads(turns) if dialect == "cline" else RENDER[dialect](turns)
     ends = _turn_ends(messages, dialect)
     cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
-    history = History()
     native = dialect != "cline"
+    history = History(pairs=not native)
     state = TaskState(reads=DEFAULT_READ_RULES if native else None)
     mapped = MappedHistory(DIALECTS[dialect]) if native else None
     samples: list[tuple[int, float]] = []

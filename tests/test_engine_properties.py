@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxwin.engine import TaskState, next_truncation_range
+from ctxwin.engine._notices import DEFAULT_NOTICES
+from ctxwin.engine._view import pair_needs_repair, repair_tool_results
 from tests._strategies import apply, conversations, operations, run_all
 
 PROFILE = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -132,3 +134,30 @@ def test_the_input_is_never_mutated(
     assert pristine == messages
     assert view is not messages
     assert in_memory.messages is not messages
+
+
+_pair_ids = st.lists(st.sampled_from(["a", "b", "c"]), max_size=3)
+_pair_block = st.one_of(
+    st.builds(
+        lambda tool_id: {"type": "tool_result", "tool_use_id": tool_id, "content": "r"},
+        st.sampled_from(["a", "b", "c", "d", "", 7, None]),
+    ),
+    st.just({"type": "text", "text": "t"}),
+    st.just({"type": "image", "source": {}}),
+)
+
+
+@given(_pair_ids, st.one_of(st.lists(_pair_block, max_size=5), st.just("text")), st.booleans())
+def test_a_pair_needs_repair_exactly_when_the_repair_changes_it(
+    ids: list[str], content: Any, strict: bool
+) -> None:
+    """The check that builds nothing agrees with repair_tool_results on every pair."""
+    assistant = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "x"}]
+        + [{"type": "tool_use", "id": tool_id, "name": "n", "input": {}} for tool_id in ids],
+    }
+    user = {"role": "user", "content": content}
+    repaired = repair_tool_results(ids, user, DEFAULT_NOTICES) is not user
+    expected = repaired if ids or strict else False
+    assert pair_needs_repair(assistant, user, strict) == expected

@@ -65,6 +65,8 @@ class KeptHistory:
             self.dialect = dialect
             self.mapped = None
             self._kept_out.clear()
+            if self.history is not None:
+                self.history.keep_pairs(dialect is None)
 
     async def run(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """Run an op over the task's history, resolving a delta and answering a patch.
@@ -297,7 +299,8 @@ class KeptHistory:
         return self.history
 
     def _keep(self, messages: list[Any]) -> engine.History:
-        self.history = engine.History(messages)
+        # A native dialect's views are built from its internal form, which keeps its pairs.
+        self.history = engine.History(messages, pairs=self.dialect is None)
         return self.history
 
     def settle(self) -> None:

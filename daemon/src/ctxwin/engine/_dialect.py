@@ -66,6 +66,7 @@ class Dialect:
 
     Attributes:
         name: the dialect's wire name.
+        field: the request field its history is named by in errors.
         calls_end_turn: a message with calls must be answered by the next
             message (OpenAI Chat, Gemini), so it ends its internal message.
         new_inside: blocks the view adds (a missing result, a notice) go inside
@@ -74,6 +75,7 @@ class Dialect:
     """
 
     name = ""
+    field = "messages"
     calls_end_turn = False
     new_inside = False
 
@@ -81,7 +83,11 @@ class Dialect:
         """The internal form of history message ``index``.
 
         Raises:
-            DialectError: the message is not one this dialect can carry.
+            DialectError: the message is not one this dialect can carry; its
+                text names the place within the message (``.content[2] must
+                be a map``), which :class:`MappedHistory` puts after the
+                message's own (``messages[7]``), so that a message that maps
+                builds no place names.
         """
         raise NotImplementedError
 
@@ -362,7 +368,10 @@ class MappedHistory:
         return group
 
     def _append(self, message: Any, index: int) -> int:
-        mapped = self.dialect.map_message(message, index, self)
+        try:
+            mapped = self.dialect.map_message(message, index, self)
+        except DialectError as exc:
+            raise DialectError(f"{self.dialect.field}[{index}]{exc}") from None
         self.source.append(message)
         self.mapped.append(mapped)
         return self._place(index)
@@ -583,10 +592,13 @@ class MappedHistory:
                     continue
                 # Untouched internal messages up to the next changed one: one run.
                 stop = high if at == len(changed) else min(high, changed[at] - offset + low)
-                first = next((members[g][0] for g in range(k, stop) if members[g]), -1)
-                if first >= 0:
-                    final = next(members[g][-1] for g in range(stop - 1, k - 1, -1) if members[g])
-                    run(first, final + 1)
+                low_group, high_group = k, stop - 1  # skip empty ones (unanswered calls)
+                while low_group < stop and not members[low_group]:
+                    low_group += 1
+                if low_group < stop:
+                    while not members[high_group]:
+                        high_group -= 1
+                    run(members[low_group][0], members[high_group][-1] + 1)
                 k = stop
             offset += high - low
         self._serial += 1

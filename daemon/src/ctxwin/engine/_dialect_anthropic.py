@@ -11,7 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from ._blocks import Block, Message
-from ._dialect import ASSISTANT, PART, USER, Dialect, DialectError, Mapped, MappedHistory, block
+from ._dialect import (
+    ASSISTANT,
+    PART,
+    SRC,
+    USER,
+    Dialect,
+    DialectError,
+    Mapped,
+    MappedHistory,
+    block,
+)
 
 WHOLE = "content"
 """The part of a message whose content is one string."""
@@ -63,53 +73,59 @@ class AnthropicDialect(Dialect):
     new_inside = True
 
     def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
-        where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise DialectError(f"{where} must be a map")
+            raise DialectError(" must be a map")
         role = message.get("role")
         if role not in (USER, ASSISTANT):
             raise DialectError(
-                f"{where}.role must be 'user' or 'assistant' in the anthropic dialect "
+                ".role must be 'user' or 'assistant' in the anthropic dialect "
                 "(the system prompt is not a message there)"
             )
         content = message.get("content")
         if isinstance(content, str):
-            return Mapped(role, [block("text", index, WHOLE, text=content)])
+            return Mapped(role, [{"type": "text", "text": content, SRC: index, PART: WHOLE}])
         if not isinstance(content, list):
-            raise DialectError(f"{where}.content must be a string or a list of blocks")
+            raise DialectError(".content must be a string or a list of blocks")
         blocks: list[Block] = []
         calls = False
         for place, part in enumerate(content):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise DialectError(f"{where}.content[{place}] must be a map with a 'type'")
+                raise DialectError(f".content[{place}] must be a map with a 'type'")
             kind = part["type"]
             if kind == "text":
                 text = part.get("text")
                 if not isinstance(text, str):
-                    raise DialectError(f"{where}.content[{place}].text must be a string")
-                blocks.append(block("text", index, place, text=text))
+                    raise DialectError(f".content[{place}].text must be a string")
+                blocks.append({"type": "text", "text": text, SRC: index, PART: place})
             elif kind == "tool_use":
                 tool_id = part.get("id")
                 name = part.get("name")
                 if not isinstance(tool_id, str) or not isinstance(name, str):
-                    raise DialectError(f"{where}.content[{place}] needs a string id and name")
+                    raise DialectError(f".content[{place}] needs a string id and name")
                 blocks.append(
-                    block("tool_use", index, place, id=tool_id, name=name, input=part.get("input"))
+                    {
+                        "type": "tool_use",
+                        "id": tool_id,
+                        "name": name,
+                        "input": part.get("input"),
+                        SRC: index,
+                        PART: place,
+                    }
                 )
                 history.calls[tool_id] = (name, index)
                 calls = True
             elif kind == "tool_result":
                 tool_use_id = part.get("tool_use_id")
                 if not isinstance(tool_use_id, str):
-                    raise DialectError(f"{where}.content[{place}].tool_use_id must be a string")
+                    raise DialectError(f".content[{place}].tool_use_id must be a string")
                 blocks.append(
-                    block(
-                        "tool_result",
-                        index,
-                        place,
-                        tool_use_id=tool_use_id,
-                        content=inner_blocks(part.get("content", "")),
-                    )
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": tool_use_id,
+                        "content": inner_blocks(part.get("content", "")),
+                        SRC: index,
+                        PART: place,
+                    }
                 )
             elif kind == "image":
                 blocks.append(block("image", index, place, source=part.get("source")))

@@ -10,6 +10,7 @@ so a message with calls ends its turn.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ._blocks import Block, Message
@@ -33,31 +34,44 @@ REASONING = "reasoning_content"
 KEPT_OUT_ROLES = ("system", "developer")
 
 
+# (value, end) of the JSON value at a position; typeshed does not declare it.
+_SCAN: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
 def parse_arguments(arguments: object) -> object:
     """A call's ``arguments`` JSON as a value (the string itself when it is not JSON)."""
     if not isinstance(arguments, str):
         return arguments
+    # The decoder's scanner at once (a quarter of json.loads' cost, which first
+    # matches whitespace around the value); json.loads decides whatever it does not
+    # read whole.
+    try:
+        value, end = _SCAN(arguments, 0)
+    except (StopIteration, ValueError):
+        end = -1
+    if end == len(arguments):
+        return value
     try:
         return json.loads(arguments)
     except ValueError:
         return arguments
 
 
-def text_parts(content: object, index: int, where: str, kinds: tuple[str, ...]) -> list[Block]:
+def text_parts(content: object, index: int, kinds: tuple[str, ...]) -> list[Block]:
     """Internal blocks of a string or a list of content parts; parts of ``kinds`` are texts."""
     if content is None:
         return []
     if isinstance(content, str):
-        return [block("text", index, WHOLE, text=content)]
+        return [{"type": "text", "text": content, SRC: index, PART: WHOLE}]
     if not isinstance(content, list):
-        raise DialectError(f"{where}.content must be a string, null or a list of parts")
+        raise DialectError(".content must be a string, null or a list of parts")
     blocks: list[Block] = []
     for place, part in enumerate(content):
         if not isinstance(part, dict):
-            raise DialectError(f"{where}.content[{place}] must be a map")
+            raise DialectError(f".content[{place}] must be a map")
         text = part.get("text")
         if part.get("type") in kinds and isinstance(text, str):
-            blocks.append(block("text", index, place, text=text))
+            blocks.append({"type": "text", "text": text, SRC: index, PART: place})
         else:
             visible = part.get("refusal")
             blocks.append(
@@ -88,61 +102,65 @@ class ChatDialect(Dialect):
     calls_end_turn = True
 
     def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
-        where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise DialectError(f"{where} must be a map")
+            raise DialectError(" must be a map")
         role = message.get("role")
         if role in KEPT_OUT_ROLES:
             return KEPT_OUT
         if role == USER:
             kinds = ("text",)
-            return Mapped(USER, text_parts(message.get("content"), index, where, kinds))
+            return Mapped(USER, text_parts(message.get("content"), index, kinds))
         if role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str):
-                raise DialectError(f"{where}.tool_call_id must be a string")
+                raise DialectError(".tool_call_id must be a string")
             content = message.get("content")
             if not isinstance(content, str | list):
-                raise DialectError(f"{where}.content must be a string or a list of parts")
-            result = block(
-                "tool_result", index, WHOLE, tool_use_id=call_id, content=inner_blocks(content)
-            )
+                raise DialectError(".content must be a string or a list of parts")
+            result = {
+                "type": "tool_result",
+                "tool_use_id": call_id,
+                "content": inner_blocks(content),
+                SRC: index,
+                PART: WHOLE,
+            }
             return Mapped(USER, [result])
         if role != ASSISTANT:
             raise DialectError(
-                f"{where}.role must be 'system', 'developer', 'user', 'assistant' or 'tool' "
+                ".role must be 'system', 'developer', 'user', 'assistant' or 'tool' "
                 "in the openai-chat dialect"
             )
         blocks: list[Block] = []
         reasoning = message.get(REASONING)
         if isinstance(reasoning, str) and reasoning:
             blocks.append(block("opaque", index, REASONING, visible=reasoning))
-        blocks.extend(text_parts(message.get("content"), index, where, ("text",)))
+        blocks.extend(text_parts(message.get("content"), index, ("text",)))
         calls = message.get("tool_calls")
         if calls is None:
             return Mapped(ASSISTANT, blocks)
         if not isinstance(calls, list):
-            raise DialectError(f"{where}.tool_calls must be a list")
+            raise DialectError(".tool_calls must be a list")
         for place, call in enumerate(calls):
-            at = f"{where}.tool_calls[{place}]"
             if not isinstance(call, dict) or not isinstance(call.get("id"), str):
-                raise DialectError(f"{at} must be a map with a string id")
+                raise DialectError(f".tool_calls[{place}] must be a map with a string id")
             function = call.get("function") if call.get("type", "function") == "function" else None
             if function is None:
                 function = call.get("custom")
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise DialectError(f"{at}.function must be a map with a string name")
+                raise DialectError(
+                    f".tool_calls[{place}].function must be a map with a string name"
+                )
             arguments = function.get("arguments", function.get("input"))
             name = function["name"]
             blocks.append(
-                block(
-                    "tool_use",
-                    index,
-                    ("tool_calls", place),
-                    id=call["id"],
-                    name=name,
-                    input=parse_arguments(arguments),
-                )
+                {
+                    "type": "tool_use",
+                    "id": call["id"],
+                    "name": name,
+                    "input": parse_arguments(arguments),
+                    SRC: index,
+                    PART: ("tool_calls", place),
+                }
             )
             history.calls[call["id"]] = (name, index)
         return Mapped(ASSISTANT, blocks, bool(calls))

@@ -58,33 +58,32 @@ class GeminiDialect(Dialect):
     """Gemini ``contents``."""
 
     name = "gemini"
+    field = "contents"
     calls_end_turn = True
     new_inside = True
 
     def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
-        where = f"contents[{index}]"
         if not isinstance(message, dict):
-            raise DialectError(f"{where} must be a map")
+            raise DialectError(" must be a map")
         role = message.get("role")
         if role not in (USER, MODEL):
-            raise DialectError(f"{where}.role must be 'user' or 'model' in the gemini dialect")
+            raise DialectError(".role must be 'user' or 'model' in the gemini dialect")
         parts = message.get("parts")
         if not isinstance(parts, list):
-            raise DialectError(f"{where}.parts must be a list")
+            raise DialectError(".parts must be a list")
         blocks: list[Block] = []
         calls = False
         pending: tuple[list[Block], set[str]] | None = None
         for place, part in enumerate(parts):
-            at = f"{where}.parts[{place}]"
             if not isinstance(part, dict):
-                raise DialectError(f"{at} must be a map")
+                raise DialectError(f".parts[{place}] must be a map")
             call = _first(part, CALL_KEYS)
             response = _first(part, RESPONSE_KEYS)
             text = part.get("text")
             if call is not None:
                 body = call[1]
                 if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-                    raise DialectError(f"{at}.{call[0]} needs a string name")
+                    raise DialectError(f".parts[{place}].{call[0]} needs a string name")
                 call_id = body.get("id")
                 if not isinstance(call_id, str) or not call_id:
                     call_id = f"{SYNTHETIC}{index}.{place}"
@@ -103,7 +102,7 @@ class GeminiDialect(Dialect):
             elif response is not None:
                 body = response[1]
                 if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-                    raise DialectError(f"{at}.{response[0]} needs a string name")
+                    raise DialectError(f".parts[{place}].{response[0]} needs a string name")
                 result_id = body.get("id")
                 if not isinstance(result_id, str) or not result_id:
                     if pending is None:
@@ -124,7 +123,7 @@ class GeminiDialect(Dialect):
                 and not part.get("thought")
                 and _first(part, SIGNATURE_KEYS) is None
             ):
-                blocks.append(block("text", index, place, text=text))
+                blocks.append({"type": "text", "text": text, SRC: index, PART: place})
             else:
                 visible = text if isinstance(text, str) else ""
                 blocks.append(block("opaque", index, place, visible=visible))

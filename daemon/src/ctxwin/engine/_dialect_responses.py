@@ -15,6 +15,7 @@ from ._blocks import Block, Message
 from ._dialect import (
     ASSISTANT,
     KEPT_OUT,
+    PART,
     SRC,
     USER,
     Dialect,
@@ -61,41 +62,45 @@ class ResponsesDialect(Dialect):
     """OpenAI Responses input items."""
 
     name = "openai-responses"
+    field = "input"
 
     def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
-        where = f"input[{index}]"
         if not isinstance(message, dict):
-            raise DialectError(f"{where} must be a map")
+            raise DialectError(" must be a map")
         kind = message.get("type")
         if kind is None or kind == "message":
             role = message.get("role")
             if role in ("system", "developer"):
                 return KEPT_OUT
             if role not in (USER, ASSISTANT):
-                raise DialectError(
-                    f"{where}.role must be 'system', 'developer', 'user' or 'assistant'"
-                )
-            return Mapped(role, text_parts(message.get("content"), index, where, TEXT_KINDS))
+                raise DialectError(".role must be 'system', 'developer', 'user' or 'assistant'")
+            return Mapped(role, text_parts(message.get("content"), index, TEXT_KINDS))
         if not isinstance(kind, str):
-            raise DialectError(f"{where}.type must be a string")
+            raise DialectError(".type must be a string")
         call_id = message.get("call_id")
         if kind.endswith("_call_output"):
             if not isinstance(call_id, str):
-                raise DialectError(f"{where}.call_id must be a string")
-            result = block(
-                "tool_result",
-                index,
-                ITEM,
-                tool_use_id=call_id,
-                content=_output_blocks(message.get("output")),
-            )
+                raise DialectError(".call_id must be a string")
+            result = {
+                "type": "tool_result",
+                "tool_use_id": call_id,
+                "content": _output_blocks(message.get("output")),
+                SRC: index,
+                PART: ITEM,
+            }
             return Mapped(USER, [result])
         if kind.endswith("_call") and isinstance(call_id, str):
             name = message.get("name")
             name = name if isinstance(name, str) else kind
             arguments = message.get("arguments", message.get("input"))
-            call = block("tool_use", index, ITEM, id=call_id, name=name)
-            call["input"] = parse_arguments(arguments)
+            call = {
+                "type": "tool_use",
+                "id": call_id,
+                "name": name,
+                "input": parse_arguments(arguments),
+                SRC: index,
+                PART: ITEM,
+            }
             history.calls[call_id] = (name, index)
             return Mapped(ASSISTANT, [call], True)
         visible = _visible(message) if kind == "reasoning" else ""

@@ -29,8 +29,16 @@ class History:
 
     __slots__ = ("_chain", "_others", "_positions", "_tokens", "_unchanged", "messages")
 
-    def __init__(self, messages: Sequence[Message] = ()) -> None:
-        self.messages = KnownPairs(messages)
+    def __init__(self, messages: Sequence[Message] = (), *, pairs: bool = True) -> None:
+        """Keep ``messages``.
+
+        Args:
+            messages: the history so far.
+            pairs: keep which adjacent pairs need repair, for views built from
+                :attr:`messages` (a native dialect's views are built from its
+                internal form instead, which keeps its own).
+        """
+        self.messages = KnownPairs(messages, pairs=pairs)
         # Digests of the first len(self._chain) messages; the rest are hashed by
         # settle(), which the daemon calls once the reply is out: a request needs
         # the digests of what came before it, the next request those of its messages.
@@ -126,8 +134,18 @@ class History:
         self._extend(append)  # hashed by settle()
         self._recheck_pairs(base)
 
+    def keep_pairs(self, pairs: bool) -> None:
+        """Keep the pairs needing repair from now on, or stop keeping them (see ``__init__``)."""
+        if pairs != self.messages.pairs:
+            self.messages.pairs = pairs
+            self.messages.repairs = (
+                find_repairs(self.messages, 0, self.messages.strict) if pairs else []
+            )
+
     def _recheck_pairs(self, first_new: int) -> None:
         """Update the pairs needing repair once messages from ``first_new`` on changed."""
+        if not self.messages.pairs:
+            return
         first_pair = max(first_new - 1, 0)
         repairs = self.messages.repairs
         while repairs and repairs[-1] >= first_pair:

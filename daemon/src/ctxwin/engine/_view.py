@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -124,7 +125,17 @@ def pair_needs_repair(assistant: Message, user: Message, strict: bool = False) -
     ids = _tool_use_ids(assistant)
     if (not ids and not strict) or user.get("role") != "user":
         return False
-    return repair_tool_results(ids, user, DEFAULT_NOTICES) is not user
+    # What repair_tool_results would keep as it is, checked without building anything:
+    # list content that opens with the results of ``ids`` in their order and holds no
+    # other result.
+    content = user.get("content")
+    if not isinstance(content, list) or len(content) < len(ids):
+        return True
+    for place, tool_id in enumerate(ids):
+        block = content[place]
+        if block.get("type") != "tool_result" or block.get("tool_use_id") != tool_id:
+            return True
+    return any(_result_id(block) is not None for block in itertools.islice(content, len(ids), None))
 
 
 def find_repairs(messages: Sequence[Message], first: int = 0, strict: bool = False) -> list[int]:
@@ -144,12 +155,17 @@ class KnownPairs(list[Message]):
     range or the overlay changed, instead of every pair.
     """
 
-    __slots__ = ("clean_until", "facts", "repairs", "strict", "view_cache", "view_seam")
+    __slots__ = ("clean_until", "facts", "pairs", "repairs", "strict", "view_cache", "view_seam")
 
-    def __init__(self, messages: Sequence[Message] = (), strict: bool = False) -> None:
+    def __init__(
+        self, messages: Sequence[Message] = (), strict: bool = False, pairs: bool = True
+    ) -> None:
         super().__init__(messages)
         self.strict = strict  # orphan results are dropped wherever they stand
-        self.repairs: list[int] = find_repairs(self, 0, strict)
+        # Without ``pairs`` no view is built from this list (a native dialect's history,
+        # whose views are built from its internal form): the pairs are not kept.
+        self.pairs = pairs
+        self.repairs: list[int] = find_repairs(self, 0, strict) if pairs else []
         self.facts = MessageFacts()  # what the duplicate-read pass parsed, per message
         # The last view built from this history and what it depended on; messages
         # from ``clean_until`` on changed since (History lowers it on every change).
