@@ -13,7 +13,7 @@ from ctxwin import engine, proto
 from ctxwin.client import BadRequestError, Client
 from ctxwin.client._corpus import load_conversation, user_side
 from tests._daemon import DaemonProcess
-from tests._dialect_data import sdk_validator
+from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._dialect_rules import CHECKS
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
@@ -317,3 +317,52 @@ def test_a_corpus_conversation_replays_in_its_own_dialect(
     if name.endswith(".jsonl"):  # 56 Read calls of the Claude Code log read a path again
         reads = [m for m in inspected["updates"] if m[1][0] == proto.EDIT_READ_FILE]
         assert reads, "no duplicate-read notice on the Claude Code log"
+
+
+def _growing(count: int) -> list[Turn]:
+    """A conversation of ``count`` turns reading the same few paths again and again, with a
+    system message now and then and a call left unanswered."""
+    turns = [Turn("system", "Be brief."), Turn("user", "Fix it. " * 40)]
+    for serial in range(count):
+        path = PATHS[serial % len(PATHS)]
+        calls = [Call(f"c{serial}", "read_file", {"path": path})]
+        if serial % 3 == 0:
+            calls.append(Call(f"d{serial}", "Bash", {"command": "make"}))
+        turns.append(Turn("assistant", f"Step {serial}. " * 5, calls=calls))
+        answered = calls if serial % 11 != 5 else calls[:1]
+        turns.append(
+            Turn("results", results=[(c.id, f"{c.id}\n" + "x = 1\n" * 60) for c in answered])
+        )
+        if serial % 9 == 4:
+            turns.append(Turn("system", f"Reminder {serial}."))
+    return turns
+
+
+@pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "openai-responses", "gemini"])
+def test_views_rebuilt_from_reused_patches_equal_the_whole_views(
+    client: Client, dialect: str
+) -> None:
+    """A handle's views (delta sync, patches that send only new overrides) equal, turn by
+    turn through cuts and duplicate-read notices, the whole views of a twin task."""
+    messages = RENDER[dialect](_growing(60))
+    handle = client.task(f"reused-{dialect}", dialect=dialect, ephemeral=True)
+    model: proto.Model = {"id": "m", "context_window": 6_000}
+    previous: proto.Usage | None = None
+    cuts = 0
+    for end in range(3, len(messages) + 1, 2):
+        history = messages[:end]
+        mine = handle.prepare_request(history, model, previous_request=previous, estimate=True)
+        whole = client.prepare_request(
+            f"whole-{dialect}",
+            history,
+            model,
+            previous_request=previous,
+            estimate=True,
+            dialect=dialect,
+            ephemeral=True,
+        )
+        assert list(mine["messages"]) == whole["messages"], f"view after {end} messages"
+        assert mine["deleted_range"] == whole["deleted_range"]
+        cuts += mine["range_updated"]
+        previous = proto.Usage(ts=end, tokens_in=mine["estimated_tokens"] + 4_000)
+    assert cuts >= 2

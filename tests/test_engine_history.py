@@ -212,3 +212,60 @@ def test_reused_views_match_fresh_ones_turn_by_turn(
         for _ in range(2):  # the second view comes from the cache untouched
             fresh = state.truncated_messages(list(history.messages))
             assert fresh == cached.truncated_messages(history.messages), f"turn {turn}"
+
+
+def _ordered_view_by_steps(history: list[Any], patch: dict[str, Any]) -> list[Any] | None:
+    """An ordered patch applied one history index at a time (None where it must be refused)."""
+    replaced = dict(patch["overrides"])
+    view: list[Any] = []
+    used = 0
+    for start, end in patch["order"]:
+        if not 0 <= start <= end <= len(history):
+            return None
+        for index in range(start, end):
+            if index in replaced:
+                used += 1
+                value = replaced[index]
+                view.extend(value) if isinstance(value, list) else view.append(value)
+            else:
+                view.append(history[index])
+    return view if used == len(replaced) else None
+
+
+@given(
+    st.integers(0, 12).flatmap(
+        lambda length: st.tuples(
+            st.just(length),
+            st.lists(st.tuples(st.integers(-1, length + 1), st.integers(0, 3)), max_size=4),
+            st.dictionaries(
+                st.integers(-1, length + 1),
+                st.one_of(
+                    st.just({"role": "user", "content": "new"}),
+                    st.just([]),
+                    st.just([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]),
+                ),
+                max_size=4,
+            ),
+        )
+    )
+)
+def test_an_ordered_patch_rebuilds_the_view_its_runs_and_overrides_name(
+    case: tuple[int, list[tuple[int, int]], dict[int, Any]],
+) -> None:
+    """A dialect patch (``order`` runs) gives the view its runs name index by index, and is
+    refused exactly when a run leaves the history or an override is not in the view."""
+    length, runs, overrides = case
+    history = messages(length)
+    order = [[start, start + size] for start, size in runs]
+    patch = {
+        "length": length,
+        "keep_from": 0,
+        "order": order,
+        "overrides": list(map(list, overrides.items())),
+    }
+    expected = _ordered_view_by_steps(history, patch)
+    if expected is None:
+        with pytest.raises(ValueError):
+            apply_view_patch(history, patch)
+    else:
+        assert apply_view_patch(history, patch) == expected

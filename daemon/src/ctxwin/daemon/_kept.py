@@ -47,7 +47,7 @@ class KeptHistory:
         self._estimate: tuple[int, float] | None = None  # (estimate, ratio) of the last view
         self._calibrated_by: tuple[Any, ...] | None = None
         # The overrides of the last view patch sent, and its token (see _reuse_overrides).
-        self._sent_overrides: dict[int, Any] | None = None
+        self._sent_overrides: list[list[Any]] | None = None
         self._last_patch: _LastPatch | None = None  # the same for a Cline view (view_patch)
         self._patch_token: bytes | None = None
         self._patch_serial = 0
@@ -253,22 +253,29 @@ class KeptHistory:
         The overrides of the last patch sent are kept (the view's own message
         objects, so this costs references only); when the caller's
         ``patch_base`` is that patch's token, unchanged ones are left out.
+        A dialect patch shares its first override entries with the last one
+        (:meth:`engine.MappedHistory.patch` keeps them as they are made), so
+        only the entries after the first that is another object are compared.
         """
-        overrides = dict(patch["overrides"])
+        overrides: list[list[Any]] = patch["overrides"]
         sent, self._sent_overrides = self._sent_overrides, overrides
         token = self._next_token()
         previous, self._patch_token = self._patch_token, token
         patch["token"] = token
         if sent is None or base is None or base != previous:
             return patch
-        patch["overrides"] = [
-            [origin, message]
-            for origin, message in patch["overrides"]
-            if sent.get(origin) is not message
-        ]
+        # Entries are unique by index in each list: the shared ones are in neither tail.
+        shared = next(
+            itertools.compress(itertools.count(), map(operator.is_not, sent, overrides)),
+            min(len(sent), len(overrides)),
+        )
+        before = dict(sent[shared:])
+        after = overrides[shared:]
+        patch["overrides"] = [item for item in after if before.get(item[0]) is not item[1]]
         patch["reuse"] = True
         patch["base"] = previous
-        patch["dropped"] = [origin for origin in sent if origin not in overrides]
+        now = {item[0] for item in after}
+        patch["dropped"] = [origin for origin in before if origin not in now]
         return patch
 
     def _sync(self, args: dict[str, Any]) -> engine.History | None:

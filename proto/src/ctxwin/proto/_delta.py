@@ -11,6 +11,7 @@ first ``base`` messages are the ones the daemon already holds.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import operator
@@ -228,10 +229,15 @@ def _view_of(history: Sequence[Any], patch: Mapping[str, Any], held: dict[int, A
 
 def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, Any]) -> list[Any]:
     """A dialect view: the history indices of ``order`` (``[start, end)`` runs, in view order),
-    each replaced by its override: one message, or a list of messages (docs/DIALECTS.md)."""
+    each replaced by its override: one message, or a list of messages (docs/DIALECTS.md).
+
+    The history's own messages between overrides are copied as slices, so a view
+    costs its runs and overrides, not a step per message.
+    """
     if not isinstance(order, list):
         raise ValueError("view patch order must be a list of [start, end] runs")
     view: list[Any] = []
+    keys = sorted(replaced)
     used = 0
     for run in order:
         if (
@@ -241,16 +247,19 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
             or not 0 <= run[0] <= run[1] <= len(history)
         ):
             raise ValueError("view patch order holds a run outside the history")
-        for index in range(run[0], run[1]):
-            if index in replaced:
-                used += 1
-                value = replaced[index]
-                if isinstance(value, list):
-                    view.extend(value)
-                else:
-                    view.append(value)
+        at, stop = run
+        first = bisect.bisect_left(keys, at)
+        last = bisect.bisect_left(keys, stop, first)
+        for index in keys[first:last]:
+            view.extend(history[at:index])
+            value = replaced[index]
+            if isinstance(value, list):
+                view.extend(value)
             else:
-                view.append(history[index])
+                view.append(value)
+            at = index + 1
+        view.extend(history[at:stop])
+        used += last - first
     if used != len(replaced):
         raise ValueError("view patch overrides an index that is not in the view")
     return view
