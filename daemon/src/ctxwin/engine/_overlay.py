@@ -66,11 +66,12 @@ class MessageUpdates:
 class Overlay:
     """``{message_index: MessageUpdates}``: edits applied to the view, never to the history."""
 
-    __slots__ = ("messages", "version")
+    __slots__ = ("_sorted", "messages", "version")
 
     def __init__(self) -> None:
         self.messages: dict[int, MessageUpdates] = {}
         self.version = 0  # grows with every change, so views built from it can be reused
+        self._sorted: tuple[int, int, list[int]] = (-1, 0, [])
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -83,6 +84,14 @@ class Overlay:
 
     def items(self) -> Iterator[tuple[int, MessageUpdates]]:
         return iter(self.messages.items())
+
+    def indices(self) -> list[int]:
+        """The indices of the edited messages, ascending (made once per version; do not change)."""
+        version, count, keys = self._sorted
+        if version != self.version or count != len(self.messages):
+            keys = sorted(self.messages)
+            self._sorted = (self.version, len(self.messages), keys)
+        return keys
 
     def entry(self, index: int, edit_type: int) -> MessageUpdates:
         """The message's edits, created with ``edit_type`` if absent (an existing type stays)."""

@@ -279,11 +279,15 @@ def _finish_view(
     """
     offset = 2 - start  # view position of history index i >= start is i + offset
     if overlay:
-        for original, entry in overlay.items():
-            if original >= first and original < len(messages):
-                position = original + offset
-                view[position] = apply_overlay(view[position], entry)
-                changed.update((position - 1, position))
+        # Only the edited indices from ``first`` on: a view built on the last one costs
+        # the edits of its new messages, not a walk over every edit of the task.
+        indices = overlay.indices()
+        edits = overlay.messages
+        low = bisect.bisect_left(indices, first)
+        for original in indices[low : bisect.bisect_left(indices, len(messages), low)]:
+            position = original + offset
+            view[position] = apply_overlay(view[position], edits[original])
+            changed.update((position - 1, position))
     strict = False
     if isinstance(messages, KnownPairs):
         # Pairs of two untouched history messages repair as the history's own pairs do.
