@@ -19,8 +19,9 @@ dialect's ratio to the Cline dialect's figure in the same run.
 With ``--wire`` the same replay goes through one real ``ctxwind`` over ipc
 instead, each dialect a task of a ``ctxwin.client`` handle as it comes (delta
 sync, views as patches rebuilt on the caller's list); a sample is then one
-``prepare_request`` call from the client's side. Dialects take turns by
-round, so each round's figures share the machine's state.
+``prepare_request`` call from the client's side. The dialects replay in
+lockstep, a turn of each in turn, so that each turn's figures share the
+machine's state.
 
 With ``--parts`` (in-process) the median of each step of a turn is shown
 too: ``apply`` (the delta applied to the kept history), ``sync`` (the
@@ -36,11 +37,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import json
 import random
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +127,8 @@ PARTS = ("apply", "sync", "prepare", "patch")
 
 def replay(
     dialect: str, turns: list[Turn], parts: dict[str, list[float]] | None = None
-) -> list[tuple[int, float]]:
-    """``(history length, seconds)`` of each turn of one replay.
+) -> Iterator[tuple[int, float]]:
+    """``(history length, seconds)`` of each turn of one replay, a turn at a time.
 
     ``parts``: gets the seconds of each step of each turn added, by step name.
     """
@@ -136,9 +139,7 @@ def replay(
     history = History(pairs=not native)
     state = TaskState(reads=DEFAULT_READ_RULES if native else None)
     mapped = MappedHistory(DIALECTS[dialect]) if native else None
-    samples: list[tuple[int, float]] = []
     sent = 0
-    gc.collect()
     for end in ends:
         previous = {**OVER, "ts": end} if end in cuts else None
         started = time.perf_counter()
@@ -155,19 +156,18 @@ def replay(
             prepared = time.perf_counter()
             mapped.patch(view, state.deleted_range)
         done = time.perf_counter()
-        samples.append((end, done - started))
         if parts is not None:
             steps = (applied - started, synced - applied, prepared - synced, done - prepared)
             for name, seconds in zip(PARTS, steps, strict=True):
                 parts.setdefault(name, []).append(seconds)
         sent = end
-    return samples
+        yield end, done - started
 
 
 def replay_wire(
     client: Any, dialect: str, turns: list[Turn], serial: int
-) -> list[tuple[int, float]]:
-    """``(history length, seconds)`` of each turn, through the daemon."""
+) -> Iterator[tuple[int, float]]:
+    """``(history length, seconds)`` of each turn through the daemon, a turn at a time."""
     messages = render_cline_reads(turns) if dialect == "cline" else RENDER[dialect](turns)
     ends = _turn_ends(messages, dialect)
     cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
@@ -175,32 +175,49 @@ def replay_wire(
     task = client.task(
         f"bench-{serial}-{dialect}", ephemeral=True, dialect=dialect if native else None
     )
-    samples: list[tuple[int, float]] = []
-    gc.collect()
     for end in ends:
         previous = {**OVER, "ts": end} if end in cuts else None
         history = messages[:end]
         started = time.perf_counter()
         task.prepare_request(history, MODEL, previous_request=previous)
-        samples.append((end, time.perf_counter() - started))
+        yield end, time.perf_counter() - started
     task.close()
-    return samples
 
 
 def measure(repeat: int, turns: list[Turn], client: Any) -> dict[str, dict[str, float]]:
-    """Every dialect's figures over ``repeat`` rounds (each round replays every dialect once).
+    """Every dialect's figures over ``repeat`` rounds.
 
-    In-process, each step's median over all turns too (``<step>_ms``).
+    In a round every dialect replays the conversation once, in lockstep: turn
+    ``t`` of every dialect runs before turn ``t + 1`` of any (in an order that
+    rotates from turn to turn), so that what the machine does meanwhile falls
+    on all of them alike. In-process, each step's median over all turns too
+    (``<step>_ms``).
     """
-    runs: dict[str, list[list[tuple[int, float]]]] = {}
-    steps: dict[str, dict[str, list[float]]] = {}
+    names = ("cline", *sorted(DIALECTS))
+    runs: dict[str, list[list[tuple[int, float]]]] = {name: [] for name in names}
+    steps: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for round_ in range(repeat):
-        for dialect in ("cline", *sorted(DIALECTS)):
-            if client is None:
-                samples = replay(dialect, turns, steps.setdefault(dialect, {}))
-            else:
-                samples = replay_wire(client, dialect, turns, round_)
-            runs.setdefault(dialect, []).append(samples)
+        replays = {
+            name: replay(name, turns, steps[name])
+            if client is None
+            else replay_wire(client, name, turns, round_)
+            for name in names
+        }
+        samples: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
+        gc.collect()
+        for turn in itertools.count():
+            shift = turn % len(names)
+            done = 0
+            for name in names[shift:] + names[:shift]:
+                sample = next(replays[name], None)
+                if sample is None:
+                    done += 1
+                else:
+                    samples[name].append(sample)
+            if done == len(names):
+                break
+        for name in names:
+            runs[name].append(samples[name])
     results: dict[str, dict[str, float]] = {}
     for dialect, rounds in runs.items():
         length = rounds[0][-1][0]

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from ._blocks import Block, Message
 from ._notices import DEFAULT_NOTICES
-from ._view import KnownPairs, find_repairs, keep_from
+from ._view import KnownPairs, keep_from, pair_needs_repair
 
 SRC = "_src"
 """Key of an internal block: the history index of the message it came from."""
@@ -339,7 +339,14 @@ class MappedHistory:
         repairs = internal.repairs
         while repairs and repairs[-1] >= first_pair:
             repairs.pop()
-        repairs.extend(find_repairs(internal, first_pair, True))
+        # Only a pair opened by an assistant message can need repair (results missing,
+        # out of order or orphaned); the others are passed over without a call.
+        for index in range(first_pair, len(internal) - 1):
+            message = internal[index]
+            if message["role"] == ASSISTANT and pair_needs_repair(
+                message, internal[index + 1], True
+            ):
+                repairs.append(index)
 
     def _cut(self, length: int) -> int:
         """Drop history messages from ``length`` on; returns the first internal index changed."""
@@ -364,7 +371,7 @@ class MappedHistory:
         while systems and systems[-1] >= length:
             systems.pop()
         for index in again:
-            self._place(index)
+            self._place(index, self.mapped[index])
         return group
 
     def _append(self, message: Any, index: int) -> int:
@@ -374,11 +381,11 @@ class MappedHistory:
             raise DialectError(f"{self.dialect.field}[{index}]{exc}") from None
         self.source.append(message)
         self.mapped.append(mapped)
-        return self._place(index)
+        return self._place(index, mapped)
 
-    def _place(self, index: int) -> int:
-        """Put history message ``index`` into the internal sequence; returns the index changed."""
-        mapped = self.mapped[index]
+    def _place(self, index: int, mapped: Mapped) -> int:
+        """Put history message ``index`` (``mapped``) into the internal sequence; returns the
+        index changed."""
         role = mapped.role
         if role is None:
             self.systems.append(index)
@@ -387,11 +394,11 @@ class MappedHistory:
         members = self.members
         last = len(members) - 1
         first = last + 1
-        if last >= 0 and internal[last]["role"] == role and members[last]:
+        held = internal[last] if last >= 0 else None
+        if held is not None and held["role"] == role and members[last]:
             if self.dialect.joins(self.mapped[members[last][-1]], mapped):
                 members[last].append(index)
-                content = internal[last]["content"]
-                internal[last] = {"role": role, "content": [*content, *mapped.blocks]}
+                internal[last] = {"role": role, "content": [*held["content"], *mapped.blocks]}
                 return last
             # A call with no result: the view answers it in an empty user message.
             members.append([])

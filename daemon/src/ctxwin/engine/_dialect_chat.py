@@ -115,12 +115,16 @@ class ChatDialect(Dialect):
             if not isinstance(call_id, str):
                 raise DialectError(".tool_call_id must be a string")
             content = message.get("content")
-            if not isinstance(content, str | list):
+            if isinstance(content, str):
+                inner = [{"type": "text", "text": content}]
+            elif isinstance(content, list):
+                inner = inner_blocks(content)
+            else:
                 raise DialectError(".content must be a string or a list of parts")
             result = {
                 "type": "tool_result",
                 "tool_use_id": call_id,
-                "content": inner_blocks(content),
+                "content": inner,
                 SRC: index,
                 PART: WHOLE,
             }

@@ -77,9 +77,12 @@ class GeminiDialect(Dialect):
         for place, part in enumerate(parts):
             if not isinstance(part, dict):
                 raise DialectError(f".parts[{place}] must be a map")
+            text = part.get("text")
+            if len(part) == 1 and isinstance(text, str):  # a plain text part, the commonest
+                blocks.append({"type": "text", "text": text, SRC: index, PART: place})
+                continue
             call = _first(part, CALL_KEYS)
             response = _first(part, RESPONSE_KEYS)
-            text = part.get("text")
             if call is not None:
                 body = call[1]
                 if not isinstance(body, dict) or not isinstance(body.get("name"), str):
@@ -88,14 +91,14 @@ class GeminiDialect(Dialect):
                 if not isinstance(call_id, str) or not call_id:
                     call_id = f"{SYNTHETIC}{index}.{place}"
                 blocks.append(
-                    block(
-                        "tool_use",
-                        index,
-                        place,
-                        id=call_id,
-                        name=body["name"],
-                        input=body.get("args"),
-                    )
+                    {
+                        "type": "tool_use",
+                        "id": call_id,
+                        "name": body["name"],
+                        "input": body.get("args"),
+                        SRC: index,
+                        PART: place,
+                    }
                 )
                 history.calls[call_id] = (body["name"], index)
                 calls = True
@@ -115,8 +118,14 @@ class GeminiDialect(Dialect):
                             break
                     answered.add(result_id)
                 key, inner = _response_text(body.get("response"))
-                result = block("tool_result", index, place, tool_use_id=result_id, content=inner)
-                result["_key"] = key
+                result = {
+                    "type": "tool_result",
+                    "tool_use_id": result_id,
+                    "content": inner,
+                    SRC: index,
+                    PART: place,
+                    "_key": key,
+                }
                 blocks.append(result)
             elif (
                 isinstance(text, str)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -129,13 +128,17 @@ def pair_needs_repair(assistant: Message, user: Message, strict: bool = False) -
     # list content that opens with the results of ``ids`` in their order and holds no
     # other result.
     content = user.get("content")
-    if not isinstance(content, list) or len(content) < len(ids):
+    count = len(ids)
+    if not isinstance(content, list) or len(content) < count:
         return True
-    for place, tool_id in enumerate(ids):
+    for place in range(count):
         block = content[place]
-        if block.get("type") != "tool_result" or block.get("tool_use_id") != tool_id:
+        if block.get("type") != "tool_result" or block.get("tool_use_id") != ids[place]:
             return True
-    return any(_result_id(block) is not None for block in itertools.islice(content, len(ids), None))
+    # Mostly no other block: results stand first (and no generator is made then).
+    return len(content) > count and any(
+        _result_id(content[place]) is not None for place in range(count, len(content))
+    )
 
 
 def find_repairs(messages: Sequence[Message], first: int = 0, strict: bool = False) -> list[int]:
