@@ -219,9 +219,11 @@ def _ordered_view_by_steps(history: list[Any], patch: dict[str, Any]) -> list[An
     replaced = dict(patch["overrides"])
     view: list[Any] = []
     used = 0
+    covered: set[int] = set()
     for start, end in patch["order"]:
-        if not 0 <= start <= end <= len(history):
-            return None
+        if not 0 <= start <= end <= len(history) or covered.intersection(range(start, end)):
+            return None  # outside the history, or overlapping another run
+        covered.update(range(start, end))
         for index in range(start, end):
             if index in replaced:
                 used += 1
@@ -253,7 +255,8 @@ def test_an_ordered_patch_rebuilds_the_view_its_runs_and_overrides_name(
     case: tuple[int, list[tuple[int, int]], dict[int, Any]],
 ) -> None:
     """A dialect patch (``order`` runs) gives the view its runs name index by index, and is
-    refused exactly when a run leaves the history or an override is not in the view."""
+    refused exactly when a run leaves the history or overlaps another, or an override is
+    not in the view."""
     length, runs, overrides = case
     history = messages(length)
     order = [[start, start + size] for start, size in runs]

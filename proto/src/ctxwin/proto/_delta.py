@@ -231,37 +231,49 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
     """A dialect view: the history indices of ``order`` (``[start, end)`` runs, in view order),
     each replaced by its override: one message, or a list of messages (docs/DIALECTS.md).
 
-    The history's own messages between overrides are copied as slices, so a view
-    costs its runs and overrides, not a step per message.
+    The runs are copied as slices of the history; an override of one message is
+    then put at its place, and lists are spliced in from the last one back, so a
+    view costs its runs and overrides, not a step per message.
     """
     if not isinstance(order, list):
         raise ValueError("view patch order must be a list of [start, end] runs")
     view: list[Any] = []
-    keys = sorted(replaced)
-    used = 0
+    places: list[tuple[int, int, int]] = []  # (start, end, view position of start), by start
     for run in order:
         if (
             not isinstance(run, list)
             or len(run) != 2
-            or not all(isinstance(bound, int) for bound in run)
+            or type(run[0]) is not int
+            or type(run[1]) is not int
             or not 0 <= run[0] <= run[1] <= len(history)
         ):
             raise ValueError("view patch order holds a run outside the history")
-        at, stop = run
-        first = bisect.bisect_left(keys, at)
-        last = bisect.bisect_left(keys, stop, first)
-        for index in keys[first:last]:
-            view.extend(history[at:index])
+        if run[0] < run[1]:
+            places.append((run[0], run[1], len(view)))
+            view += history[run[0] : run[1]]
+    places.sort()
+    for at in range(1, len(places)):
+        if places[at][0] < places[at - 1][1]:
+            raise ValueError("view patch order holds runs that overlap")
+    keys = sorted(replaced)
+    spliced: list[tuple[int, list[Any]]] = []
+    used = 0
+    for start, end, position in places:
+        low = bisect.bisect_left(keys, start)
+        high = bisect.bisect_left(keys, end, low)
+        shift = position - start  # view position of history index i in this run: i + shift
+        for index in keys[low:high]:
             value = replaced[index]
             if isinstance(value, list):
-                view.extend(value)
+                spliced.append((index + shift, value))
             else:
-                view.append(value)
-            at = index + 1
-        view.extend(history[at:stop])
-        used += last - first
+                view[index + shift] = value
+        used += high - low
     if used != len(replaced):
         raise ValueError("view patch overrides an index that is not in the view")
+    spliced.sort(key=operator.itemgetter(0), reverse=True)
+    for position, value in spliced:
+        view[position : position + 1] = value
     return view
 
 
