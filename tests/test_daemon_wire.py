@@ -204,6 +204,31 @@ def test_task_free_ops_answer_from_the_engine(shared_peer: Peer) -> None:
     assert counted > 0
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("messages", CONVERSATION),
+        ("dialect", "anthropic"),
+        ("read_tools", [{"name": "open_file", "arg": "filename"}]),
+        ("ephemeral", True),
+    ],
+)
+def test_should_compact_without_a_task_refuses_what_acts_on_a_task(
+    shared_peer: Peer, name: str, value: object
+) -> None:
+    """An argument that would do nothing without a task is refused by name, not ignored;
+    with a task the same request is answered."""
+    usage = {"ts": 1, "tokens_in": 190000}
+    args = {"usage": usage, "model": MODEL, name: value}
+    reply = shared_peer.call("should_compact", args)
+    assert (reply.ok, reply.code) == (False, "bad_request")
+    assert (
+        reply.message == f"should_compact: {name!r} needs 'task' (without a task it has no effect)"
+    )
+    task = {"task": f"compact-{name}", "ephemeral": True, "dialect": "anthropic"}
+    assert ok(shared_peer.call("should_compact", {**args, **task}))["compact"] is True
+
+
 def test_count_tokens_counts_blocks_by_the_documented_rules(shared_peer: Peer) -> None:
     """count_tokens counts text, tool_use input, tool_result content and a fixed cost per image."""
     peer = shared_peer

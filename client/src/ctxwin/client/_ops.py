@@ -123,7 +123,11 @@ def should_compact(
     read_tools: ReadTools | None = None,
     timeout: float | None = None,
 ) -> Call[ShouldCompactResult]:
-    """``should_compact``: whether the last request's usage calls for compaction."""
+    """``should_compact``: whether the last request's usage calls for compaction.
+
+    ``messages``, ``ephemeral``, ``dialect`` and ``read_tools`` act on a task:
+    without ``task`` the daemon refuses them (``bad_request``).
+    """
     return build(
         "should_compact",
         {"usage": None if usage is None else dict(usage), "model": dict(model)},

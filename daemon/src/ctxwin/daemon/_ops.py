@@ -34,10 +34,24 @@ def _context_window_info(args: Args, tokens: TokenCounter) -> Result:
     return engine.context_window_info(args["model"]).wire()
 
 
+_TASK_ONLY = ("messages", "dialect", "read_tools", "ephemeral")
+"""``should_compact`` arguments that act on a task only: without one they would do nothing
+(``messages`` counts what follows the task's deleted range)."""
+
+
 def _should_compact(args: Args, tokens: TokenCounter) -> Result:
-    return engine.should_compact(
-        args["usage"], args["model"], args.get("threshold"), None, args.get("messages")
-    ).wire()
+    """``should_compact`` without a task.
+
+    Raises:
+        ProtocolError: ``bad_request`` for an argument that needs ``task``.
+    """
+    for name in _TASK_ONLY:
+        if name in args:
+            raise proto.ProtocolError(
+                proto.ErrorCode.BAD_REQUEST,
+                f"should_compact: {name!r} needs 'task' (without a task it has no effect)",
+            )
+    return engine.should_compact(args["usage"], args["model"], args.get("threshold")).wire()
 
 
 def _next_truncation_range(args: Args, tokens: TokenCounter) -> Result:
