@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from ctxwin import engine, proto
 from ctxwin.client import BadRequestError, Client
 from ctxwin.client._corpus import load_conversation, user_side
+from ctxwin.client._replay import replay
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._dialect_rules import CHECKS
@@ -189,6 +191,93 @@ def test_an_inspected_task_becomes_ephemeral_with_a_dialect_and_read_tools(
     assert task.optimize_file_reads(_open_file_reads())["changed"]
     client.flush()
     assert not (dialect_daemon.task_dir("reads-ephemeral") / "ctxwin.json").exists()
+
+
+def test_inspect_names_the_history_message_and_text_of_each_edited_block(client: Client) -> None:
+    """A native task's inspect gives, per edited block, the history index and the block's text
+    before the edit; a Cline task's, or one whose history the daemon holds none of, gives none."""
+    reread = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+            }
+        ],
+    }
+    messages = [*CHAT, reread, {"role": "tool", "tool_call_id": "c2", "content": "print(2)\n"}]
+    task = client.task("sources", dialect="openai-chat", ephemeral=True)
+    assert "sources" not in task.inspect()  # no history sent yet
+    assert task.optimize_file_reads(messages)["changed"]
+    inspected = task.inspect()
+    # Internal message 2 is the first tool message (the system message is left out).
+    assert [2] == [entry[0] for entry in inspected["updates"]]
+    assert [[2, 0, 3, CHAT[3]["content"]]] == inspected["sources"]
+    cline = client.task("sources-cline", ephemeral=True)
+    cline.truncated_messages([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    assert "sources" not in cline.inspect()
+
+
+READ_RESULT = re.compile(r"c\d+\\nx = 1")
+"""A result of one of ``_growing``'s read_file calls, as it stands in a message's JSON."""
+
+
+@pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "openai-responses", "gemini"])
+def test_a_replay_names_the_history_messages_whose_reads_were_replaced(
+    client: Client, dialect: str
+) -> None:
+    """An optimisation event of a native replay names the history index of each replaced read's
+    result, and counts the characters and tokens its notice saved."""
+    messages = RENDER[dialect](_growing(30))
+    model: proto.Model = {"id": "m", "context_window": 6_000}
+    report = replay(client, messages, model, task_id=f"replay-reads-{dialect}", dialect=dialect)
+    events = [event for event in report.events if event.kind == "optimisation"]
+    assert events, "no duplicate read replaced"
+    for event in events:
+        for index in event.messages:
+            assert READ_RESULT.search(json.dumps(messages[index])), f"{index}: no read result"
+        assert event.chars_saved > 0
+        assert event.tokens_saved > 0
+
+
+def _read_calls(messages: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """Claude Code ``Read`` calls of an Anthropic history: id -> (path, history index)."""
+    calls = {}
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if part.get("type") == "tool_use" and part.get("name") == "Read":
+                calls[part["id"]] = (part["input"]["file_path"], index)
+    return calls
+
+
+def test_a_corpus_replay_names_the_results_of_reads_read_again(client: Client) -> None:
+    """Replaying the Claude Code log, every optimisation event names history messages that
+    hold the result of a Read of a path read again later, and the replacements save."""
+    messages, dialect = load_conversation(CORPUS / "anthropic_claude_code_campusops_session2.jsonl")
+    calls = _read_calls(messages)
+    model: proto.Model = {"id": "corpus", "context_window": 48_000}
+    report = replay(client, messages, model, task_id="replay-reads-corpus", dialect=dialect)
+    events = [event for event in report.events if event.kind == "optimisation"]
+    assert events, "no duplicate read replaced"
+    for event in events:
+        for index in event.messages:
+            message = messages[index]
+            assert message["role"] == "user"
+            reads = [
+                calls[part["tool_use_id"]]
+                for part in message["content"]
+                if part.get("type") == "tool_result" and part.get("tool_use_id") in calls
+            ]
+            assert any(
+                path == later_path and index < at
+                for path, _ in reads
+                for later_path, at in calls.values()
+            ), f"message {index} holds no result of a Read whose path is read again"
+    assert sum(event.chars_saved for event in events) > 0
+    assert sum(event.tokens_saved for event in events) > 0
 
 
 def test_a_delta_synced_error_names_the_absolute_history_index(client: Client) -> None:

@@ -69,7 +69,9 @@ class ReplayEvent:
         kind: ``truncation`` or ``optimisation``.
         deleted_range: the range after the event (truncations).
         removed_messages: messages newly hidden by the range.
-        messages: history indices of the messages concerned.
+        messages: indices of the messages concerned: history indices, except
+            a truncation's in a dialect other than ``cline`` (internal
+            indices, those of its range).
         chars_saved: characters no longer sent.
         tokens_saved: tokens no longer sent (by the daemon's ``count_tokens``).
     """
@@ -277,6 +279,34 @@ def with_overlay(message: Mapping[str, Any], index: int, overlay: Overlay) -> di
     return copy
 
 
+Sources = dict[tuple[int, int], tuple[int, str]]
+"""(internal message, block) -> (history index, the block's text before any edit)."""
+
+
+def parse_sources(sources: Any) -> Sources:
+    """``inspect``'s ``sources`` (a task of a native dialect) by overlay key.
+
+    Raises:
+        BadReplyError: ``sources`` is not a list of ``[message, block,
+            history index, text]``.
+    """
+    if not isinstance(sources, list):
+        raise BadReplyError("inspect: sources must be a list")
+    found: Sources = {}
+    for position, item in enumerate(sources):
+        if not (
+            isinstance(item, list)
+            and len(item) == 4
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in item[:3])
+            and isinstance(item[3], str)
+        ):
+            raise BadReplyError(
+                f"inspect: sources[{position}] must be [message, block, history index, text]"
+            )
+        found[item[0], item[1]] = (item[2], item[3])
+    return found
+
+
 def parse_updates(updates: Any) -> Overlay:
     """The on-disk overlay (SPEC.md §1) as (message, block) -> (edit type, texts).
 
@@ -363,10 +393,13 @@ def replay(
             first turn it is not.
         dialect: the history's dialect. In a dialect other than ``cline`` the
             range and the overlay count the engine's internal messages
-            (docs/DIALECTS.md); a truncation's savings are those of the
-            messages the view stopped sending, an optimisation event names
-            internal indices and counts no savings, and the views are not
-            mapped message by message (no page).
+            (docs/DIALECTS.md): a truncation event names the internal indices
+            its range hid and its savings are those of the messages the view
+            stopped sending; an optimisation event names the history indices
+            the daemon's ``inspect`` gives as the replaced blocks' sources and
+            counts their savings from the texts it gives (a block without a
+            source, its history no longer held by the daemon, is left out);
+            the views are not mapped message by message (no page).
 
     Returns:
         The report.
@@ -422,8 +455,10 @@ def replay(
                 )
             )
         deleted_range = new_range
-        now = parse_updates(task.inspect()["updates"])
-        event = _optimisation(client, history, overlay, now, turn, end, deleted_range, native)
+        inspected = task.inspect()
+        now = parse_updates(inspected["updates"])
+        sources = parse_sources(inspected.get("sources", [])) if native else None
+        event = _optimisation(client, history, overlay, now, turn, end, deleted_range, sources)
         if event is not None:
             report.events.append(event)
         overlay = now
@@ -563,9 +598,13 @@ def _optimisation(
     turn: int,
     end: int,
     deleted_range: DeletedRange,
-    native: bool = False,
+    sources: Sources | None = None,
 ) -> ReplayEvent | None:
-    """The optimisation event of a turn: blocks whose latest update is new (notices excluded)."""
+    """The optimisation event of a turn: blocks whose latest update is new (notices excluded).
+
+    ``sources``: for a dialect other than ``cline``, where each overlay key
+    (internal indices) came from in the history, and its text before any edit.
+    """
     old_texts: list[str] = []
     new_texts: list[str] = []
     touched: set[int] = set()
@@ -576,19 +615,24 @@ def _optimisation(
             continue
         if 2 <= index < visible_from:
             continue  # hidden by this turn's range: its truncation event counts it
+        at, original = index, None
+        if sources is not None:
+            if (index, block) not in sources:
+                continue  # the daemon holds no history to name it by
+            at, original = sources[index, block]
         if known:
             previous_text = known[-1]
+        elif original is not None:
+            previous_text = original
         else:
             content = history[index].get("content") if index < len(history) else None
             blocks = content if isinstance(content, list) else []
             previous_text = (text_of(blocks[block]) if block < len(blocks) else None) or ""
         old_texts.append(previous_text)
         new_texts.append(texts[-1])
-        touched.add(index)
+        touched.add(at)
     if not touched:
         return None
-    if native:  # internal indices: the history's texts are not at them
-        return ReplayEvent(turn, end, "optimisation", deleted_range, 0, sorted(touched), 0, 0)
     old, new = "\n".join(old_texts), "\n".join(new_texts)
     return ReplayEvent(
         turn=turn,

@@ -338,7 +338,7 @@ class TaskActor:
         state = self.state
         assert state is not None
         calibration = self.kept.calibration
-        return {
+        result: dict[str, Any] = {
             "updates": state.dump_updates(),
             "deleted_range": state.deleted_range,
             "dirty": self.dirty,
@@ -347,6 +347,10 @@ class TaskActor:
             "read_tools": list(self._read_tools),
             **self.store.describe(),
         }
+        sources = self.kept.sources(state.overlay)
+        if sources is not None:
+            result["sources"] = sources
+        return result
 
     async def _flush_op(self) -> dict[str, Any]:
         return {"flushed": int(await self.flush()), "loaded": True}

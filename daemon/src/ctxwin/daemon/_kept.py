@@ -243,6 +243,39 @@ class KeptHistory:
         self._sent_overrides = None
         self._last_patch = None
 
+    def sources(self, overlay: engine.Overlay) -> list[list[Any]] | None:
+        """Where the blocks a native dialect's overlay edits came from, for ``inspect``.
+
+        For each (internal message, block) of ``overlay`` that is a block of
+        the mapped history with a text: ``[message, block, history index,
+        text]``, the text being the block's own, before any edit (what a
+        duplicate-read notice replaced). Sorted by message and block.
+
+        Returns:
+            The sources; None when no mapped history is held (the Cline
+            dialect, or no history sent since the task was loaded or its
+            history was dropped).
+        """
+        mapped = self.mapped
+        if mapped is None:
+            return None
+        internal = mapped.internal
+        found: list[list[Any]] = []
+        for index, updates in sorted(overlay.items(), key=operator.itemgetter(0)):
+            content = internal[index].get("content") if index < len(internal) else None
+            if not isinstance(content, list):
+                continue
+            for block in sorted(updates.blocks):
+                item = content[block] if block < len(content) else None
+                if not isinstance(item, dict):
+                    continue
+                text = engine.text_of(item)
+                source = item.get(engine.SRC)
+                # A notice put in as a block of its own (message 1 without a text) has none.
+                if text is not None and isinstance(source, int):
+                    found.append([index, block, source, text])
+        return found
+
     def kept_messages(self) -> int | None:
         """How many messages are kept; None when no history is."""
         return None if self.history is None else len(self.history)

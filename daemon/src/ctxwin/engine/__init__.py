@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
-from ._dialect import Dialect, DialectError, MappedHistory
+from ._dialect import SRC, Dialect, DialectError, MappedHistory
 from ._dialects import CLINE, DIALECT_NAMES, DIALECTS, get_dialect, kept_out_text
 from ._history import History, ResyncRequired, view_patch
 from ._notices import DEFAULT_NOTICES, Notices
@@ -45,6 +45,7 @@ __all__ = [
     "DIALECTS",
     "DIALECT_NAMES",
     "SHELL_READ_PATTERN",
+    "SRC",
     "Budgeting",
     "Calibration",
     "CompactDecision",

@@ -177,7 +177,14 @@ class RollbackResult(TypedDict):
 
 
 class InspectResult(TypedDict):
-    """``inspect``: the task's overlay in its on-disk form (SPEC.md §1)."""
+    """``inspect``: the task's overlay in its on-disk form (SPEC.md §1).
+
+    ``sources`` (a task of a native dialect whose history the daemon holds):
+    for each (internal message, block) the overlay edits, ``[message, block,
+    history index, text]``: the index in the caller's history of the message
+    the block came from and the block's text before any edit
+    (docs/DIALECTS.md).
+    """
 
     updates: list[Any]
     deleted_range: DeletedRange
@@ -188,6 +195,7 @@ class InspectResult(TypedDict):
     store: NotRequired[str]
     owner: NotRequired[str]
     fence: NotRequired[int | None]
+    sources: NotRequired[list[list[Any]]]
 
 
 class FlushResult(TypedDict):
