@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -38,6 +39,7 @@ PART = "_part"
 """Key of an internal block: which part of that message it stands for (per dialect)."""
 USER = "user"
 ASSISTANT = "assistant"
+_NEVER = sys.maxsize
 
 
 class DialectError(ValueError):
@@ -245,6 +247,7 @@ class MappedHistory:
     """
 
     __slots__ = (
+        "_fresh",
         "_last",
         "_marks",
         "_new_marks",
@@ -286,6 +289,7 @@ class MappedHistory:
         self._serial = 0  # of the last pieces made
         self._resumed: tuple[int, int] | None = None  # (serial, pieces kept) of the last resume
         self._patch_state: tuple[int, _PatchState, dict[int, Any]] | None = None
+        self._fresh = _NEVER  # internal messages from here on are the running sync's own
         self.sync(messages)
 
     def __len__(self) -> int:
@@ -327,8 +331,12 @@ class MappedHistory:
         dirty = self._cut(common)
         try:
             for offset in range(common, len(messages)):
+                # Internal messages from ``dirty`` on are this sync's own: no view holds
+                # them yet, so a message joining one is added to it in place.
+                self._fresh = dirty
                 dirty = min(dirty, self._append(messages[offset], offset))
         finally:
+            self._fresh = _NEVER
             self._settle(dirty)  # what was mapped stands, up to a message that failed
 
     def _settle(self, dirty: int) -> None:
@@ -398,7 +406,10 @@ class MappedHistory:
         if held is not None and held["role"] == role and members[last]:
             if self.dialect.joins(self.mapped[members[last][-1]], mapped):
                 members[last].append(index)
-                internal[last] = {"role": role, "content": [*held["content"], *mapped.blocks]}
+                if last >= self._fresh:
+                    held["content"].extend(mapped.blocks)
+                else:  # a message views may hold: replaced, never changed
+                    internal[last] = {"role": role, "content": [*held["content"], *mapped.blocks]}
                 return last
             # A call with no result: the view answers it in an empty user message.
             members.append([])
