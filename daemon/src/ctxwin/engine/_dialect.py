@@ -329,12 +329,23 @@ class MappedHistory:
         if common == len(held) == len(messages):
             return
         dirty = self._cut(common)
+        map_message, place = self.dialect.map_message, self._place
+        source, mapped = self.source, self.mapped
         try:
-            for offset in range(common, len(messages)):
+            for index in range(common, len(messages)):
+                message = messages[index]
+                try:
+                    taken = map_message(message, index, self)
+                except DialectError as exc:
+                    raise DialectError(f"{self.dialect.field}[{index}]{exc}") from None
+                source.append(message)
+                mapped.append(taken)
                 # Internal messages from ``dirty`` on are this sync's own: no view holds
                 # them yet, so a message joining one is added to it in place.
                 self._fresh = dirty
-                dirty = min(dirty, self._append(messages[offset], offset))
+                changed = place(index, taken)
+                if changed < dirty:
+                    dirty = changed
         finally:
             self._fresh = _NEVER
             self._settle(dirty)  # what was mapped stands, up to a message that failed
@@ -381,15 +392,6 @@ class MappedHistory:
         for index in again:
             self._place(index, self.mapped[index])
         return group
-
-    def _append(self, message: Any, index: int) -> int:
-        try:
-            mapped = self.dialect.map_message(message, index, self)
-        except DialectError as exc:
-            raise DialectError(f"{self.dialect.field}[{index}]{exc}") from None
-        self.source.append(message)
-        self.mapped.append(mapped)
-        return self._place(index, mapped)
 
     def _place(self, index: int, mapped: Mapped) -> int:
         """Put history message ``index`` (``mapped``) into the internal sequence; returns the
