@@ -30,7 +30,10 @@ class Turn:
     ``kind``: ``system`` (text), ``user`` (text), ``assistant`` (reasoning,
     text, calls) or ``results`` (``(call id, text)`` for the calls before;
     some may be missing, an unknown id is an orphan). ``split``: rendered as
-    consecutive messages of one role where the dialect allows it.
+    consecutive messages of one role where the dialect allows it. ``note``: a
+    text sent with results (after the first one in its message, as agents add
+    reminders to a tool result; a user message after them where a result is a
+    message of its own).
     """
 
     kind: str
@@ -40,6 +43,7 @@ class Turn:
     results: list[tuple[str, str]] = field(default_factory=list)
     split: bool = False
     as_list: bool = False
+    note: str = ""
 
 
 @st.composite
@@ -80,7 +84,9 @@ def conversations(draw: st.DrawFn, systems: bool = True, exact: bool = False) ->
                 results.pop(draw(st.integers(0, len(results) - 1)))
             if not exact and draw(st.integers(0, 6)) == 0:
                 results.append(("call_orphan", "stray"))
-            turns.append(Turn("results", results=results, split=not exact and draw(st.booleans())))
+            note = draw(words) if not exact and draw(st.integers(0, 3)) == 0 else ""
+            split = not exact and draw(st.booleans())
+            turns.append(Turn("results", results=results, split=split, note=note))
         elif not exact and draw(st.integers(0, 5)) == 0:
             # A stray result after a reply without calls (a log that lost the call).
             turns.append(Turn("results", results=[("call_orphan", "stray")]))
@@ -126,6 +132,8 @@ def render_chat(turns: list[Turn]) -> list[Message]:
         else:
             for call_id, text in turn.results:
                 out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            if turn.note:
+                out.append({"role": "user", "content": turn.note})
     return out
 
 
@@ -152,14 +160,18 @@ def render_anthropic(turns: list[Turn]) -> list[Message]:
             else:
                 out.append({"role": "assistant", "content": [*blocks, *uses] or "ok"})
         elif turn.kind == "results":
-            results = [
+            results: list[Message] = [
                 {"type": "tool_result", "tool_use_id": call_id, "content": text}
                 for call_id, text in turn.results
             ]
+            note = [{"type": "text", "text": turn.note}] if turn.note else []
             if turn.split:
-                out.extend({"role": "user", "content": [result]} for result in results)
+                contents = [[result] for result in results]
+                if contents:
+                    contents[0].extend(note)
+                out.extend({"role": "user", "content": content} for content in contents)
             elif results:
-                out.append({"role": "user", "content": results})
+                out.append({"role": "user", "content": [*results[:1], *note, *results[1:]]})
     return out
 
 
@@ -207,6 +219,8 @@ def render_responses(turns: list[Turn]) -> list[Message]:
         else:
             for call_id, text in turn.results:
                 out.append({"type": "function_call_output", "call_id": call_id, "output": text})
+            if turn.note:
+                out.append({"type": "message", "role": "user", "content": turn.note})
     return out
 
 
@@ -237,8 +251,10 @@ def render_gemini(turns: list[Turn]) -> list[Message]:
                 {"functionResponse": {"name": "tool", "id": call_id, "response": {"output": text}}}
                 for call_id, text in turn.results
             ]
+            note = [{"text": turn.note}] if turn.note else []
+            # Not split: every response to a turn's calls must be in the one content after it.
             if parts:
-                out.append({"role": "user", "parts": parts})
+                out.append({"role": "user", "parts": [*parts[:1], *note, *parts[1:]]})
     return out
 
 

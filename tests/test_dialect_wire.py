@@ -410,7 +410,7 @@ def test_a_corpus_conversation_replays_in_its_own_dialect(
 
 def _growing(count: int) -> list[Turn]:
     """A conversation of ``count`` turns reading the same few paths again and again, with a
-    system message now and then and a call left unanswered."""
+    system message now and then, a call left unanswered, and a text among the results."""
     turns = [Turn("system", "Be brief."), Turn("user", "Fix it. " * 40)]
     for serial in range(count):
         path = PATHS[serial % len(PATHS)]
@@ -419,9 +419,10 @@ def _growing(count: int) -> list[Turn]:
             calls.append(Call(f"d{serial}", "Bash", {"command": "make"}))
         turns.append(Turn("assistant", f"Step {serial}. " * 5, calls=calls))
         answered = calls if serial % 11 != 5 else calls[:1]
-        turns.append(
-            Turn("results", results=[(c.id, f"{c.id}\n" + "x = 1\n" * 60) for c in answered])
-        )
+        results = [(c.id, f"{c.id}\n" + "x = 1\n" * 60) for c in answered]
+        # Now and then a reminder after the first result, the results split over messages.
+        note = f"Reminder {serial}." if serial % 4 == 0 else ""
+        turns.append(Turn("results", results=results, split=serial % 8 == 0, note=note))
         if serial % 9 == 4:
             turns.append(Turn("system", f"Reminder {serial}."))
     return turns

@@ -201,6 +201,16 @@ class _PatchState:
                 order.append([index, end])
             return
         held = replaced.get(index)
+        if held is not None and order and order[-1][1] != index + 1:
+            # A rebuilt message comes back after another one (a repair put another
+            # message's results between its blocks): an index stands once in the
+            # order, so what follows goes after the last message placed, in its override.
+            index = order[-1][1] - 1
+            held = replaced.get(index)
+            if held is None:
+                self._set(index, [source[index], *pending, message])
+                pending.clear()
+                return
         if held is not None and order and order[-1][1] == index + 1:
             held.extend((*pending, message))
             keys = self.keys
@@ -236,7 +246,15 @@ class _PatchState:
                     overrides = [item for item in overrides if item[0] != last]
                 overrides.append(added)
         runs = [list(run) for run in order]
+        if len(runs) > 1 and _overlapping(runs):
+            return None  # not a view the ordered form can carry: send it whole
         return {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
+
+
+def _overlapping(runs: list[list[int]]) -> bool:
+    """Whether two ``[start, end)`` runs share an index."""
+    ordered = sorted(runs)
+    return any(ordered[at][0] < ordered[at - 1][1] for at in range(1, len(ordered)))
 
 
 class MappedHistory:
@@ -458,7 +476,10 @@ class MappedHistory:
         ``order`` lists the history indices the view is made of, as
         ``[start, end)`` runs in view order; ``overrides`` replaces an index by
         one message, or by a list of messages (a rebuilt message with the ones
-        the view added before it; an empty list drops it). None when the view
+        the view added before it; an empty list drops it). A rebuilt message
+        the view holds after another one (a repair put another message's
+        results between its blocks) is sent in the override of the message
+        before it, so every index stands in one run at most. None when the view
         holds no message of the history at all (send it whole).
         """
         source = self.source
