@@ -27,13 +27,17 @@ from ._page import inspect_page, page_problem, replay_page
 from ._plot import plot, plot_problem
 from ._replay import (
     USAGE_MODES,
+    NativeViews,
     ReplayReport,
     ReplayTurn,
     Variant,
+    ViewState,
     chars_of,
     default_model,
     load_history,
+    message_chars,
     message_tokens,
+    parse_sources,
     parse_updates,
     replay,
     text_of,
@@ -129,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE.html",
         help="with --messages: write a page of the conversation as the model now receives it",
+    )
+    inspect.add_argument(
+        "--dialect",
+        choices=proto.DIALECTS,
+        help="the task's message dialect, for --messages (default: from the file's shape)",
     )
 
     flush = commands.add_parser(
@@ -284,9 +293,14 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         problem = page_problem(args.html) if args.messages else "--html needs --messages FILE"
         if problem is not None:
             raise UsageError(problem)
-    history = _load(args.messages) if args.messages else None
+    history, dialect = _inspect_history(args)
+    view = None
+    if history is not None and dialect != "cline":
+        # First, so that the daemon holds the mapped history and inspect names the sources.
+        view = client.truncated_messages(args.task, history, dialect=dialect)["messages"]
     result = client.inspect(args.task)
     overlay = parse_updates(result["updates"])
+    sources = parse_sources(result.get("sources", [])) if view is not None else None
     rows: list[dict[str, Any]] = []
     for (index, block), (edit_type, texts) in sorted(overlay.items()):
         row: dict[str, Any] = {
@@ -297,7 +311,11 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
             "chars": len(texts[-1]) if texts else 0,
             "saved": None,
         }
-        if history is not None and texts and index < len(history):
+        if sources is not None:
+            source = sources.get((index, block))
+            if texts and source is not None:
+                row["saved"] = len(source[1]) - len(texts[-1])
+        elif history is not None and texts and index < len(history):
             content = history[index].get("content")
             blocks = content if isinstance(content, list) else []
             original = text_of(blocks[block]) if block < len(blocks) else None
@@ -317,6 +335,23 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         if history is not None
         else None
     )
+    variants: list[Variant] = []
+    state: ViewState | None = None
+    if history is not None and view is not None and sources is not None:
+        state = NativeViews(history, variants).state(
+            view, len(history), deleted_range, overlay, sources
+        )
+        removed = state.removed(len(history))
+        hidden = len(removed)
+        hidden_chars = sum(message_chars(history[i], dialect) for i in removed)
+    elif history is not None and args.html is not None:
+        state = view_state(
+            history,
+            client.truncated_messages(args.task, history)["messages"],
+            deleted_range,
+            overlay,
+            variants,
+        )
     saved_values = [row["saved"] for row in rows if row["saved"] is not None]
     summary = {
         "task": args.task,
@@ -326,8 +361,13 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         "overlay_chars_saved": sum(saved_values) if history is not None else None,
         "dirty": result["dirty"],
     }
-    if args.html is not None and history is not None:
-        _inspect_page(client, args, history, rows, result)
+    if args.html is not None and history is not None and state is not None:
+        counts = message_tokens(client, history, variants, dialect)
+        page = inspect_page(args.task, history, state, variants, counts, rows, dialect)
+        try:
+            args.html.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
         if not args.json:
             out.write(f"page written to {args.html}\n")
     if args.json:
@@ -383,25 +423,15 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
     return EXIT_OK
 
 
-def _inspect_page(
-    client: Client,
-    args: argparse.Namespace,
-    history: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
-    result: Any,
-) -> None:
-    """Write the page of the task as the model receives it now (``inspect --html``)."""
-    view = client.truncated_messages(args.task, history)["messages"]
-    variants: list[Variant] = []
-    state = view_state(
-        history, view, result["deleted_range"], parse_updates(result["updates"]), variants
-    )
-    counts = message_tokens(client, history, variants)
-    page = inspect_page(args.task, history, state, variants, counts, rows)
-    try:
-        args.html.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
+def _inspect_history(args: argparse.Namespace) -> tuple[list[dict[str, Any]] | None, str]:
+    """``inspect --messages``: the history and its dialect (``--dialect``, else its shape)."""
+    if not args.messages:
+        return None, "cline"
+    history, detected = _load_conversation(args.messages)
+    dialect = args.dialect or detected
+    if dialect == "cline":
+        return _load(args.messages), dialect  # SPEC.md's messages, checked as such
+    return history, dialect
 
 
 def _flush(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -507,8 +537,6 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             raise UsageError(problem)
     if args.html is not None:
         problem = page_problem(args.html)
-        if problem is None and dialect != "cline":
-            problem = f"--html draws Cline-dialect replays only, not {dialect!r} ones"
         if problem is not None:
             raise UsageError(problem)
     model = default_model(history, args.model_window)
@@ -545,7 +573,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     else:
         _write_report(report, task_id, out, args.per_turn)
     if args.html is not None:
-        counts = message_tokens(client, history, report.variants)
+        counts = message_tokens(client, history, report.variants, dialect)
         try:
             args.html.write_text(replay_page(report, history, counts), encoding="utf-8")
         except OSError as exc:

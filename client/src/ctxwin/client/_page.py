@@ -27,6 +27,7 @@ from ._replay import (
     Variant,
     ViewState,
     chars_of,
+    message_chars,
     usage_line,
 )
 
@@ -70,6 +71,7 @@ class _Page:
     history: Sequence[Mapping[str, Any]]
     counts: TokenCounts
     legend: list[tuple[str, str]] = field(default_factory=list)
+    dialect: str = "cline"
 
 
 def replay_page(
@@ -152,6 +154,7 @@ def replay_page(
         variants=report.variants,
         history=history,
         counts=counts,
+        dialect=report.dialect,
     )
     return _render(page)
 
@@ -163,23 +166,28 @@ def inspect_page(
     variants: list[Variant],
     counts: TokenCounts,
     edits: Sequence[Mapping[str, Any]],
+    dialect: str = "cline",
 ) -> str:
     """The page of a task now: its edits and the conversation as the model receives it.
 
     Args:
         task: the task id.
         history: the task's conversation.
-        view: how the task's view alters it (:func:`view_state`).
+        view: how the task's view alters it (:func:`view_state`, or
+            :meth:`NativeViews.state` in another dialect).
         variants: the altered messages.
         counts: tokens of each message and variant.
         edits: one map per overlay block: ``message``, ``block``, ``edit``
             (its kind), ``updates`` (how many) and ``saved`` (chars, or None).
+        dialect: the conversation's dialect.
 
     Returns:
         The HTML text.
     """
     deleted = view.deleted_range
     hidden = 0 if not deleted else max(0, min(deleted[1], len(history) - 1) - 1)
+    if view.order is not None:
+        hidden = len(view.removed(len(history)))
     events = [
         {
             "turn": None,
@@ -190,7 +198,7 @@ def inspect_page(
         }
         for edit in edits
     ]
-    sent = len(history) - hidden
+    sent = len(history) - hidden if view.order is None else len(view.order)
     page = _Page(
         title=f"ctxwin task {task}",
         facts=[f"{len(history)} messages", f"range {_range(deleted)}"],
@@ -207,6 +215,7 @@ def inspect_page(
         variants=variants,
         history=history,
         counts=counts,
+        dialect=dialect,
     )
     return _render(page)
 
@@ -420,6 +429,261 @@ def _preview(content: Any) -> str:
     return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
 
 
+# -- messages of the other dialects ---------------------------------------------
+
+_MODEL_SIDE = {"assistant", "model"}
+"""Roles of the model's own messages (drawn as the assistant's)."""
+
+
+def _block(label: str, name: Any = None, code: Any = None) -> str:
+    """A part's label line: its kind, a name in bold, an id in code."""
+    text = html.escape(label)
+    if name is not None:
+        text += f" <b>{html.escape(str(name))}</b>"
+    if code is not None:
+        text += f" <code>{html.escape(str(code))}</code>"
+    return f'<div class="block">{text}</div>'
+
+
+def _pre(value: Any) -> str:
+    return f"<pre>{html.escape(_text(value))}</pre>"
+
+
+def _arguments(value: Any) -> str:
+    """A call's arguments: a JSON string shown indented when it parses, else as it is."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return _pre(value)
+    return _pre(value)
+
+
+def _other(part: Any, kind: Any) -> str:
+    return _block(str(kind)) + _pre(part)
+
+
+def _parts(content: Any, render: Any) -> str:
+    """A string content as text, a list as each part rendered by ``render``."""
+    if isinstance(content, str):
+        return _pre(content)
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        return _pre(content)
+    return "".join(render(part) if isinstance(part, Mapping) else _pre(part) for part in content)
+
+
+def _media(label: str, part: Mapping[str, Any]) -> str:
+    """An image, audio or file part: what it is, never its data."""
+    for key in ("source", "image_url", "input_audio", "file", "inlineData", "inline_data"):
+        inner = part.get(key)
+        if isinstance(inner, Mapping):
+            data = inner.get("data") or inner.get("file_data")
+            if isinstance(data, str):
+                return _block(f"{label} ({len(data):,} base64 characters, not shown)")
+            url = inner.get("url") or inner.get("file_id") or inner.get("fileUri")
+            if isinstance(url, str):
+                return _block(label, code=url[:200])
+        elif isinstance(inner, str):
+            return _block(label, code=inner[:200])
+    return _block(f"{label} (not shown)")
+
+
+def _chat_part(part: Mapping[str, Any]) -> str:
+    kind = part.get("type")
+    if kind == "text":
+        return _pre(part.get("text", ""))
+    if kind == "refusal":
+        return _block("refusal") + _pre(part.get("refusal", ""))
+    if kind in ("image_url", "input_audio", "file"):
+        return _media(str(kind).replace("_url", "").replace("input_", ""), part)
+    return _other(part, kind)
+
+
+def _chat_body(message: Mapping[str, Any]) -> str:
+    """An OpenAI Chat message: its content, reasoning, tool calls, or the call it answers."""
+    parts: list[str] = []
+    if message.get("role") == "tool":
+        parts.append(_block("result for", code=message.get("tool_call_id")))
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        parts.append(_block("reasoning") + _pre(reasoning))
+    parts.append(_parts(message.get("content"), _chat_part))
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal:
+        parts.append(_block("refusal") + _pre(refusal))
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        if not isinstance(call, Mapping):
+            continue
+        inner = call.get("function") or call.get("custom")
+        inner = inner if isinstance(inner, Mapping) else {}
+        parts.append(_block("tool call", inner.get("name"), call.get("id")))
+        parts.append(_arguments(inner.get("arguments", inner.get("input"))))
+    return "".join(parts)
+
+
+def _anthropic_part(part: Mapping[str, Any]) -> str:
+    kind = part.get("type")
+    if kind == "text":
+        return _pre(part.get("text", ""))
+    if kind in ("tool_use", "server_tool_use"):
+        return _block(str(kind), part.get("name"), part.get("id")) + _pre(part.get("input"))
+    if kind == "tool_result" or str(kind).endswith("_tool_result"):
+        error = " (error)" if part.get("is_error") else ""
+        return _block(f"{kind}{error} for", code=part.get("tool_use_id")) + _parts(
+            part.get("content"), _anthropic_part
+        )
+    if kind == "thinking":
+        return _block("thinking") + _pre(part.get("thinking", ""))
+    if kind == "redacted_thinking":
+        data = part.get("data")
+        size = len(data) if isinstance(data, str) else 0
+        return _block(f"redacted thinking ({size:,} characters, not shown)")
+    if kind in ("image", "document"):
+        return _media(str(kind), part)
+    return _other(part, kind)
+
+
+def _responses_part(part: Mapping[str, Any]) -> str:
+    kind = part.get("type")
+    if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+        return _pre(part.get("text", ""))
+    if kind == "refusal":
+        return _block("refusal") + _pre(part.get("refusal", ""))
+    if kind in ("input_image", "input_file", "input_audio"):
+        return _media(str(kind).replace("input_", ""), part)
+    return _other(part, kind)
+
+
+def _responses_body(item: Mapping[str, Any]) -> str:
+    """An OpenAI Responses item: a message, a call, its output, reasoning, or another item."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        return _parts(item.get("content"), _responses_part)
+    if kind in ("function_call", "custom_tool_call"):
+        label = kind.replace("_", " ")
+        arguments = item.get("arguments", item.get("input"))
+        return _block(label, item.get("name"), item.get("call_id")) + _arguments(arguments)
+    if isinstance(kind, str) and kind.endswith("_call_output"):
+        output = item.get("output")
+        return _block(kind.replace("_", " ") + " for", code=item.get("call_id")) + _parts(
+            output, _responses_part
+        )
+    if kind == "reasoning":
+        parts = [_block("reasoning")]
+        for key in ("summary", "content"):
+            inner = item.get(key)
+            if isinstance(inner, list):
+                parts.append(_parts(inner, _responses_part))
+        if item.get("encrypted_content"):
+            parts.append(_block("encrypted reasoning (not shown)"))
+        return "".join(parts)
+    return _other(item, kind)
+
+
+def _gemini_part(part: Mapping[str, Any]) -> str:
+    call = part.get("functionCall", part.get("function_call"))
+    if isinstance(call, Mapping):
+        return _block("functionCall", call.get("name"), call.get("id")) + _pre(call.get("args"))
+    answer = part.get("functionResponse", part.get("function_response"))
+    if isinstance(answer, Mapping):
+        return _block("functionResponse", answer.get("name"), answer.get("id")) + _pre(
+            answer.get("response")
+        )
+    text = part.get("text")
+    if isinstance(text, str):
+        return (_block("thought") if part.get("thought") else "") + _pre(text)
+    for key in ("inlineData", "inline_data", "fileData", "file_data"):
+        if isinstance(part.get(key), Mapping):
+            return _media("data", part)
+    return _other(part, next(iter(part), "part"))
+
+
+def _native_body(message: Mapping[str, Any], dialect: str) -> str:
+    """A message of a dialect other than ``cline`` as HTML, each part labelled."""
+    if dialect == "openai-chat":
+        body = _chat_body(message)
+    elif dialect == "openai-responses":
+        body = _responses_body(message)
+    elif dialect == "gemini":
+        body = _parts(message.get("parts"), _gemini_part)
+    else:
+        body = _parts(message.get("content"), _anthropic_part)
+    return body or '<div class="block">(no content)</div>'
+
+
+def _pieces(value: Any, found: list[tuple[int, str]], result: bool = False) -> None:
+    """What a preview shows of a part, with its order: texts, calls, media, results."""
+    if isinstance(value, str):
+        found.append((3 if result else 0, value))
+        return
+    if isinstance(value, list):
+        for item in value:
+            _pieces(item, found, result)
+        return
+    if not isinstance(value, Mapping):
+        return
+    kind = value.get("type")
+    call = value.get("functionCall", value.get("function_call"))
+    answer = value.get("functionResponse", value.get("function_response"))
+    function = value.get("function")
+    if isinstance(call, Mapping):
+        found.append((1, f"[{call.get('name')}]"))
+    elif isinstance(answer, Mapping):
+        found.append((3, f"[result] {_text(answer.get('response'))}"))
+    elif kind in ("tool_use", "server_tool_use", "function_call", "custom_tool_call"):
+        found.append((1, f"[{value.get('name')}]"))
+    elif isinstance(function, Mapping):
+        found.append((1, f"[{function.get('name')}]"))
+    elif kind == "tool_result" or (isinstance(kind, str) and kind.endswith("_output")):
+        inner: list[tuple[int, str]] = []
+        _pieces(value.get("content", value.get("output")), inner, True)
+        found.append((3, "[result] " + " ".join(text for _, text in inner)))
+    elif kind in ("image", "image_url", "input_image") or "inlineData" in value:
+        found.append((2, "[image]"))
+    elif kind in ("thinking", "redacted_thinking", "reasoning") or value.get("thought"):
+        return  # the model's reasoning: not what the message says
+    elif isinstance(value.get("text"), str):
+        found.append((3 if result else 0, str(value["text"])))
+    elif "content" in value:
+        _pieces(value["content"], found, result)
+
+
+def _native_preview(message: Mapping[str, Any], dialect: str) -> str:
+    """The first words of a message of another dialect: text, then calls, then results."""
+    found: list[tuple[int, str]] = []
+    if dialect == "openai-chat" and message.get("role") == "tool":
+        _pieces(message.get("content"), found, True)
+        found = [(3, "[result] " + " ".join(text for _, text in found))]
+    elif dialect == "openai-responses" and message.get("type", "message") != "message":
+        _pieces(message, found)
+    else:
+        _pieces(message.get("parts", message.get("content")), found)
+        _pieces(message.get("tool_calls"), found)
+    pieces: list[str] = []
+    for _, piece in sorted(found, key=lambda item: item[0]):
+        pieces.append(piece)
+        if sum(len(text) for text in pieces) > _PREVIEW:
+            break
+    text = " ".join(" ".join(pieces).split())
+    return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
+
+
+def _role(message: Mapping[str, Any], dialect: str) -> tuple[str, str]:
+    """A message's label and its CSS class (``assistant`` for the model's side)."""
+    role = message.get("role")
+    kind = message.get("type")
+    label = str(role) if role is not None else str(kind or "?")
+    if dialect == "openai-responses" and kind not in (None, "message"):
+        label = str(kind)
+        side = "user" if str(kind).endswith("_output") else "assistant"
+    else:
+        side = "assistant" if role in _MODEL_SIDE else str(role)
+    return label, side
+
+
 def _message(
     index: int,
     message: Mapping[str, Any],
@@ -427,25 +691,39 @@ def _message(
     hidden: bool,
     variant: int | None = None,
     kinds: Sequence[str] = (),
+    dialect: str = "cline",
+    added: bool = False,
 ) -> str:
-    role = str(message.get("role", "?"))
-    content = message.get("content")
     badges = "".join(
         f'<span class="badge {_BADGES.get(kind, "other")}">{html.escape(kind)}</span>'
         for kind in kinds
     )
-    attributes = f'class="msg {html.escape(role)}" data-i="{index}" data-t="{tokens}"'
+    if dialect == "cline":
+        role = css = str(message.get("role", "?"))
+        content = message.get("content")
+        chars, preview, body = chars_of(content), _preview(content), _body(content)
+    else:
+        role, css = _role(message, dialect)
+        chars = message_chars(message, dialect)
+        preview = _native_preview(message, dialect)
+        body = _native_body(message, dialect)
+    attributes = f'class="msg {html.escape(css)}" data-i="{index}" data-t="{tokens}"'
     if variant is not None:
         attributes += f' data-v="{variant}"'
     if hidden:
         attributes += " hidden"
+    number = (
+        f'<span class="idx" title="added by the view">+#{index}</span>'
+        if added
+        else f'<span class="idx">#{index}</span>'
+    )
     return (
         f"<li {attributes}><details><summary>"
-        f'<span class="idx">#{index}</span><span class="role">{html.escape(role)}</span>'
+        f'{number}<span class="role">{html.escape(role)}</span>'
         f'<span class="tok">{tokens:,} tok</span>'
-        f'<span class="chars">{chars_of(content):,} chars</span>{badges}'
-        f'<span class="preview">{html.escape(_preview(content))}</span>'
-        f"</summary>{_body(content)}</details></li>"
+        f'<span class="chars">{chars:,} chars</span>{badges}'
+        f'<span class="preview">{html.escape(preview)}</span>'
+        f"</summary>{body}</details></li>"
     )
 
 
@@ -472,6 +750,8 @@ def _fold(view: ViewState, page: _Page, end: int) -> tuple[str, bool]:
 def _render(page: _Page) -> str:
     selected = page.turns[-1]
     view = page.views[selected.view]
+    if page.dialect != "cline":
+        return _frame(page, selected, *_ordered(page, selected), _JS_ORDERED)
     keep = view.deleted_range[1] + 1 if view.deleted_range else 2
     data = {
         "turns": [[turn.turn, turn.end, turn.view, turn.estimated] for turn in page.turns],
@@ -520,6 +800,13 @@ def _render(page: _Page) -> str:
                 f'<li id="fold" class="fold"{"" if shown else " hidden"}>'
                 f'<span id="fold-text">{html.escape(text)}</span></li>'
             )
+    return _frame(page, selected, data, items, _JS)
+
+
+def _frame(
+    page: _Page, selected: PageTurn, data: dict[str, Any], items: list[str], script_text: str
+) -> str:
+    """The whole page around its conversation's items, with the data its script reads."""
     options = "".join(
         f'<option value="{number}"{" selected" if turn is selected else ""}>'
         + (f"turn {turn.turn}" if turn.turn else "")
@@ -574,8 +861,94 @@ def _render(page: _Page) -> str:
         "<noscript><p>Without JavaScript the page shows the last turn.</p></noscript>"
         f'<ol id="conversation">{"".join(items)}</ol></section>'
         f'</main><script type="application/json" id="ctxwin-data">{script}</script>'
-        f"<script>{_JS}</script></body></html>\n"
+        f"<script>{script_text}</script></body></html>\n"
     )
+
+
+def _runs(indices: Sequence[int]) -> str:
+    """``3-15, 17, 19-40``: sorted indices as runs (the first eight, then how many more)."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    shown = ", ".join(f"{a}-{b}" if a < b else f"{a}" for a, b in runs[:8])
+    return shown + (f" and {len(runs) - 8} more" if len(runs) > 8 else "")
+
+
+def _ordered_fold(page: _Page, view: ViewState, end: int) -> tuple[int, str] | None:
+    """Where in a native view's order the line of its removed messages goes, and the line."""
+    assert view.order is not None
+    removed = view.removed(end)
+    if not removed:
+        return None
+    chars = sum(message_chars(page.history[index], page.dialect) for index in removed)
+    tokens = sum(page.counts.messages[index] for index in removed)
+    position = next(
+        (at for at, (index, _) in enumerate(view.order) if index > removed[0]), len(view.order)
+    )
+    return position, (
+        f"messages {_runs(removed)} dropped, {chars:,} characters ({tokens:,} tokens)"
+    )
+
+
+def _ordered(page: _Page, selected: PageTurn) -> tuple[dict[str, Any], list[str]]:
+    """A native page's data and items: the selected view's messages in its order (and the
+    line of the messages it removed where they stood), then every other one hidden."""
+    folds = [_ordered_fold(page, page.views[turn.view], turn.end) for turn in page.turns]
+    fold_of = {turn.view: fold for turn, fold in zip(page.turns, folds, strict=True)}
+    data = {
+        "turns": [[turn.turn, turn.end, turn.view, turn.estimated] for turn in page.turns],
+        "views": [
+            {"order": state.order, "fold": fold_of.get(number)}
+            for number, state in enumerate(page.views)
+        ],
+    }
+    view = page.views[selected.view]
+    assert view.order is not None
+    fold = fold_of.get(selected.view)
+    items: list[str] = []
+    written: set[tuple[int, int | None]] = set()
+
+    def item(index: int, variant: int | None, hidden: bool) -> str:
+        written.add((index, variant))
+        if variant is None:
+            return _message(
+                index, page.history[index], page.counts.messages[index], hidden,
+                dialect=page.dialect,
+            )  # fmt: skip
+        altered = page.variants[variant]
+        return _message(
+            index, altered.message, page.counts.variants[variant], hidden, variant,
+            altered.kinds, page.dialect, altered.added,
+        )  # fmt: skip
+
+    fold_line = '<li id="fold" class="fold"{hidden}><span id="fold-text">{text}</span></li>'
+    for position, (index, variant) in enumerate(view.order):
+        if fold is not None and fold[0] == position:
+            items.append(fold_line.format(hidden="", text=html.escape(fold[1])))
+        items.append(item(index, variant, False))
+    if fold is not None and fold[0] == len(view.order):
+        items.append(fold_line.format(hidden="", text=html.escape(fold[1])))
+    elif fold is None:
+        items.append(fold_line.format(hidden=" hidden", text=""))
+    used = {
+        index
+        for turn in page.turns
+        for index, variant in page.views[turn.view].order or ()
+        if variant is None
+    }
+    by_index: dict[int, list[int]] = {}
+    for number, altered in enumerate(page.variants):
+        by_index.setdefault(altered.index, []).append(number)
+    for index in range(len(page.history)):
+        if index in used and (index, None) not in written:
+            items.append(item(index, None, True))
+        for number in by_index.get(index, []):
+            if (index, number) not in written:
+                items.append(item(index, number, True))
+    return data, items
 
 
 def _originals_shown(page: _Page) -> set[int]:
@@ -592,13 +965,19 @@ def _originals_shown(page: _Page) -> set[int]:
 
 def _summary(page: _Page, turn: PageTurn) -> str:
     view = page.views[turn.view]
+    estimate = "" if turn.estimated is None else f" (calibrated estimate {turn.estimated:,})"
+    if view.order is not None:
+        tokens = sum(
+            page.counts.messages[index] if variant is None else page.counts.variants[variant]
+            for index, variant in view.order
+        )
+        return f"{len(view.order)} of {turn.end} messages sent, {tokens:,} tokens counted{estimate}"
     keep = view.deleted_range[1] + 1 if view.deleted_range else 2
     shown = [i for i in range(turn.end) if i < 2 or i >= keep]
     tokens = sum(
         page.counts.variants[view.altered[i]] if i in view.altered else page.counts.messages[i]
         for i in shown
     )
-    estimate = "" if turn.estimated is None else f" (calibrated estimate {turn.estimated:,})"
     return f"{len(shown)} of {turn.end} messages sent, {tokens:,} tokens counted{estimate}"
 
 
@@ -705,7 +1084,7 @@ background:#f9fafb;border-top:1px solid var(--line);max-height:480px;overflow:au
 [hidden]{display:none!important}
 """
 
-_JS = """
+_JS_OPEN = """
 (function () {
   var data = JSON.parse(document.getElementById("ctxwin-data").textContent);
   var select = document.getElementById("turn");
@@ -716,7 +1095,9 @@ _JS = """
   function show(k) {
     var t = data.turns[k], end = t[1], view = data.views[t[2]];
     var sent = 0, tokens = 0;
-    for (var n = 0; n < items.length; n++) {
+"""
+
+_JS_RANGE = """    for (var n = 0; n < items.length; n++) {
       var li = items[n], i = +li.dataset.i, v = li.dataset.v;
       var want = view.altered[i];
       var inView = i < end && (i < 2 || i >= view.keep);
@@ -734,7 +1115,31 @@ _JS = """
     } else {
       fold.hidden = true;
     }
-    document.getElementById("view-summary").textContent = sent + " of " + end +
+"""
+
+_JS_ORDER = """
+    var list = document.getElementById("conversation"), keyed = {}, order = view.order;
+    for (var n = 0; n < items.length; n++) {
+      var item = items[n];
+      item.hidden = true;
+      keyed[item.dataset.i + "/" + (item.dataset.v === undefined ? "" : item.dataset.v)] = item;
+    }
+    fold.hidden = true;
+    for (var p = 0; p <= order.length; p++) {
+      if (view.fold && view.fold[0] === p) {
+        document.getElementById("fold-text").textContent = view.fold[1];
+        fold.hidden = false;
+        list.appendChild(fold);
+      }
+      if (p === order.length) { break; }
+      var li = keyed[order[p][0] + "/" + (order[p][1] === null ? "" : order[p][1])];
+      li.hidden = false;
+      list.appendChild(li);
+      sent++; tokens += +li.dataset.t;
+    }
+"""
+
+_JS_CLOSE = """    document.getElementById("view-summary").textContent = sent + " of " + end +
       " messages sent, " + fmt(tokens) + " tokens counted" +
       (t[3] === null ? "" : " (calibrated estimate " + fmt(t[3]) + ")");
     select.value = String(k);
@@ -762,3 +1167,9 @@ _JS = """
   if (!(m && pick(+m[1]))) { show(data.turns.length - 1); }
 })();
 """
+
+_JS = _JS_OPEN + _JS_RANGE + _JS_CLOSE
+"""The script of a Cline page: a turn's view is the range with its altered messages."""
+
+_JS_ORDERED = _JS_OPEN + _JS_ORDER.removeprefix("\n") + _JS_CLOSE
+"""The script of a page of another dialect: each view lists its messages in order."""

@@ -131,10 +131,22 @@ class ViewState:
         deleted_range: the range in effect.
         altered: history index -> index into :attr:`ReplayReport.variants` of
             the message as the view holds it, for each message the view changed.
+        order: a native dialect's view in its own order, one ``(history index,
+            variant)`` per message sent: variant None for the history message
+            as it is, else the index into :attr:`ReplayReport.variants` of a
+            message the view rebuilt or added; None in the Cline dialect, whose
+            view follows from the range.
     """
 
     deleted_range: DeletedRange
     altered: dict[int, int] = field(default_factory=dict)
+    order: list[tuple[int, int | None]] | None = None
+
+    def removed(self, end: int) -> list[int]:
+        """The history indices below ``end`` a native view neither sends nor rebuilds."""
+        order = self.order or []
+        sent = {index for index, variant in order if variant is None} | set(self.altered)
+        return [index for index in range(end) if index not in sent]
 
 
 @dataclass(slots=True)
@@ -142,14 +154,17 @@ class Variant:
     """A message as a view altered it.
 
     Attributes:
-        index: its history index.
+        index: its history index (a message the view added: the index of the
+            call it answers, else of the history message it stands before).
         kinds: what changed it (:data:`NOTICE`, :data:`FILE_READ`, :data:`REPAIRED`).
         message: the message as sent.
+        added: the view added it; it stands for no history message.
     """
 
     index: int
     kinds: list[str]
     message: dict[str, Any]
+    added: bool = False
 
 
 @dataclass(slots=True)
@@ -174,6 +189,7 @@ class ReplayReport:
     differs: str | None = None
     views: list[ViewState] = field(default_factory=list)
     variants: list[Variant] = field(default_factory=list)
+    dialect: str = "cline"
 
     def totals(self) -> dict[str, int]:
         """Counts and savings summed over the events."""
@@ -200,6 +216,13 @@ class ReplayReport:
             {"deleted_range": view.deleted_range, "altered": sorted(view.altered)}
             for view in self.views
         ]
+        for shown, view in zip(data["views"], self.views, strict=True):
+            if view.order is not None:
+                shown["added"] = sorted(
+                    self.variants[number].index
+                    for _, number in view.order
+                    if number is not None and self.variants[number].added
+                )
         data["totals"] = self.totals()
         return data
 
@@ -399,7 +422,7 @@ def replay(
             the daemon's ``inspect`` gives as the replaced blocks' sources and
             counts their savings from the texts it gives (a block without a
             source, its history no longer held by the daemon, is left out);
-            the views are not mapped message by message (no page).
+            each view is mapped back to the history by :class:`NativeViews`.
 
     Returns:
         The report.
@@ -419,8 +442,10 @@ def replay(
         max_allowed_size=info["max_allowed_size"],
         usage_source="metrics.tokens" if has_metrics else "count_tokens",
         usage_mode=usage,
+        dialect=dialect,
     )
     native = dialect != "cline"
+    mapper = NativeViews(history, report.variants)
     task = Task(client, task_id, ephemeral=ephemeral, dialect=dialect if native else None)
     last_view: list[Any] = []
     start = task.inspect()
@@ -450,7 +475,7 @@ def replay(
                     deleted_range=list(new_range),
                     removed_messages=len(hidden),
                     messages=hidden,
-                    chars_saved=sum(chars_of(message.get("content")) for message in removed),
+                    chars_saved=sum(message_chars(message, dialect) for message in removed),
                     tokens_saved=_tokens(client, removed, dialect),
                 )
             )
@@ -463,8 +488,8 @@ def replay(
             report.events.append(event)
         overlay = now
         last_view = view
-        if native:
-            state = ViewState(None if deleted_range is None else list(deleted_range))
+        if sources is not None:
+            state = mapper.state(view, end, deleted_range, overlay, sources)
             same = len(view) == end and all(
                 sent_message is original or sent_message == original
                 for sent_message, original in zip(view, history, strict=False)
@@ -562,6 +587,239 @@ def view_state(
             variants.append(Variant(index, kinds, dict(message)))
             state.altered[index] = len(variants) - 1
     return state
+
+
+_ID_KEYS = frozenset({"id", "tool_use_id", "tool_call_id", "call_id"})
+"""Keys whose string values name a call, a result's call, or an item (kept by a rebuild)."""
+_PLAIN_KEYS = _ID_KEYS | {"role", "type", "name", "status"}
+"""Keys whose string values say nothing of what a message holds (left out of its texts)."""
+_HIDDEN_KEYS = _ID_KEYS | {"role", "status", "signature", "thoughtSignature", "encrypted_content"}
+"""Keys whose string values are not content a person reads (left out of its characters)."""
+
+
+def message_chars(message: Mapping[str, Any], dialect: str = "cline") -> int:
+    """Characters of a message's content: every string of it in a dialect other than ``cline``
+    (texts, calls, results, parts), roles, ids and signatures left out."""
+    if dialect == "cline":
+        return chars_of(message.get("content"))
+    return sum(chars_of(value) for key, value in message.items() if key not in _HIDDEN_KEYS)
+
+
+def _leaves(value: Any, ids: set[str], texts: set[str], key: str = "") -> None:
+    """Collect the ids (:data:`_ID_KEYS`) and the other content strings inside ``value``."""
+    if isinstance(value, str):
+        if key in _ID_KEYS:
+            ids.add(value)
+        elif key not in _PLAIN_KEYS and value:
+            texts.add(value)
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            _leaves(item, ids, texts, str(name))
+    elif isinstance(value, list):
+        for item in value:
+            _leaves(item, ids, texts, key)
+
+
+def _kind_of(message: Mapping[str, Any]) -> tuple[Any, Any]:
+    """What a rebuild keeps of a message: its ``type`` (Responses items) and ``role``."""
+    return message.get("type"), message.get("role")
+
+
+class NativeViews:
+    """Views of a native dialect's history mapped back to it, turn by turn.
+
+    The daemon's views, through a task handle's patches, hold the caller's own
+    message objects where the view did not change them. A view message is the
+    history message it is (by identity, else by equality); any other is a
+    variant: a rebuilt form of the history message of its kind that shares its
+    call ids or its content, or whose edit ``inspect``'s ``sources`` name,
+    nearest to where the view holds it; else a message the view added (a
+    missing result, a notice of its own). History messages neither sent nor
+    rebuilt are the ones the view removed.
+
+    Args:
+        history: the whole conversation, in its dialect.
+        variants: where new variants go (shared by every view mapped).
+    """
+
+    def __init__(self, history: Sequence[Mapping[str, Any]], variants: list[Variant]) -> None:
+        self.history = history
+        self.variants = variants
+        self._by_object: dict[int, list[int]] = {}
+        for index, message in enumerate(history):
+            self._by_object.setdefault(id(message), []).append(index)
+        self._by_key: dict[str, list[int]] | None = None
+        self._leaf_cache: dict[int, tuple[set[str], set[str]]] = {}
+        self._by_call: dict[str, list[int]] | None = None
+
+    def _leaves_of(self, index: int) -> tuple[set[str], set[str]]:
+        found = self._leaf_cache.get(index)
+        if found is None:
+            found = self._leaf_cache[index] = _leaves_pair(self.history[index])
+        return found
+
+    def _equal(self, message: Mapping[str, Any]) -> list[int]:
+        if self._by_key is None:
+            self._by_key = {}
+            for index, original in enumerate(self.history):
+                self._by_key.setdefault(_key(original), []).append(index)
+        return self._by_key.get(_key(message), [])
+
+    def _holding(self, call: str) -> list[int]:
+        if self._by_call is None:
+            self._by_call = {}
+            for index in range(len(self.history)):
+                for name in self._leaves_of(index)[0]:
+                    self._by_call.setdefault(name, []).append(index)
+        return self._by_call.get(call, [])
+
+    def state(
+        self,
+        view: Sequence[Mapping[str, Any]],
+        end: int,
+        deleted_range: DeletedRange,
+        overlay: Overlay,
+        sources: Sources,
+    ) -> ViewState:
+        """The view of the history's first ``end`` messages, mapped back to them.
+
+        Args:
+            view: the messages sent.
+            end: how many history messages the view was made of.
+            deleted_range: the range in effect (internal indices).
+            overlay: the task's overlay now (:func:`parse_updates`).
+            sources: where each overlay block came from (:func:`parse_sources`).
+        """
+        taken: set[int] = set()
+        found: list[int | None] = []
+        for message in view:
+            at = next(
+                (i for i in self._by_object.get(id(message), ()) if i < end and i not in taken),
+                None,
+            )
+            if at is not None:
+                taken.add(at)
+            found.append(at)
+        for position, message in enumerate(view):
+            if found[position] is None:
+                at = next((i for i in self._equal(message) if i < end and i not in taken), None)
+                if at is not None:
+                    taken.add(at)
+                    found[position] = at
+        # The notices and replaced texts of the overlay, by the history index they stand in
+        # (None: a notice block of its own, from no history message).
+        marks: dict[int | None, list[tuple[str, str]]] = {}
+        for key, (edit_type, updates) in overlay.items():
+            if updates:
+                kind = NOTICE if edit_type == _NOTICE_EDIT else FILE_READ
+                marks.setdefault(sources[key][0] if key in sources else None, []).append(
+                    (updates[-1], kind)
+                )
+        following: list[int | None] = [None] * len(view)
+        later: int | None = None
+        for position in range(len(view) - 1, -1, -1):
+            following[position] = later
+            later = found[position] if found[position] is not None else later
+        state = ViewState(None if deleted_range is None else list(deleted_range), order=[])
+        assert state.order is not None
+        last = -1
+        for position, message in enumerate(view):
+            at = found[position]
+            if at is not None:
+                state.order.append((at, None))
+                last = max(last, at)
+                continue
+            ids, texts = _leaves_pair(message)
+            rebuilt = self._rebuilt(
+                message, ids, texts, end, taken, last, following[position], marks
+            )
+            if rebuilt is not None:
+                taken.add(rebuilt)
+                original_ids, original_texts = self._leaves_of(rebuilt)
+                kinds = _marked(texts - original_texts, marks, rebuilt)
+                if not kinds or ids != original_ids:
+                    kinds.append(REPAIRED)
+                number = self._variant(rebuilt, kinds, message, added=False)
+                state.altered[rebuilt] = number
+                state.order.append((rebuilt, number))
+                last = max(last, rebuilt)
+                continue
+            calls = sorted(i for name in ids for i in self._holding(name) if i < end)
+            stands = calls[0] if calls else self._split_from(texts, last, following[position], end)
+            kinds = _marked(texts, marks, None) or [REPAIRED]
+            state.order.append((stands, self._variant(stands, kinds, message, added=True)))
+        return state
+
+    def _rebuilt(
+        self,
+        message: Mapping[str, Any],
+        ids: set[str],
+        texts: set[str],
+        end: int,
+        taken: set[int],
+        last: int,
+        following: int | None,
+        marks: Mapping[int | None, list[tuple[str, str]]],
+    ) -> int | None:
+        """The history message ``message`` is a rebuilt form of, or None (the view added it)."""
+        kind = _kind_of(message)
+        if ids:
+            shared = {i for name in ids for i in self._holding(name)}
+            candidates = sorted(
+                shared,
+                key=lambda i: (-len(ids & self._leaves_of(i)[0]), abs(i - last - 1)),
+            )
+        else:
+            stop = following if following is not None and following > last else end
+            candidates = list(range(last + 1, stop))
+        for index in candidates:
+            if index >= end or index in taken or _kind_of(self.history[index]) != kind:
+                continue
+            own = self._leaves_of(index)[1]
+            if texts & own or any(text in texts for text, _ in marks.get(index, ())):
+                return index
+            if not own and not texts:
+                return index  # nothing to compare: the one of its kind where it stands
+        return None
+
+    def _split_from(self, texts: set[str], last: int, following: int | None, end: int) -> int:
+        """The history message an added message without calls stands for: the one near
+        where it stands that shares its texts (a part the view moved out of it), else the
+        next history message sent, else the one before."""
+        stop = following if following is not None and following > last else min(end, last + 64)
+        for index in sorted(range(max(0, last - 8), stop), key=lambda i: abs(i - last)):
+            if texts & self._leaves_of(index)[1]:
+                return index
+        return following if following is not None else max(last, 0)
+
+    def _variant(
+        self, index: int, kinds: list[str], message: Mapping[str, Any], added: bool
+    ) -> int:
+        """The number of this variant, added to the list unless an equal one is there."""
+        for number, variant in enumerate(self.variants):
+            if variant.index == index and variant.added == added and variant.message == message:
+                return number
+        self.variants.append(Variant(index, kinds, dict(message), added))
+        return len(self.variants) - 1
+
+
+def _leaves_pair(message: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    ids: set[str] = set()
+    texts: set[str] = set()
+    _leaves(message, ids, texts)
+    return ids, texts
+
+
+def _key(message: Mapping[str, Any]) -> str:
+    return json.dumps(message, sort_keys=True, default=repr)
+
+
+def _marked(
+    texts: set[str], marks: Mapping[int | None, list[tuple[str, str]]], index: int | None
+) -> list[str]:
+    """The kinds of the overlay texts (of history message ``index``, or of none) among ``texts``."""
+    found = {kind for at in {index, None} for text, kind in marks.get(at, ()) if text in texts}
+    return [kind for kind in (NOTICE, FILE_READ) if kind in found]
 
 
 def _keeps_content(original: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
@@ -739,10 +997,13 @@ class TokenCounts:
 
 
 def message_tokens(
-    client: Client, history: Sequence[Mapping[str, Any]], variants: Sequence[Variant]
+    client: Client,
+    history: Sequence[Mapping[str, Any]],
+    variants: Sequence[Variant],
+    dialect: str = "cline",
 ) -> TokenCounts:
     """Count every message of ``history`` and every variant, one message at a time."""
     return TokenCounts(
-        [_tokens(client, [message]) for message in history],
-        [_tokens(client, [variant.message]) for variant in variants],
+        [_tokens(client, [message], dialect) for message in history],
+        [_tokens(client, [variant.message], dialect) for variant in variants],
     )
