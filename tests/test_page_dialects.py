@@ -1,0 +1,253 @@
+"""The ``--html`` page of conversations in the native dialects, through a real daemon."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from html import unescape
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwin import proto
+from ctxwin.client import Client
+from ctxwin.client._corpus import load_conversation
+from ctxwin.client._page import replay_page
+from ctxwin.client._replay import (
+    FILE_READ,
+    NOTICE,
+    REPAIRED,
+    ReplayReport,
+    message_tokens,
+    replay,
+)
+from tests._daemon import DaemonProcess
+from tests._dialect_data import PATHS, RENDER, Call, Turn
+from tests.test_cli import run
+from tests.test_page_browser import _browse, _dom, browser
+
+__all__ = ["browser"]  # the fixture, shared with the corpus page's browser test
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+DIALECTS = ["openai-chat", "anthropic", "openai-responses", "gemini"]
+KEYS = {"openai-chat": "messages", "anthropic": "messages", "openai-responses": "input"}
+TRUNCATION = "Earlier turns of this conversation were removed"
+REPLACED_READ = "This copy of the file's content was removed"
+MISSING = "The result of this tool call is missing"
+
+
+@pytest.fixture(scope="module")
+def page_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with DaemonProcess(tmp_path_factory.mktemp("pages")) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(page_daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(page_daemon.endpoint, timeout=60) as connected:
+        yield connected
+
+
+def _reading(count: int) -> list[Turn]:
+    """``count`` turns reading the same few paths again, a system message now and then, and
+    one call left unanswered (its result is missing)."""
+    turns = [Turn("system", "Answer briefly."), Turn("user", "Fix the build. " * 30)]
+    for serial in range(count):
+        calls = [Call(f"c{serial}", "read_file", {"path": PATHS[serial % len(PATHS)]})]
+        if serial % 4 == 1:
+            calls.append(Call(f"g{serial}", "grep_tool", {"pattern": "TODO"}))
+        turns.append(Turn("assistant", f"Looking at step {serial}. " * 4, calls=calls))
+        answered = calls[:1] if serial == 9 else calls
+        turns.append(
+            Turn("results", results=[(c.id, f"{c.id}\n" + "line = 1\n" * 50) for c in answered])
+        )
+        if serial % 7 == 3:
+            turns.append(Turn("system", f"Reminder {serial}: keep going."))
+    return turns
+
+
+def _replayed(client: Client, dialect: str, name: str) -> tuple[list[Any], ReplayReport, str]:
+    history = RENDER[dialect](_reading(24))
+    model: proto.Model = {"id": "m", "context_window": 6_000}
+    report = replay(client, history, model, task_id=f"page-{name}-{dialect}", dialect=dialect)
+    counts = message_tokens(client, history, report.variants, dialect)
+    return history, report, replay_page(report, history, counts)
+
+
+def _items(page: str) -> list[tuple[str, str, bool]]:
+    """(index label, body text, hidden) of every message item of a page, in page order."""
+    found = []
+    for match in re.finditer(r'<li class="msg[^>]*?( hidden)?>(.*?)</li>', page, re.S):
+        label = re.search(r'<span class="idx"[^>]*>([^<]*)</span>', match[2])
+        assert label is not None
+        found.append((label[1], unescape(re.sub(r"<[^>]+>", " ", match[2])), bool(match[1])))
+    return found
+
+
+def _data(page: str) -> dict[str, Any]:
+    found = re.search(r'<script type="application/json" id="ctxwin-data">(.*?)</script>', page)
+    assert found is not None
+    data: dict[str, Any] = json.loads(found[1].replace("<\\/", "</"))
+    return data
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_cut_view_shows_what_the_model_received_and_not_what_was_removed(
+    client: Client, dialect: str
+) -> None:
+    """The last turn of a replay cut at a small window: its messages are shown in view order,
+    the removed ones are not (folded into one line), the notice, a replaced read and a
+    filled-in result are marked, and the tool calls are named."""
+    history, report, page = _replayed(client, dialect, "cut")
+    assert any(event.kind == "truncation" for event in report.events)
+    last = report.views[-1]
+    assert last.order is not None
+    removed = last.removed(len(history))
+    assert removed, "the cut removed no history message"
+    shown = [(label, body) for label, body, hidden in _items(page) if not hidden]
+    assert len(last.order) == len(shown)
+    expected = [
+        ("+" if number is not None and report.variants[number].added else "") + f"#{index}"
+        for index, number in last.order
+    ]
+    assert expected == [label for label, _ in shown]
+    assert not {f"#{index}" for index in removed} & {label for label, _ in shown}
+    text = " ".join(body for _, body in shown)
+    assert TRUNCATION in text
+    assert REPLACED_READ in text
+    assert MISSING in text
+    assert "read_file" in text
+    assert "grep_tool" in text
+    fold = re.search(r'<li id="fold" class="fold"><span id="fold-text">([^<]*)</span>', page)
+    assert fold is not None, "the removed messages are folded into one shown line"
+    assert fold[1].startswith(f"messages {removed[0]}-")
+    kinds = {kind for variant in report.variants for kind in variant.kinds}
+    assert {NOTICE, FILE_READ, REPAIRED} <= kinds
+    assert '<span class="badge read">file read replaced</span>' in page
+    if dialect in ("openai-chat", "openai-responses"):
+        assert "Reminder 3: keep going." in text, "system messages are sent, never cut"
+    for index, number in last.order:
+        if number is None:
+            continue  # a message the view sent as it is: the caller's own
+        variant = report.variants[number]
+        if not variant.added:
+            assert history[index] != variant.message
+            assert index in last.altered
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_each_turn_of_a_native_page_lists_the_messages_of_its_view(
+    client: Client, dialect: str
+) -> None:
+    """Every turn's view in the page's data names each message it sent once, in the view's
+    order: a history message up to that turn, or a variant the page holds."""
+    _history, report, page = _replayed(client, dialect, "turns")
+    data = _data(page)
+    written = {(label, hidden) for label, _, hidden in _items(page)}
+    assert written
+    for turn, end, number, _ in data["turns"]:
+        order = data["views"][number]["order"]
+        assert order == [list(entry) for entry in report.views[number].order or []]
+        assert len(order) == report.per_turn[turn - 1].sent
+        originals = [index for index, variant in order if variant is None]
+        assert len(originals) == len(set(originals))
+        assert all(index < end for index in originals)
+        assert all(0 <= variant < len(report.variants) for _, variant in order if variant)
+    first = data["views"][data["turns"][0][2]]["order"]
+    assert [[index, None] for index in range(data["turns"][0][1])] == first
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_native_message_body_is_drawn_in_its_dialect(client: Client, dialect: str) -> None:
+    """Calls show their name and arguments, results the call they answer, texts as they are;
+    never a raw dump of the message's JSON."""
+    _history, _, page = _replayed(client, dialect, "bodies")
+    bodies = " ".join(body for _, body, _ in _items(page))
+    assert "read_file" in bodies
+    assert '"path": "src/app.py"' in bodies
+    assert "Looking at step 3." in bodies
+    assert "c3" in bodies
+    assert "line = 1" in bodies
+    role = {"openai-chat": '"role"', "anthropic": '"type": "tool_use"'}.get(dialect, '"role"')
+    assert role not in bodies, "a known part is drawn, not dumped"
+    labels = {
+        "openai-chat": ["tool call", "result for"],
+        "anthropic": ["tool_use", "tool_result for"],
+        "openai-responses": ["function call", "function call output for"],
+        "gemini": ["functionCall", "functionResponse"],
+    }[dialect]
+    for label in labels:
+        assert label in bodies
+
+
+def test_the_replay_command_writes_the_page_of_a_corpus_chat_conversation(
+    page_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """``ctxwin replay --html`` of the OpenAI Chat corpus conversation: no refusal, every
+    system message of the history in the last view, and the cut folded."""
+    source = CORPUS / "openai_richh_claude_code_develop1.json"
+    if not source.exists():
+        pytest.skip("the shared corpus is not next to the checkout")
+    history, dialect = load_conversation(source)
+    assert "openai-chat" == dialect
+    page = tmp_path / "chat.html"
+    code, out, err = run(
+        "--endpoint", page_daemon.endpoint, "replay", str(source), "--model-window", "32000",
+        "--json", "--html", str(page),
+    )  # fmt: skip
+    assert 0 == code, err
+    report = json.loads(out)
+    assert any(event["kind"] == "truncation" for event in report["events"])
+    text = page.read_text(encoding="utf-8")
+    shown = [label for label, _, hidden in _items(text) if not hidden]
+    systems = [f"#{i}" for i, m in enumerate(history) if m.get("role") in ("system", "developer")]
+    assert systems, "the corpus conversation has system messages"
+    assert set(systems) <= set(shown)
+    assert len(shown) == report["last_request_messages"]
+    assert '<li id="fold" class="fold"><span id="fold-text">messages ' in text
+
+
+def test_inspect_writes_the_page_of_a_native_task(
+    page_daemon: DaemonProcess, client: Client, tmp_path: Path
+) -> None:
+    """``ctxwin inspect --messages --html`` of a Gemini task: its replaced reads are marked,
+    and the summary counts what the view removed."""
+    history = RENDER["gemini"](_reading(12))
+    task = client.task("page-inspect", dialect="gemini")
+    assert task.optimize_file_reads(history)["changed"]
+    saved = tmp_path / "contents.json"
+    saved.write_text(json.dumps({"contents": history}), encoding="utf-8")
+    page = tmp_path / "task.html"
+    base = ("--endpoint", page_daemon.endpoint, "--json", "inspect", "page-inspect")
+    code, out, err = run(*base, "--messages", str(saved), "--html", str(page))
+    assert 0 == code, err
+    result = json.loads(out)
+    assert all(row["saved"] > 0 for row in result["blocks"] if row["edit"] != "notice")
+    assert 0 == result["summary"]["hidden_messages"]
+    text = page.read_text(encoding="utf-8")
+    assert '<span class="badge read">file read replaced</span>' in text
+    assert REPLACED_READ in unescape(text)
+    assert "functionResponse" in text
+
+
+def test_chromium_shows_each_turn_of_an_anthropic_page_in_view_order(
+    browser: str, client: Client, tmp_path: Path
+) -> None:
+    """The page's script picks a turn in a real browser: the messages of that view shown in
+    its order, the fold line only once the cut happened, the summary of that turn."""
+    _history, report, text = _replayed(client, "anthropic", "browser")
+    page = tmp_path / "anthropic.html"
+    page.write_text(text, encoding="utf-8")
+    profile = tmp_path / "profile"
+    cut = next(event.turn for event in report.events if event.kind == "truncation")
+    for row in (report.per_turn[cut - 2], report.per_turn[cut - 1], report.per_turn[-1]):
+        dom = _dom(_browse(browser, profile, f"{page.as_uri()}#turn={row.turn}", "--dump-dom"))
+        view = report.views[row.view]
+        assert view.order is not None
+        assert [
+            (index, None if number is None else str(number)) for index, number in view.order
+        ] == dom.shown
+        assert dom.fold_hidden == (not view.removed(row.messages))
+        assert dom.summary.startswith(f"{len(view.order)} of {row.messages} messages sent")
