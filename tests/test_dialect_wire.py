@@ -13,7 +13,7 @@ import pytest
 from ctxwin import engine, proto
 from ctxwin.client import BadRequestError, Client
 from ctxwin.client._corpus import load_conversation, user_side
-from ctxwin.client._replay import replay
+from ctxwin.client._replay import ReplayReport, ViewState, message_chars, replay
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._dialect_rules import CHECKS
@@ -239,6 +239,64 @@ def test_a_replay_names_the_history_messages_whose_reads_were_replaced(
         for index in event.messages:
             assert READ_RESULT.search(json.dumps(messages[index])), f"{index}: no read result"
         assert event.chars_saved > 0
+        assert event.tokens_saved > 0
+
+
+def _head(messages: list[dict[str, Any]], dialect: str) -> set[int]:
+    """History indices a cut never removes: the system and developer messages, the first user
+    message and the first reply (every message of the model's side before the next user's)."""
+    kept = {i for i, m in enumerate(messages) if m.get("role") in ("system", "developer")}
+    first = next(i for i, m in enumerate(messages) if m.get("role") == "user")
+    kept.add(first)
+    for index in range(first + 1, len(messages)):
+        if user_side(messages[index], dialect):
+            break
+        kept.add(index)
+    return kept
+
+
+def _sent_as(report: ReplayReport, view: ViewState, history: list[Any]) -> dict[int, list[Any]]:
+    """History index -> the messages standing for it in ``view`` (as they are or rebuilt)."""
+    assert view.order is not None
+    sent: dict[int, list[Any]] = {}
+    for index, number in view.order:
+        if number is None:
+            sent.setdefault(index, []).append(history[index])
+        elif not report.variants[number].added:
+            sent.setdefault(index, []).append(report.variants[number].message)
+    return sent
+
+
+@pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "openai-responses", "gemini"])
+def test_a_replay_names_the_history_messages_a_cut_removed_from_the_view(
+    client: Client, dialect: str
+) -> None:
+    """A native replay's truncation event names, by history index, the messages the previous
+    turn's view sent and the cut view no longer does (never the kept head), counts them, and
+    saves the characters they held as they were sent; its range stays the engine's."""
+    messages = RENDER[dialect](_growing(30))
+    model: proto.Model = {"id": "m", "context_window": 6_000}
+    report = replay(client, messages, model, task_id=f"replay-cuts-{dialect}", dialect=dialect)
+    events = [event for event in report.events if event.kind == "truncation"]
+    assert events, "no cut"
+    head = _head(messages, dialect)
+    for event in events:
+        assert event.turn > 1
+        before = report.view_of(report.per_turn[event.turn - 2])
+        after = report.view_of(report.per_turn[event.turn - 1])
+        assert event.deleted_range == after.deleted_range
+        was_sent = _sent_as(report, before, messages)
+        now_sent = _sent_as(report, after, messages)
+        assert event.messages, f"turn {event.turn}: a cut that names no message"
+        for index in event.messages:
+            assert 0 <= index < event.message, f"{index}: not a history index"
+            assert index in was_sent, f"turn {event.turn}: {index} was not sent before"
+            assert index not in now_sent, f"turn {event.turn}: {index} is still sent"
+        assert not head & set(event.messages), f"turn {event.turn}: the head is named"
+        assert event.messages == sorted(set(was_sent) - set(now_sent))
+        assert event.removed_messages == len(event.messages)
+        removed = [m for index in event.messages for m in was_sent[index]]
+        assert event.chars_saved == sum(message_chars(m, dialect) for m in removed)
         assert event.tokens_saved > 0
 
 

@@ -67,11 +67,15 @@ class ReplayEvent:
         turn: 1-based number of the model request it happened before.
         message: how many messages the request held.
         kind: ``truncation`` or ``optimisation``.
-        deleted_range: the range after the event (truncations).
-        removed_messages: messages newly hidden by the range.
-        messages: indices of the messages concerned: history indices, except
-            a truncation's in a dialect other than ``cline`` (internal
-            indices, those of its range).
+        deleted_range: the range after the event (truncations); in a dialect
+            other than ``cline`` it counts the engine's internal messages.
+        removed_messages: messages newly hidden by the range (truncations):
+            in a dialect other than ``cline``, the history messages the cut
+            removed from the view.
+        messages: history indices of the messages concerned: a truncation's
+            are those its range newly hid (in a dialect other than ``cline``,
+            the history messages the previous turn's view sent and this
+            turn's no longer sends, rebuilt ones still counting as sent).
         chars_saved: characters no longer sent.
         tokens_saved: tokens no longer sent (by the daemon's ``count_tokens``).
     """
@@ -375,12 +379,39 @@ def _tokens(client: Client, messages: Sequence[Mapping[str, Any]], dialect: str 
     return client.count_tokens(list(messages), dialect=dialect)["tokens"]
 
 
-def _removed_from_view(
-    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
-) -> list[Mapping[str, Any]]:
-    """Messages of the view ``before`` that the view ``after`` no longer sends."""
-    kept = {json.dumps(message, sort_keys=True, default=repr) for message in after}
-    return [m for m in before if json.dumps(m, sort_keys=True, default=repr) not in kept]
+def _cut_from_view(
+    history: Sequence[Mapping[str, Any]],
+    variants: Sequence[Variant],
+    before: ViewState | None,
+    after: ViewState,
+    end: int,
+) -> tuple[list[int], list[Mapping[str, Any]]]:
+    """What a native view's cut removed: the history indices of the messages the view
+    ``before`` sent (as they are or rebuilt) that the view ``after``, of the history's
+    first ``end`` messages, neither sends nor rebuilds, and those messages as ``before``
+    sent them, in its order.
+
+    A message only rebuilt by ``after`` (the notice put in it, a repaired pair) is still
+    sent and not named; a message ``before`` added (a filled-in result) stands for no
+    history message and is not counted. Before the first view (``before`` None) nothing
+    was sent.
+    """
+    if before is None or before.order is None:
+        return [], []
+    gone = set(after.removed(end))
+    removed: list[Mapping[str, Any]] = []
+    named: set[int] = set()
+    for index, number in before.order:
+        if index not in gone:
+            continue
+        if number is None:
+            removed.append(history[index])
+        elif not variants[number].added:
+            removed.append(variants[number].message)
+        else:
+            continue
+        named.add(index)
+    return sorted(named), removed
 
 
 def _text_tokens(client: Client, text: str) -> int:
@@ -416,12 +447,15 @@ def replay(
             first turn it is not.
         dialect: the history's dialect. In a dialect other than ``cline`` the
             range and the overlay count the engine's internal messages
-            (docs/DIALECTS.md): a truncation event names the internal indices
-            its range hid and its savings are those of the messages the view
-            stopped sending; an optimisation event names the history indices
-            the daemon's ``inspect`` gives as the replaced blocks' sources and
-            counts their savings from the texts it gives (a block without a
-            source, its history no longer held by the daemon, is left out);
+            (docs/DIALECTS.md): a truncation event keeps the engine's range
+            but names the history indices of the messages the cut removed
+            from the view (the previous turn's view sent them, as they are
+            or rebuilt, and this turn's neither sends nor rebuilds them) and
+            counts their savings as that view sent them; an optimisation
+            event names the history indices the daemon's ``inspect`` gives
+            as the replaced blocks' sources and counts their savings from
+            the texts it gives (a block without a source, its history no
+            longer held by the daemon, is left out);
             each view is mapped back to the history by :class:`NativeViews`.
 
     Returns:
@@ -447,7 +481,7 @@ def replay(
     native = dialect != "cline"
     mapper = NativeViews(history, report.variants)
     task = Task(client, task_id, ephemeral=ephemeral, dialect=dialect if native else None)
-    last_view: list[Any] = []
+    last_state: ViewState | None = None
     start = task.inspect()
     deleted_range: DeletedRange = start["deleted_range"]
     overlay = parse_updates(start["updates"])
@@ -459,13 +493,20 @@ def replay(
         sent = task.prepare_request(history[:end], model, previous_request=previous, estimate=True)
         view = sent["messages"]
         new_range = sent["deleted_range"]
+        inspected = task.inspect()
+        now = parse_updates(inspected["updates"])
+        sources = parse_sources(inspected.get("sources", [])) if native else None
+        if sources is not None:
+            state = mapper.state(view, end, new_range, now, sources)
+        else:
+            state = view_state(history, view, new_range, now, report.variants)
         if new_range != deleted_range and new_range is not None:
-            first = deleted_range[1] + 1 if deleted_range else 2
-            hidden = list(range(first, new_range[1] + 1))
             # As the model last saw them: with the overlay of the previous turn.
             if native:
-                removed = _removed_from_view(last_view, sent["messages"])
+                hidden, removed = _cut_from_view(history, report.variants, last_state, state, end)
             else:
+                first = deleted_range[1] + 1 if deleted_range else 2
+                hidden = list(range(first, new_range[1] + 1))
                 removed = [with_overlay(history[index], index, overlay) for index in hidden]
             report.events.append(
                 ReplayEvent(
@@ -480,22 +521,17 @@ def replay(
                 )
             )
         deleted_range = new_range
-        inspected = task.inspect()
-        now = parse_updates(inspected["updates"])
-        sources = parse_sources(inspected.get("sources", [])) if native else None
         event = _optimisation(client, history, overlay, now, turn, end, deleted_range, sources)
         if event is not None:
             report.events.append(event)
         overlay = now
-        last_view = view
+        last_state = state
         if sources is not None:
-            state = mapper.state(view, end, deleted_range, overlay, sources)
             same = len(view) == end and all(
                 sent_message is original or sent_message == original
                 for sent_message, original in zip(view, history, strict=False)
             )
         else:
-            state = view_state(history, view, deleted_range, overlay, report.variants)
             same = len(view) == end and all(
                 _keeps_content(history[index], report.variants[number].message)
                 for index, number in state.altered.items()
