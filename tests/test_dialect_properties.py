@@ -83,10 +83,32 @@ class Run:
         return mapped
 
 
+def _without_results(dialect: str, message: dict[str, Any]) -> Any:
+    """``message`` with its tool results left out (the parts a read's notice may stand in)."""
+    if message.get("role") == "tool" or str(message.get("type", "")).endswith("_call_output"):
+        return None
+    key = "parts" if dialect == "gemini" else "content"
+    parts = message.get(key)
+    if not isinstance(parts, list):
+        return message
+    kept = [
+        part
+        for part in parts
+        if not (
+            isinstance(part, dict)
+            and (part.get("type") == "tool_result" or "functionResponse" in part)
+        )
+    ]
+    return {**message, key: kept}
+
+
 def check_view(run: Run, messages: list[dict[str, Any]], view: list[dict[str, Any]]) -> None:
     """Every property a view of ``messages`` must have."""
     CHECKS[run.dialect](view)
     VALIDATORS[run.dialect](view)
+    # A read's notice stands in its result only, never in a text of the conversation.
+    notice = run.state.notices.duplicate_file_read
+    assert notice not in json.dumps([_without_results(run.dialect, m) for m in view])
     held = {id(message) for message in view}
     # Kept-out messages are never cut, and keep their order.
     kept_out = [m for m in messages if _kept_out(run.dialect, m)]

@@ -184,3 +184,46 @@ def test_a_call_followed_only_by_system_messages_is_answered_before_them(
     history.sync([*messages, answer])
     view = history.view(state.truncated_messages(history.internal), state.deleted_range)
     assert [task, call, answer, system] == view
+
+
+def test_a_notice_stays_on_its_result_in_the_first_message_after_a_cut() -> None:
+    """The results a cut orphans in the first kept message are dropped after the overlay is
+    applied, so an edit of such a result is dropped with it and never lands on the block
+    that takes its place (the reminder after it, the image after that)."""
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
+    }
+    messages = [
+        *TASK,
+        *_read("a", "Read", {"file_path": "x.py"}),
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "b", "name": "Read", "input": {"file_path": "x.py"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "b", "content": BODY},
+                {"type": "text", "text": "Reminder: keep it short."},
+                image,
+            ],
+        },
+        *_read("c", "Read", {"file_path": "x.py"}),
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "thanks"},
+    ]
+    history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
+    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES)
+    assert state.optimize_file_reads(history.internal, 1).changed  # "b" becomes the notice
+    state.deleted_range = [2, 3]  # internal 4 ("b"'s result; "ok" and "a" are one) is kept first
+    view = history.view(state.truncated_messages(history.internal), state.deleted_range)
+    kept = next(
+        m["content"] for m in view if isinstance(m["content"], list) and image in m["content"]
+    )
+    assert [{"type": "text", "text": "Reminder: keep it short."}] == [
+        block for block in kept if block["type"] == "text"
+    ]
+    assert engine.DEFAULT_NOTICES.duplicate_file_read not in str(view)

@@ -243,7 +243,12 @@ def _build_view(
 ) -> list[Message]:
     view = [messages[0], messages[1], *messages[start:]]
     changed = {0, 1}  # positions whose pairs are always checked afresh
-    if start > FIRST_REMOVABLE and len(view) > 2:
+    # SPEC.md §4 step 3 drops the results a cut orphans before the overlay is applied,
+    # so an edit of such a result lands on the block that takes its index. In every
+    # dialect but Cline's (``strict``) the repair of the pair across the cut drops
+    # them instead, after the overlay: an edit goes with its result.
+    strict = isinstance(messages, KnownPairs) and messages.strict
+    if start > FIRST_REMOVABLE and len(view) > 2 and not strict:
         third = view[2]
         content = third.get("content")
         if (
