@@ -261,7 +261,8 @@ class KeptHistory:
             return None
         internal = mapped.internal
         found: list[list[Any]] = []
-        for index, updates in sorted(overlay.items(), key=operator.itemgetter(0)):
+        for index in overlay.indices():
+            updates = overlay.messages[index]
             content = internal[index].get("content") if index < len(internal) else None
             if not isinstance(content, list):
                 continue

@@ -29,6 +29,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ctxwin.proto import runs_overlap
+
 from ._blocks import Block, Message
 from ._notices import DEFAULT_NOTICES
 from ._view import KnownPairs, keep_from, pair_needs_repair
@@ -246,15 +248,9 @@ class _PatchState:
                     overrides = [item for item in overrides if item[0] != last]
                 overrides.append(added)
         runs = [list(run) for run in order]
-        if len(runs) > 1 and _overlapping(runs):
+        if len(runs) > 1 and runs_overlap(runs):
             return None  # not a view the ordered form can carry: send it whole
         return {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
-
-
-def _overlapping(runs: list[list[int]]) -> bool:
-    """Whether two ``[start, end)`` runs share an index."""
-    ordered = sorted(runs)
-    return any(ordered[at][0] < ordered[at - 1][1] for at in range(1, len(ordered)))
 
 
 class MappedHistory:
@@ -376,8 +372,9 @@ class MappedHistory:
         repairs = internal.repairs
         while repairs and repairs[-1] >= first_pair:
             repairs.pop()
-        # Only a pair opened by an assistant message can need repair (results missing,
-        # out of order or orphaned); the others are passed over without a call.
+        # Roles alternate in the internal form (one role's messages are one message), so
+        # a pair opened by a user message is followed by an assistant one and needs no
+        # repair: only pairs an assistant message opens are checked.
         for index in range(first_pair, len(internal) - 1):
             message = internal[index]
             if message["role"] == ASSISTANT and pair_needs_repair(

@@ -31,6 +31,7 @@ from ._delta import (
     chain_digest,
     message_digest,
     prepended_blocks,
+    runs_overlap,
 )
 from ._endpoint import (
     ENDPOINT_ENV,
@@ -176,6 +177,7 @@ __all__ = [
     "read_overlay",
     "resolve_endpoint",
     "result_encoder",
+    "runs_overlap",
     "unpack",
     "update_text",
     "validate_args",

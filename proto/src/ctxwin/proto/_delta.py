@@ -238,7 +238,7 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
     if not isinstance(order, list):
         raise ValueError("view patch order must be a list of [start, end] runs")
     view: list[Any] = []
-    places: list[tuple[int, int, int]] = []  # (start, end, view position of start), by start
+    places: list[tuple[int, int, int]] = []  # (start, end, view position of start)
     for run in order:
         if (
             not isinstance(run, list)
@@ -251,10 +251,8 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
         if run[0] < run[1]:
             places.append((run[0], run[1], len(view)))
             view += history[run[0] : run[1]]
-    places.sort()
-    for at in range(1, len(places)):
-        if places[at][0] < places[at - 1][1]:
-            raise ValueError("view patch order holds runs that overlap")
+    if runs_overlap(places):
+        raise ValueError("view patch order holds runs that overlap")
     keys = sorted(replaced)
     spliced: list[tuple[int, list[Any]]] = []
     used = 0
@@ -275,6 +273,16 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
     for position, value in spliced:
         view[position : position + 1] = value
     return view
+
+
+def runs_overlap(runs: Iterable[Sequence[int]]) -> bool:
+    """Whether two ``[start, end)`` runs of a view patch's ``order`` share an index.
+
+    The ordered form allows an index in one run at most: the daemon checks a
+    patch with this before sending it, the caller before applying it.
+    """
+    spans = sorted((run[0], run[1]) for run in runs if run[0] < run[1])
+    return any(spans[at][0] < spans[at - 1][1] for at in range(1, len(spans)))
 
 
 class PatchReceiver:
