@@ -26,12 +26,8 @@ from ._delta import (
     ChainTail,
     DeltaSender,
     DigestChain,
-    PatchReceiver,
-    apply_view_patch,
     chain_digest,
     message_digest,
-    prepended_blocks,
-    runs_overlap,
 )
 from ._endpoint import (
     ENDPOINT_ENV,
@@ -54,6 +50,7 @@ from ._overlay import (
     read_overlay,
     update_text,
 )
+from ._patch import PatchReceiver, apply_view_patch, prepended_blocks, runs_overlap
 from ._results import (
     RESULT_FIELDS,
     ApplyTruncationNoticeResult,
