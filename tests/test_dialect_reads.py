@@ -97,6 +97,59 @@ def test_shell_reads_count_once_a_pattern_opts_in() -> None:
     assert _run(messages, rules)[0].changed
 
 
+@pytest.mark.parametrize(
+    ("command", "path"),
+    [
+        ("cat src/a.py", "src/a.py"),
+        ("  head -n 20 src/a.py ", "src/a.py"),
+        ("tail -5 log.txt", "log.txt"),
+        ("sed -n '1,20p' a/b.c", "a/b.c"),
+        ("cat a.py | grep x", None),
+        ("cat a.py b.py", None),
+        ("rm a.py", None),
+    ],
+)
+def test_the_shell_pattern_reads_under_re2_as_documented(command: str, path: str | None) -> None:
+    """The built-in shell pattern (RE2 syntax) finds the path of one file printed, nothing else."""
+    tool = engine.read_tool_from_config({"name": "Bash", "arg": "command", "pattern": "shell"})
+    key = tool.key({"command": command})
+    assert path == (None if key is None else key.split("#")[0])
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        (r"(?P<path>(a+)+)\2!", "does not compile"),  # a backreference: backtracking only
+        (r"(?P<path>a)(?=b)", "does not compile"),  # lookahead
+        ("(?P<path>" + "a" * 2000 + ")", "at most 1000"),
+        (r"cat (\S+)", "group named 'path'"),
+    ],
+)
+def test_patterns_re2_cannot_match_in_linear_time_are_refused(pattern: str, reason: str) -> None:
+    """What needs backtracking, or is too long, is refused where the tool is built."""
+    with pytest.raises(ValueError, match=reason):
+        engine.read_tool_from_config({"name": "Bash", "arg": "command", "pattern": pattern})
+
+
+def test_a_catastrophic_pattern_for_backtracking_matches_at_once() -> None:
+    """(a+)+ and (.+)+! take exponential time in a backtracking engine; RE2 answers at once.
+
+    The subjects are those that held a backtracking daemon for seconds (28
+    characters) and for good (40); a command past the subject cap reads nothing.
+    """
+    nested = engine.read_tool_from_config(
+        {"name": "Bash", "arg": "command", "pattern": "(?P<path>(a+)+)"}
+    )
+    assert nested.key({"command": "a" * 28 + "!"}) is None
+    assert nested.key({"command": "a" * 28}) is not None
+    bang = engine.read_tool_from_config(
+        {"name": "Bash", "arg": "command", "pattern": "(?P<path>(.+)+)!"}
+    )
+    assert bang.key({"command": "cat src/some/long/path/to/a/module.py ok"}) is None
+    assert bang.key({"command": "x" * 4095 + "!"}) is not None
+    assert bang.key({"command": "x" * 4096 + "!"}) is None  # past MAX_SUBJECT_CHARS
+
+
 def test_read_tools_come_from_the_config_file(tmp_path: Any) -> None:
     """[[read_tools]] tables extend the defaults; a bad one is a clear config error."""
     good = tmp_path / "good.toml"
@@ -108,6 +161,10 @@ def test_read_tools_come_from_the_config_file(tmp_path: Any) -> None:
     with pytest.raises(
         ConfigError, match=r"read_tools\[0\]: a read tool's pattern does not compile"
     ):
+        load_config(["--config", str(bad)], {})
+    # The operator's patterns are RE2 too: a backreference is refused, not run.
+    bad.write_text('[[read_tools]]\nname = "x"\narg = "y"\npattern = \'(?P<path>(a+)+)\\2!\'\n')
+    with pytest.raises(ConfigError, match=r"read_tools\[0\]: .*does not compile \(RE2"):
         load_config(["--config", str(bad)], {})
 
 

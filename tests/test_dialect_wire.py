@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from ctxwin import engine, proto
 from ctxwin.client import BadRequestError, Client
 from ctxwin.client._corpus import load_conversation, user_side
 from ctxwin.client._replay import ReplayReport, ViewState, message_chars, replay
+from tests import _daemon
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._dialect_rules import CHECKS
@@ -148,6 +151,9 @@ def test_stored_read_tools_that_no_longer_build_are_kept_and_not_used(tmp_path: 
         task = second.task("reads-stale", dialect="anthropic")
         assert not task.optimize_file_reads(_open_file_reads())["changed"]
         assert meta["read_tools"] == task.inspect()["read_tools"]
+        assert [[0, "a read tool's pattern does not compile (RE2 syntax): missing ): ("]] == (
+            task.inspect()["read_tools_unused"]
+        )
         assert "stored_read_tools_unused" in daemon.log()
         # Sent again as stored, the tool is refused by name rather than taken silently.
         with pytest.raises(BadRequestError, match=r"read_tools\[0\]: .*does not compile"):
@@ -157,6 +163,95 @@ def test_stored_read_tools_that_no_longer_build_are_kept_and_not_used(tmp_path: 
     with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as third:
         task = third.task("reads-stale", dialect="anthropic")
         assert task.optimize_file_reads(_open_file_reads())["changed"]
+
+
+def _bash_reads(command: str, count: int) -> list[dict[str, Any]]:
+    """A task, then ``count`` Bash calls of ``command``, each answered."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "look"}]
+    for number in range(count):
+        messages += [
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": f"b{number}",
+                        "name": "Bash",
+                        "input": {"command": command},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": f"b{number}", "content": "x"}],
+            },
+        ]
+    return messages
+
+
+HOSTILE = {"name": "Bash", "arg": "command", "pattern": "(?P<path>(a+)+)"}
+"""Exponential for a backtracking engine on ``a...a!`` (seconds at 24 characters)."""
+
+
+def _ping_while(endpoint: str, op: str, args: dict[str, Any]) -> float:
+    """Send ``op`` from one client, then time another client's ping; both must be answered."""
+
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sender = context.socket(zmq.DEALER)
+    sender.setsockopt(zmq.LINGER, 0)
+    try:
+        sender.connect(endpoint)
+        sender.send(proto.encode_request(1, op, args))
+        time.sleep(0.05)  # the request is in the daemon before the ping
+        started = time.monotonic()
+        pong = _daemon.call(endpoint, "ping", timeout=60)
+        latency = time.monotonic() - started
+        assert pong.ok
+        assert sender.poll(60_000), f"{op} was not answered"
+        assert proto.decode_reply(sender.recv()).ok
+    finally:
+        sender.close(linger=0)
+    return latency
+
+
+def test_a_hostile_pattern_does_not_hold_up_another_clients_ping(
+    dialect_daemon: DaemonProcess,
+) -> None:
+    """A task's pattern that makes a backtracking engine run for seconds: ping answers at once.
+
+    The bound is generous (a second, against the 100 ms aimed at) for a loaded
+    machine; a backtracking match of these calls takes far longer.
+    """
+    args = {
+        "task": "reads-hostile",
+        "dialect": "anthropic",
+        "read_tools": [HOSTILE],
+        "messages": _bash_reads("a" * 24 + "!", 8),
+        "ts": 1,
+    }
+    latency = _ping_while(dialect_daemon.endpoint, "optimize_file_reads", args)
+    assert latency < 1.0, f"ping waited {latency:.2f}s behind a hostile pattern"
+
+
+def test_a_stored_pattern_re2_refuses_is_kept_aside_and_never_run(tmp_path: Path) -> None:
+    """A ctxwin.json pattern with a backreference: refused on load, named in inspect, not run."""
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as first:
+        first.task("reads-stored", dialect="anthropic", read_tools=[HOSTILE]).inspect()
+        first.flush("reads-stored")
+    meta_path = daemon.task_dir("reads-stored") / "ctxwin.json"
+    meta = json.loads(meta_path.read_text())
+    hostile = {**HOSTILE, "pattern": r"(?P<path>(a+)+)\2!"}  # backtracking only
+    meta["read_tools"] = [HOSTILE, hostile]
+    meta_path.write_text(json.dumps(meta))
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as second:
+        args = {"task": "reads-stored", "messages": _bash_reads("a" * 24 + "!", 8), "ts": 1}
+        assert _ping_while(daemon.endpoint, "optimize_file_reads", args) < 1.0
+        seen = second.task("reads-stored", dialect="anthropic").inspect()
+        assert [HOSTILE, hostile] == seen["read_tools"]  # kept as stored
+        [[position, reason]] = seen["read_tools_unused"]
+        assert 1 == position
+        assert "does not compile (RE2 syntax)" in reason
+        assert "stored_read_tools_unused" in daemon.log()
 
 
 def test_read_tools_that_cannot_be_used_are_refused_by_name(client: Client) -> None:

@@ -124,6 +124,8 @@ class TaskActor:
         self._read_tools: tuple[dict[str, Any], ...] = ()
         self._own_tools: tuple[engine.ReadTool, ...] = ()
         self._read_tool_changes = 0  # counted in the revision: they are stored
+        # Stored tools that no longer build: [position, reason], kept aside, never run.
+        self._unused_tools: tuple[tuple[int, str], ...] = ()
         self.state: engine.TaskState | None = None
         self.mailbox: deque[Envelope] = deque()
         self._wakeup = asyncio.Event()
@@ -296,6 +298,7 @@ class TaskActor:
         op, args, reply = envelope.op, envelope.args, envelope.reply
         tools: tuple[tuple[dict[str, Any], ...], tuple[engine.ReadTool, ...]] | None = None
         before = self._read_tools, self._own_tools
+        unused_before = self._unused_tools
         try:
             if not self.ephemeral and not self.store.serving():
                 # The lease may have passed to another daemon: answer nothing more from here.
@@ -322,6 +325,7 @@ class TaskActor:
         except Exception as exc:
             if tools is not None and (self._read_tools, self._own_tools) != before:
                 self._use_tools(state, *before)  # a refused request leaves its tools unset
+                self._unused_tools = unused_before
             self._changed()  # a failing op may still have changed the state
             if reply is not None:
                 reply.set_exception(exc)
@@ -347,6 +351,8 @@ class TaskActor:
             "read_tools": list(self._read_tools),
             **self.store.describe(),
         }
+        if self._unused_tools:
+            result["read_tools_unused"] = [list(item) for item in self._unused_tools]
         sources = self.kept.sources(state.overlay)
         if sources is not None:
             result["sources"] = sources
@@ -391,17 +397,24 @@ class TaskActor:
         return self.system.reads_for(dialect, self._own_tools)
 
     def _load_read_tools(self, stored: tuple[dict[str, Any], ...]) -> None:
-        """Take the stored read tools; each one that no longer builds is kept but not used."""
+        """Take the stored read tools; each one that no longer builds is kept aside, not used.
+
+        A pattern RE2 refuses (a backreference, one too long) is such a tool:
+        the log and ``inspect``'s ``read_tools_unused`` name it and the reason.
+        """
         self._read_tools = stored
         built = []
+        unused = []
         for position, item in enumerate(stored):
             try:
                 built.append(engine.read_tool_from_config(item))
             except ValueError as exc:
+                unused.append((position, str(exc)))
                 _log.warning(
                     "stored_read_tools_unused", task=self.task, tool=position, error=str(exc)
                 )
         self._own_tools = tuple(built)
+        self._unused_tools = tuple(unused)
 
     def _wanted_tools(
         self, state: engine.TaskState, op: str, args: dict[str, Any]
@@ -439,6 +452,7 @@ class TaskActor:
     ) -> None:
         """Make these the task's own read tools (besides the daemon's table)."""
         self._read_tools, self._own_tools = wanted, built
+        self._unused_tools = ()  # every tool sent was built
         self._read_tool_changes += 1
         state.set_dialect(state.dialect, self._reads(state.dialect))
 

@@ -9,12 +9,65 @@ entries; its result is the ``tool_result`` that answers the call.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+import re2
 
 from ._blocks import Message, text_of
+
+MAX_PATTERN_CHARS = 1000
+"""Longest read-tool pattern (a longer one is refused where the tool is built)."""
+
+MAX_SUBJECT_CHARS = 4096
+"""Longest command a pattern is tried on; a longer one reads no file."""
+
+
+class _Match(Protocol):
+    def group(self, name: str) -> str: ...
+
+
+class _Pattern(Protocol):
+    groupindex: Mapping[str, int]
+
+    def fullmatch(self, text: str) -> _Match | None: ...
+
+
+def _re2_options() -> object:
+    options = re2.Options()
+    options.log_errors = False  # a refused pattern is reported to its sender, not on stderr
+    return options
+
+
+_RE2_OPTIONS = _re2_options()
+
+
+def compile_pattern(source: str) -> _Pattern:
+    """A read tool's pattern, compiled by RE2, which matches in time linear in the text.
+
+    RE2 never backtracks, so no pattern can make a match run for long; what
+    it cannot do in linear time (backreferences, lookaround) it refuses.
+
+    Raises:
+        ValueError: the pattern is longer than :data:`MAX_PATTERN_CHARS`, does
+            not compile, or has no group named ``path``.
+    """
+    if len(source) > MAX_PATTERN_CHARS:
+        raise ValueError(
+            f"a read tool's pattern has {len(source)} characters; at most {MAX_PATTERN_CHARS}"
+        )
+    try:
+        compiled = cast(_Pattern, re2.compile(source, _RE2_OPTIONS))
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(f"a read tool's pattern does not compile (RE2 syntax): {reason}") from None
+    if "path" not in compiled.groupindex:
+        raise ValueError("a read tool's pattern needs a group named 'path'")
+    return compiled
+
 
 SHELL_READ_PATTERN = (
     r"^\s*(?:cat|head(?:\s+-n\s*\d+|\s+-\d+)?|tail(?:\s+-n\s*\d+|\s+-\d+)?"
@@ -31,14 +84,21 @@ class ReadTool:
         name: the tool's name as the model calls it.
         arg: the argument that names the path (for a shell tool: the command).
         when: other arguments that must have these values (``command: view``).
-        pattern: for a shell tool, a regular expression the command must match
-            in full; its group ``path`` is the path.
+        pattern: for a shell tool, a regular expression (RE2 syntax) the
+            command must match in full; its group ``path`` is the path.
+        compiled: ``pattern`` compiled (:func:`compile_pattern`); given when
+            ``pattern`` is, else built from it.
     """
 
     name: str
     arg: str
     when: tuple[tuple[str, str], ...] = ()
-    pattern: re.Pattern[str] | None = None
+    pattern: str | None = None
+    compiled: _Pattern | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.pattern is not None and self.compiled is None:
+            object.__setattr__(self, "compiled", compile_pattern(self.pattern))
 
     def key(self, arguments: object) -> str | None:
         """What this call reads (calls with the same key read the same thing), or None."""
@@ -50,8 +110,10 @@ class ReadTool:
         for name, wanted in self.when:
             if arguments.get(name) != wanted:
                 return None
-        if self.pattern is not None:
-            match = self.pattern.fullmatch(value)
+        if self.compiled is not None:
+            if len(value) > MAX_SUBJECT_CHARS:
+                return None  # no command that prints one file is this long
+            match = self.compiled.fullmatch(value)
             if match is None:
                 return None
             path = match.group("path")
@@ -129,18 +191,12 @@ def read_tool_from_config(item: Mapping[str, Any]) -> ReadTool:
     if unknown:
         raise ValueError(f"a read tool has unknown keys {sorted(unknown)}")
     pattern = item.get("pattern")
-    compiled: re.Pattern[str] | None = None
+    source: str | None = None
     if pattern is not None:
         if not isinstance(pattern, str):
             raise ValueError("a read tool's 'pattern' must be a string")
         source = SHELL_READ_PATTERN if pattern == "shell" else pattern
-        try:
-            compiled = re.compile(source)
-        except re.error as exc:
-            raise ValueError(f"a read tool's pattern does not compile: {exc}") from None
-        if "path" not in compiled.groupindex:
-            raise ValueError("a read tool's pattern needs a group named 'path'")
-    return ReadTool(name, arg, tuple(sorted(when.items())), compiled)
+    return ReadTool(name, arg, tuple(sorted(when.items())), source)
 
 
 def _calls(message: Message) -> dict[str, tuple[object, object]]:

@@ -183,7 +183,9 @@ class InspectResult(TypedDict):
     for each (internal message, block) the overlay edits, ``[message, block,
     history index, text]``: the index in the caller's history of the message
     the block came from and the block's text before any edit
-    (docs/DIALECTS.md).
+    (docs/DIALECTS.md). ``read_tools_unused``: stored read tools that no
+    longer build (a pattern RE2 refuses), ``[position, reason]``, kept and
+    not used.
     """
 
     updates: list[Any]
@@ -192,6 +194,7 @@ class InspectResult(TypedDict):
     calibration: NotRequired[dict[str, float]]
     history: NotRequired[int | None]
     read_tools: NotRequired[list[dict[str, Any]]]
+    read_tools_unused: NotRequired[list[list[Any]]]
     store: NotRequired[str]
     owner: NotRequired[str]
     fence: NotRequired[int | None]
