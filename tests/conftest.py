@@ -7,15 +7,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from tests._daemon import DaemonProcess
 from tests._redis import RedisServer, require_redis_server
 
+# No property test may depend on the machine being idle: how long an example takes
+# to generate or to run varies with load, so neither the generation-time health
+# check nor the per-example deadline applies. A test's own @settings inherits these
+# unless it names suppress_health_check or deadline itself (tests/test_hypothesis_profile.py
+# holds every @given test to that).
+LOAD_INDEPENDENT = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ctxwin", LOAD_INDEPENDENT)
 # CI runs the same examples every time (.ci/run sets CTXWIN_CI); a local run explores.
-settings.register_profile("ci", derandomize=True)
-if os.environ.get("CTXWIN_CI"):
-    settings.load_profile("ci")
+settings.register_profile("ci", LOAD_INDEPENDENT, derandomize=True)
+settings.load_profile("ci" if os.environ.get("CTXWIN_CI") else "ctxwin")
 
 _PRIVATE_DIRS = ("XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")
 _own: list[Path] = []
