@@ -136,6 +136,8 @@ def test_close_and_flush_of_a_task_not_loaded_say_so(shared: DaemonProcess) -> N
     base = ("--endpoint", shared.endpoint)
     code, out, _ = run(*base, "close", "cli-never-seen")
     assert (0, "task cli-never-seen: was not loaded, nothing to close\n") == (code, out)
+    code, out, _ = run(*base, "--json", "close", "cli-never-seen")
+    assert (0, {"closed": False, "loaded": False}) == (code, json.loads(out))  # closed nothing
     code, out, _ = run(*base, "flush", "cli-never-seen")
     assert (0, "task cli-never-seen: not loaded, nothing to write\n") == (code, out)
     code, out, _ = run(*base, "--json", "flush", "cli-never-seen")
@@ -153,6 +155,28 @@ def test_stats_rounds_its_fractions(shared: DaemonProcess) -> None:
     values = dict(line.split() for line in out.splitlines()[1:])
     assert 0 == code
     assert re.fullmatch(r"\d+\.\d{3}", values["uptime_s"]), values["uptime_s"]
+
+
+def test_stats_prints_one_aligned_column_and_no_none(daemon: DaemonProcess) -> None:
+    """Every value starts in one column; a value the daemon has none of yet is ``-``."""
+    with Client(daemon.endpoint) as client:
+        wire = client.stats()
+    assert wire["calibration_median"] is None  # a fresh daemon: no task calibrated yet
+    code, out, _ = run("--endpoint", daemon.endpoint, "stats")
+    assert 0 == code
+    lines = out.splitlines()
+    column = lines[0].index("value")
+    names = [line[:column].rstrip() for line in lines[1:]]
+    flattened = [
+        f"{name}.{key}" if isinstance(item, dict) else name
+        for name, item in wire.items()
+        for key in (item if isinstance(item, dict) else [""])
+    ]
+    assert flattened == names  # the daemon's order, a map's fields under its name
+    assert all(line[column - 2 : column] == "  " and line[column] != " " for line in lines)
+    assert "None" not in out
+    assert "-" == lines[1 + names.index("calibration_median")][column:]
+    assert str(daemon.state_dir / "tasks") == lines[1 + names.index("store.path")][column:]
 
 
 def test_unreachable_daemon_exits_3_with_endpoint_and_hint(tmp_path: Path) -> None:
@@ -360,6 +384,27 @@ def test_the_progress_bar_fits_a_narrow_terminal() -> None:
     assert "#" in frames[-1]
 
 
+def test_ctrl_c_during_a_replay_clears_the_progress_line(
+    shared: DaemonProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted at turn 3, the bar's line is blanked and the message starts a clean line."""
+    draw = _Bar.__call__
+
+    def interrupted(bar: _Bar, done: int, total: int, deleted_range: Any) -> None:
+        draw(bar, done, total, deleted_range)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(_Bar, "__call__", interrupted)
+    monkeypatch.setenv("COLUMNS", "60")
+    history = _history_file(tmp_path, conversation(12))
+    code, _, err = run("--endpoint", shared.endpoint, "replay", str(history), "--progress")
+    assert 130 == code
+    frames = err.split("\r")
+    assert "3/" in frames[-3]  # the last frame drawn, then the blank, then the message
+    assert (" " * 59, "ctxwin: interrupted\n") == (frames[-2], frames[-1])
+
+
 def test_plot_without_matplotlib_names_the_readme_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -381,7 +426,7 @@ def test_a_failed_replay_closes_its_ephemeral_task(shared: DaemonProcess, tmp_pa
     assert code in (1, 2), err
     assert "bad_request" in err
     code, out, _ = run(*base, "--json", "close", "cli-refused")
-    assert {"closed": True, "loaded": False} == json.loads(out)
+    assert {"closed": False, "loaded": False} == json.loads(out)
 
 
 def test_inspect_writes_a_page_of_what_the_model_receives(
@@ -423,3 +468,23 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(shared: DaemonProcess) 
         process.stdout.close()  # the reader leaves before anything is written
         err = process.stderr.read().decode()
         assert (141, "") == (process.wait(timeout=60), err)
+
+
+def test_help_names_every_file_replay_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    """``ctxwin --help`` and ``replay --help`` name the four shapes, not only Cline's file."""
+    assert 0 == run("--help")[0]
+    commands = " ".join(capsys.readouterr().out.split())  # argparse wraps at the terminal width
+    assert (
+        "replay replay a saved conversation turn by turn (Cline, OpenAI, Anthropic, Gemini, "
+        "Claude Code)" in commands
+    )
+    assert 0 == run("replay", "--help")[0]
+    usage = " ".join(capsys.readouterr().out.split())  # argparse wraps at the terminal width
+    for shape in (
+        "Cline api_conversation_history.json",
+        "messages (OpenAI Chat or Anthropic)",
+        "input (OpenAI Responses)",
+        "contents (Gemini)",
+        "Claude Code JSONL session log",
+    ):
+        assert shape in usage

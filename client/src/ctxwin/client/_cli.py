@@ -56,6 +56,14 @@ EXIT_BROKEN_PIPE = 141
 _PROBE_TIMEOUT = 5.0
 
 
+CONVERSATION_SHAPES = (
+    "the conversation: a Cline api_conversation_history.json (a JSON list of messages); "
+    "a JSON object holding messages (OpenAI Chat or Anthropic), input (OpenAI Responses) "
+    "or contents (Gemini); or a Claude Code JSONL session log"
+)
+"""The files ``replay`` and ``inspect --messages`` read (``ctxwin.client._corpus``)."""
+
+
 class UsageError(Exception):
     """A problem with what was asked, found before or after talking to the daemon."""
 
@@ -126,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--messages",
         type=Path,
         metavar="FILE",
-        help="the task's api_conversation_history.json, to compute what the overlay saves",
+        help="the task's conversation, in any shape replay reads, to compute what the "
+        "overlay saves",
     )
     inspect.add_argument(
         "--html",
@@ -164,13 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
     play = commands.add_parser(
         "replay",
         parents=[json_flag],
-        help="replay an api_conversation_history.json turn by turn",
+        help="replay a saved conversation turn by turn (Cline, OpenAI, Anthropic, Gemini, "
+        "Claude Code)",
         description=(
             "Replay a saved conversation through the running daemon as an agent would, "
             "then list every truncation and optimisation with what it saved."
         ),
     )
-    play.add_argument("file", type=Path, metavar="FILE")
+    play.add_argument(
+        "file",
+        type=Path,
+        metavar="FILE",
+        help=CONVERSATION_SHAPES,
+    )
     play.add_argument(
         "--dialect",
         choices=proto.DIALECTS,
@@ -272,20 +287,31 @@ def _stats(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -
     if args.json:
         _print_json(result, out)
     else:
+        # In the daemon's order, a map's fields as name.field; every value starts in one column.
         rows = [
-            (f"{name}.{key}", value)
+            (f"{name}.{key}" if key else name, _stat(value))
             for name, item in result.items()
             for key, value in (item.items() if isinstance(item, dict) else [("", item)])
         ]
-        _table(
-            sorted(
-                (name.rstrip("."), f"{value:.3f}" if isinstance(value, float) else value)
-                for name, value in rows
-            ),
-            ("counter", "value"),
-            out,
-        )
+        width = max(len(name) for name, _ in [("counter", ""), *rows])
+        for name, value in [("counter", "value"), *rows]:
+            out.write(f"{name.ljust(width)}  {value}".rstrip() + "\n")
     return EXIT_OK
+
+
+def _stat(value: object) -> str:
+    """A counter as ``stats`` prints it: ``-`` for none (yet), thousands separated."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.3f}"
+    if isinstance(value, list | dict):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -492,6 +518,7 @@ class _Bar:
     def __init__(self, stream: TextIO, columns: int | None = None) -> None:
         self.stream = stream
         self.columns = columns or _columns(stream)
+        self.drawn = False  # a line is on the terminal, not yet ended by a newline
 
     def __call__(self, done: int, total: int, deleted_range: Any) -> None:
         tail = f" {done}/{total} turns, range {_range(deleted_range)}"
@@ -503,9 +530,17 @@ class _Bar:
         else:
             line = f"replay{tail}"
         self.stream.write("\r" + line[:room].ljust(room))
-        if done >= total:
+        self.drawn = done < total
+        if not self.drawn:
             self.stream.write("\n")
         self.stream.flush()
+
+    def clear(self) -> None:
+        """Blank a line left unfinished (a replay stopped part way), so nothing follows it."""
+        if self.drawn:
+            self.stream.write("\r" + " " * (self.columns - 1) + "\r")
+            self.stream.flush()
+            self.drawn = False
 
 
 def _columns(stream: TextIO) -> int:
@@ -559,9 +594,9 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             usage=args.usage,
             dialect=dialect,
         )
-    except BaseException:
+    except BaseException:  # Ctrl-C included
         if bar is not None:
-            err.write("\n")
+            bar.clear()
         if not args.keep:  # a failed replay leaves no task behind either
             with contextlib.suppress(CtxwinError):
                 client.close_task(task_id, timeout=min(args.timeout, _PROBE_TIMEOUT))

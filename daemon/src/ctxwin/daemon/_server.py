@@ -18,8 +18,9 @@ Results the table in DESIGN.md leaves open: ``flush`` answers
 ``{"flushed": n}``, the number of tasks written by this call (0 when all were
 durable already; ephemeral tasks never count), and for one task also
 ``loaded``: whether the daemon had it loaded (false: nothing to write); ``close``
-answers ``{"closed": true, "loaded": ...}`` (``loaded`` false for a task that
-was not loaded, so there was nothing to close); ``stats.tasks``
+answers ``{"closed": true, "loaded": true}`` when it stopped the task's actor,
+and ``{"closed": false, "loaded": false}`` for a task that was not loaded (never
+opened, or closed or unloaded already): nothing to close; ``stats.tasks``
 counts the distinct task ids served since start, ``stats.actors`` the actors
 running now. Requests queued behind a ``close`` of the same task, or on an
 actor that stops, are answered ``busy`` (send again).
@@ -541,7 +542,7 @@ class Server:
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
     ) -> dict[str, Any] | None:
         if self.system.get(task) is None:
-            return {"closed": True, "loaded": False}  # nothing loaded: nothing to close
+            return {"closed": False, "loaded": False}  # nothing loaded: this call closed nothing
         return self._to_actor(envelope, request_id, op, args, task)
 
     def _should_compact(

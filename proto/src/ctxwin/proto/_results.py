@@ -215,7 +215,9 @@ class FlushResult(TypedDict):
 class CloseResult(TypedDict):
     """``close``: the task's actor is stopped (its state flushed first).
 
-    ``loaded``: whether the task was loaded; false means there was nothing to close.
+    ``closed``: whether this call stopped the task's actor. ``loaded``: whether the
+    daemon held the task; when it did not (a task never opened, or already closed
+    or unloaded) there was nothing to close, and ``closed`` is false too.
     """
 
     closed: bool
