@@ -123,6 +123,47 @@ async def _take_over(redis_server: RedisServer, task: str) -> None:
         await other.close()
 
 
+def _redis_command(redis: RedisServer, *command: str) -> None:
+    import redis as redis_sync
+
+    client = redis_sync.Redis(unix_socket_path=str(redis.socket))
+    try:
+        client.execute_command(*command)  # type: ignore[no-untyped-call]
+    finally:
+        client.close()
+
+
+def test_bad_store_content_is_one_tasks_problem(tmp_path: Path, redis_server: RedisServer) -> None:
+    """A fence set to text and a key of the wrong type: clear errors for those tasks only.
+
+    The owner's background write meets the text fence (it used to end the
+    daemon); the task keeps being answered from memory, flush names the key,
+    another task is served, and once the key is fixed the write goes through.
+    """
+    with fleet_daemon(tmp_path / "a", redis_server, "--debounce-ms", "50") as daemon:
+        ok(set_range(daemon, "t", 3))
+        ok(daemon.call("flush", {"task": "t"}))
+        _redis_command(redis_server, "SET", "ctxwin:{t}:fence", "abc")
+        ok(set_range(daemon, "t", 4))  # its background write meets the bad fence
+        wait_until(lambda: "write_failed" in daemon.log(), 10, "the background write is tried")
+        flushed = daemon.call("flush", {"task": "t"})
+        assert not flushed.ok
+        assert "ctxwin:{t}:fence does not hold a fence" in (flushed.message or "")
+        ok(set_range(daemon, "u", 5))  # other tasks are served
+        assert ok(daemon.call("inspect", {"task": "u"}))["deleted_range"] == [2, 5]
+        _redis_command(redis_server, "HSET", "ctxwin:{v}:state", "f", "x")
+        refused = set_range(daemon, "v", 5)
+        assert (refused.ok, refused.code) == (False, "busy")
+        assert "ctxwin:{v}:state is a hash, not a string" in (refused.message or "")
+        assert ok(daemon.call("ping"))["features"]
+        _redis_command(redis_server, "SET", "ctxwin:{t}:fence", "1")  # an operator fixes it
+        ok(daemon.call("flush", {"task": "t"}))
+        assert (stored(redis_server, "t") or {})["deleted_range"] == [2, 4]
+        _redis_command(redis_server, "DEL", "ctxwin:{v}:state")
+        ok(set_range(daemon, "v", 6))
+        assert ok(daemon.call("inspect", {"task": "v"}))["deleted_range"] == [2, 6]
+
+
 def test_clients_follow_owned_elsewhere_once(tmp_path: Path, redis_server: RedisServer) -> None:
     """A client of B asking for A's task is moved to A by itself, blocking and asyncio alike."""
     from ctxwin.client import AsyncClient, Client

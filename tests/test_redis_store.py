@@ -8,6 +8,7 @@ import pytest
 
 from ctxwin.daemon._persist import TaskRecord, decode_record, encode_task
 from ctxwin.daemon._redis import (
+    BadContent,
     Fenced,
     Lease,
     OwnedElsewhere,
@@ -162,5 +163,54 @@ async def test_an_unreachable_store_is_a_clear_error(tmp_path: object) -> None:
     try:
         with pytest.raises(StoreUnavailable, match="take t"):
             await redis.take("t")
+    finally:
+        await redis.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "command", "reason"),
+    [
+        ("fence", ("SET", "abc"), "does not hold a fence"),
+        ("fence", ("SET", "9" * 19), "does not hold a fence"),
+        ("fence", ("RPUSH", "1"), "is a list, not a string"),
+        ("state", ("HSET", "f", "v"), "is a hash, not a string"),
+        ("lease", ("SADD", "x"), "is a set, not a string"),
+    ],
+)
+async def test_keys_no_daemon_wrote_are_refused_and_left_as_they_are(
+    redis_server: RedisServer, key: str, command: tuple[str, ...], reason: str
+) -> None:
+    """A key of the wrong type, or a fence that is no number: a clear error, nothing changed."""
+    redis = store(redis_server, "a")
+    try:
+        lease_key, fence_key, state_key, _ = redis.keys("t")
+        target = {"lease": lease_key, "fence": fence_key, "state": state_key}[key]
+        await redis.client.execute_command(command[0], target, *command[1:])  # type: ignore[no-untyped-call]
+        with pytest.raises(BadContent, match=rf"take t: .*{target}.* {reason}.*fix or delete"):
+            await redis.take("t")
+        assert [target.encode()] == await redis.client.keys("*")  # no lease, no fence set
+        assert isinstance(await redis.take("u"), Taken)  # another task is not concerned
+    finally:
+        await redis.close()
+
+
+async def test_a_write_after_the_fence_was_overwritten_is_refused_clearly(
+    redis_server: RedisServer,
+) -> None:
+    """The owner's write with a fence key set to text: BadContent, not a crash; then it writes."""
+    redis = store(redis_server, "a")
+    try:
+        taken = await take(redis, "t")
+        fence_key = redis.keys("t")[1]
+        await redis.client.set(fence_key, "abc")
+        with pytest.raises(BadContent, match="does not hold a fence"):
+            await redis.write(taken.lease, b"new")
+        assert await redis.read_state("t") is None
+        await redis.client.set(fence_key, "1")  # fixed by an operator
+        await redis.write(taken.lease, b"new")
+        assert await redis.read_state("t") == b"new"
+        await redis.client.set(fence_key, "7")  # another daemon's number: fenced as before
+        with pytest.raises(Fenced, match=r"\(fence 7\)"):
+            await redis.write(taken.lease, b"newer")
     finally:
         await redis.close()

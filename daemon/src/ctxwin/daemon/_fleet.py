@@ -25,7 +25,7 @@ import structlog
 from ctxwin import engine, proto
 
 from ._persist import TaskRecord, decode_record, encode_task
-from ._redis import Fenced, Lease, OwnedElsewhere, RedisStore, StoreUnavailable
+from ._redis import BadContent, Fenced, Lease, OwnedElsewhere, RedisStore, StoreUnavailable
 from ._store import (
     StoreError,
     StoreUnavailableError,
@@ -78,6 +78,9 @@ class RedisTaskStore:
         sent = loop.time()
         try:
             taken = await self.redis.take(self.task)
+        except BadContent as exc:
+            _log.error("store_content_refused", task=self.task, reason=str(exc))
+            raise StoreUnavailableError(str(exc)) from None
         except StoreUnavailable as exc:
             raise StoreUnavailableError(f"state store unavailable: {exc}") from None
         if isinstance(taken, OwnedElsewhere) and taken.owner == self.parent.advertise:

@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - exercised by a daemon without the extr
     aioredis = None  # type: ignore[assignment]
 
 __all__ = [
+    "BadContent",
     "Fenced",
     "Lease",
     "OwnedElsewhere",
@@ -50,7 +51,27 @@ __all__ = [
 
 _log = structlog.get_logger("ctxwin.daemon.redis")
 
-_ACQUIRE = """
+_ODD = """
+local function odd(key, fence)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then return false end
+  if kind ~= 'string' then return key .. ' is a ' .. kind .. ', not a string' end
+  if fence then
+    local value = redis.call('GET', key)
+    if string.len(value) > 18 or not string.match(value, '^[0-9]+$') then
+      return key .. ' does not hold a fence (a whole number)'
+    end
+  end
+  return false
+end
+"""
+"""Lua: why a task's key holds what no daemon wrote (a wrong type, a fence not a number)."""
+
+_ACQUIRE = (
+    _ODD
+    + """
+local odd_content = odd(KEYS[1], false) or odd(KEYS[2], true) or odd(KEYS[3], false)
+if odd_content then return {2, odd_content} end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local fence = redis.call('INCR', KEYS[2])
   redis.call('SET', KEYS[1], ARGV[1] .. '\\n' .. fence, 'XX', 'PX', ARGV[2])
@@ -60,6 +81,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return {0, redis.call('GET', KEYS[1])}
 """
+)
 
 _RENEW = """
 local lease = redis.call('GET', KEYS[1])
@@ -74,7 +96,11 @@ end
 return 0
 """
 
-_WRITE = """
+_WRITE = (
+    _ODD
+    + """
+local odd_content = odd(KEYS[2], true)
+if odd_content then return {2, odd_content} end
 local current = redis.call('GET', KEYS[2])
 if ARGV[3] == '1' and current ~= ARGV[1] then
   return {0, current or '0'}
@@ -83,6 +109,7 @@ redis.call('SET', KEYS[3], ARGV[2])
 if ARGV[4] == '1' then redis.call('RPUSH', KEYS[4], ARGV[1] .. '\\n' .. ARGV[2]) end
 return {1, current or '0'}
 """
+)
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -100,6 +127,22 @@ def redis_available() -> bool:
 
 class StoreUnavailable(Exception):
     """The store could not be reached or refused the command; the message says why."""
+
+
+class BadContent(StoreUnavailable):
+    """A task's keys hold what no daemon wrote (a wrong type, a fence that is no number).
+
+    Nothing was changed; the task stays unserved until an operator fixes or
+    deletes the key the message names. Other tasks are not concerned.
+    """
+
+
+def _bad_content(what: str, reason: bytes) -> BadContent:
+    text = reason.decode("utf-8", "replace")[:300]
+    return BadContent(
+        f"{what}: the store holds what ctxwin did not write: {text}; "
+        "fix or delete that key (nothing was changed)"
+    )
 
 
 class Fenced(Exception):
@@ -234,6 +277,7 @@ class RedisStore:
         """Take the task's lease (set if absent, then the next fence), then read its state.
 
         Raises:
+            BadContent: the task's keys hold what no daemon wrote (nothing changed).
             StoreUnavailable: the store could not be reached.
         """
         lease_key, fence_key, state_key, _ = self.keys(task)
@@ -243,6 +287,8 @@ class RedisStore:
                 keys=[lease_key, fence_key, state_key], args=[self.owner, self.lease_ttl_ms]
             ),
         )
+        if reply[0] == 2:
+            raise _bad_content(f"take {task}", reply[1])
         if reply[0] == 0:
             return OwnedElsewhere(_owner_endpoint(reply[1]))
         fence = int(reply[1])
@@ -283,6 +329,7 @@ class RedisStore:
 
         Raises:
             Fenced: another daemon holds a later fence; this one must never write again.
+            BadContent: the fence key holds no fence (not written; retried).
             StoreUnavailable: not written (unreachable, out of memory, too few replicas).
         """
         lease_key, fence_key, state_key, audit_key = self.keys(lease.task)
@@ -298,10 +345,13 @@ class RedisStore:
                 ],
             ),
         )
+        if reply[0] == 2:
+            raise _bad_content(f"write {lease.task}", reply[1])
         if reply[0] == 0:
+            current = reply[1].decode("ascii", "replace")[:20]
             raise Fenced(
                 f"task {lease.task}: fence {lease.fence} refused, another daemon took it "
-                f"(fence {int(reply[1])})"
+                f"(fence {current})"
             )
         if self.wait_replicas > 0:
             acked = await self._run(

@@ -133,6 +133,12 @@ class WriteSchedule:
                 raise FlushError(
                     f"task {self.task}: state not durable, write failed: {exc}"
                 ) from None
+            except Exception as exc:  # whatever a store raises is this task's failure only
+                _log.error("write_crashed", task=self.task, exc_info=exc)
+                self._failed(type(exc).__name__)
+                raise FlushError(
+                    f"task {self.task}: state not durable, write failed: {type(exc).__name__}"
+                ) from None
             if wrote:
                 if self._failures_in_row:
                     _log.info("write_recovered", task=self.task, failures=self._failures_in_row)
