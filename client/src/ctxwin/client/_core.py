@@ -51,7 +51,17 @@ Messages = Sequence[Mapping[str, Any]]
 """A conversation as the caller holds it: a sequence of message maps (SPEC.md §1)."""
 
 CompactKeep = Literal["quarter", "none"]
-Strategy = Literal["default", "fit"]
+Strategy = Literal["default", "fit", "auto"]
+Pricing = str | Mapping[str, float]
+"""A price sheet's name, or its ``{input, cache_write, cache_read}`` multipliers."""
+
+
+def copy_pricing(pricing: Pricing | None) -> Any:
+    """``pricing`` as sent: multipliers as a plain dict, anything else as it is (the
+    daemon names what is wrong with it)."""
+    if isinstance(pricing, Mapping):
+        return dict(pricing)
+    return pricing
 
 
 class Unset(enum.Enum):

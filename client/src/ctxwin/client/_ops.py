@@ -42,7 +42,18 @@ from ctxwin.proto import (
     Usage,
 )
 
-from ._core import UNSET, Call, CompactKeep, Messages, RangeArg, Strategy, build, copy_messages
+from ._core import (
+    UNSET,
+    Call,
+    CompactKeep,
+    Messages,
+    Pricing,
+    RangeArg,
+    Strategy,
+    build,
+    copy_messages,
+    copy_pricing,
+)
 
 __all__ = [
     "AsyncCaller",
@@ -204,13 +215,16 @@ def prepare_request(
     strategy: Strategy | None = None,
     proactive: bool | None = None,
     estimate: bool | None = None,
+    pricing: Pricing | None = None,
     timeout: float | None = None,
 ) -> Call[PrepareRequestResult]:
     """``prepare_request``: the messages to send to the model this turn (SPEC.md §7).
 
-    ``strategy="fit"``, ``proactive=True`` and ``estimate=True`` opt into token
-    estimates (see :class:`~ctxwin.proto.PrepareRequestResult`); without them
-    the daemon follows SPEC.md exactly.
+    ``strategy`` (``"fit"``, ``"auto"``), ``proactive=True``, ``estimate=True``
+    and ``pricing`` (a price sheet's name or ``{input, cache_write, cache_read}``,
+    docs/PRICING.md) opt into token estimates and the cache ledger (see
+    :class:`~ctxwin.proto.PrepareRequestResult`); without them the daemon
+    follows SPEC.md exactly.
     """
     return build(
         "prepare_request",
@@ -225,6 +239,7 @@ def prepare_request(
         strategy=strategy,
         proactive=proactive,
         estimate=estimate,
+        pricing=copy_pricing(pricing),
     )
 
 
@@ -240,6 +255,7 @@ def plan(
     read_tools: ReadTools | None = None,
     strategy: Strategy | None = None,
     proactive: bool | None = None,
+    pricing: Pricing | None = None,
     timeout: float | None = None,
 ) -> Call[PlanResult]:
     """``plan``: what ``prepare_request`` with these arguments would do now, changing nothing."""
@@ -254,6 +270,7 @@ def plan(
         read_tools=copy_read_tools(read_tools),
         strategy=strategy,
         proactive=proactive,
+        pricing=copy_pricing(pricing),
     )
 
 

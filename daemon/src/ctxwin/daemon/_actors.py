@@ -353,6 +353,10 @@ class TaskActor:
         }
         if self._unused_tools:
             result["read_tools_unused"] = [list(item) for item in self._unused_tools]
+        if state.ledger.requests:
+            result["cache"] = state.ledger.totals()
+        if state.pricing is not None:
+            result["pricing"] = state.pricing.wire()
         sources = self.kept.sources(state.overlay)
         if sources is not None:
             result["sources"] = sources
@@ -737,7 +741,21 @@ class ActorSystem:
             for actor in self.actors.values()
             if actor.kept.calibration.samples > 0
         )
+        ledgers = [
+            actor.state.ledger
+            for actor in self.actors.values()
+            if actor.state is not None and actor.state.ledger.requests
+        ]
+        cache = {
+            "tasks": len(ledgers),
+            "requests": sum(ledger.requests for ledger in ledgers),
+            "cached_tokens": sum(ledger.cached_tokens for ledger in ledgers),
+            "written_tokens": sum(ledger.written_tokens for ledger in ledgers),
+            "cost": round(sum(ledger.cost for ledger in ledgers), 3),
+            "keep_all_cost": round(sum(ledger.keep_all_cost for ledger in ledgers), 3),
+        }
         return {
+            "cache": cache,
             "tasks": len(self.known_tasks),
             "actors": len(self.actors),
             "histories": len(self.histories),

@@ -130,12 +130,14 @@ class TaskContext:
 
     def budgeting(self, args: Args) -> engine.Budgeting:
         """The estimation settings a request asked for."""
+        pricing = args.get("pricing")
         return engine.Budgeting(
             self.count,
             self.calibration.ratio,
             args.get("strategy") or "default",
             bool(args.get("proactive", False)),
             fixed=self.fixed,
+            pricing=None if pricing is None else proto.sheet_from_wire(pricing),
         )
 
 
@@ -144,7 +146,10 @@ def wants_budgeting(op: str, args: Args) -> bool:
     if op == "plan":
         return True
     return op == "prepare_request" and (
-        bool(args.get("estimate")) or bool(args.get("proactive")) or "strategy" in args
+        bool(args.get("estimate"))
+        or bool(args.get("proactive"))
+        or "strategy" in args
+        or "pricing" in args
     )
 
 

@@ -79,6 +79,7 @@ class TaskRecord:
             it has no sample.
         dialect: the task's message dialect, stored as given.
         read_tools: the task's own read tools in their wire form (``read_tools``).
+        pricing: the task's price sheet in its wire form (docs/PRICING.md), or None.
     """
 
     updates: Any = None
@@ -86,6 +87,7 @@ class TaskRecord:
     calibration: tuple[float, int] | None = None
     dialect: str = DEFAULT_DIALECT
     read_tools: tuple[dict[str, Any], ...] = ()
+    pricing: dict[str, Any] | None = None
 
     @property
     def empty(self) -> bool:
@@ -96,6 +98,7 @@ class TaskRecord:
             and self.calibration is None
             and self.dialect == DEFAULT_DIALECT
             and not self.read_tools
+            and self.pricing is None
         )
 
 
@@ -133,6 +136,8 @@ def encode_task(record: TaskRecord, fence: int | None = None) -> Encoded:
     }
     if record.read_tools:
         head["read_tools"] = list(record.read_tools)
+    if record.pricing is not None:
+        head["pricing"] = record.pricing
     if fence is not None:
         head["fence"] = fence
     prefix = json.dumps(head).encode("utf-8")
@@ -168,6 +173,12 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
     calibration = value.get("calibration")
     fence = value.get("fence")
     read_tools = value.get("read_tools", [])
+    pricing = value.get("pricing")
+    if pricing is not None:
+        try:
+            pricing = proto.sheet_from_wire(pricing).wire()
+        except ValueError:
+            raise ValueError("unexpected content") from None
     if (
         not _valid_range(value.get("deleted_range"))
         or not _valid_calibration(calibration)
@@ -181,7 +192,7 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
         raise ValueError("unexpected content")
     pair = None if calibration is None else (float(calibration["ratio"]), calibration["samples"])
     record = TaskRecord(
-        value["updates"], value.get("deleted_range"), pair, dialect, tuple(read_tools)
+        value["updates"], value.get("deleted_range"), pair, dialect, tuple(read_tools), pricing
     )
     return record, fence
 

@@ -107,6 +107,9 @@ class DaemonStatistics:
         calibrated_tasks: running tasks whose estimates have been calibrated.
         calibration_median: the median of their ratios (reported/estimated).
         store: the state store: ``kind`` (file or redis) and what it shows of itself.
+        cache: the cache ledgers of the running tasks that have one, summed
+            (docs/PRICING.md): ``tasks``, ``requests``, ``cached_tokens``,
+            ``written_tokens``, ``cost``, ``keep_all_cost``.
     """
 
     tasks: int
@@ -120,6 +123,7 @@ class DaemonStatistics:
     calibrated_tasks: int = 0
     calibration_median: float | None = None
     store: dict[str, Any] | None = None
+    cache: dict[str, Any] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The wire result map."""
@@ -135,6 +139,7 @@ class DaemonStatistics:
             "calibrated_tasks": self.calibrated_tasks,
             "calibration_median": self.calibration_median,
             "store": self.store,
+            "cache": self.cache,
         }
 
 
@@ -619,6 +624,7 @@ class Server:
             calibrated_tasks=counts["calibrated_tasks"],
             calibration_median=counts["calibration_median"],
             store=self.system.store.describe(),
+            cache=counts["cache"],
         )
 
     async def shutdown(self) -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
-from ctxwin import engine
+from ctxwin import engine, proto
 
 from ._persist import DEFAULT_DIALECT, Encoded, TaskFiles, TaskRecord, encode_task
 
@@ -128,10 +128,14 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
         Exception: whatever the engine rejects the record's overlay with.
     """
     if record.updates is None and record.deleted_range is None:
-        return engine.TaskState(notices, dialect=record.dialect)
-    return engine.TaskState.load(
-        record.updates, record.deleted_range, notices, dialect=record.dialect
-    )
+        state = engine.TaskState(notices, dialect=record.dialect)
+    else:
+        state = engine.TaskState.load(
+            record.updates, record.deleted_range, notices, dialect=record.dialect
+        )
+    if record.pricing is not None:
+        state.load_pricing(proto.sheet_from_wire(record.pricing))
+    return state
 
 
 def extras_of(record: TaskRecord) -> TaskExtras:
@@ -147,6 +151,7 @@ def record_of(state: engine.TaskState, extras: TaskExtras) -> TaskRecord:
         extras.calibration,
         extras.dialect,
         extras.read_tools,
+        None if state.pricing is None else state.pricing.wire(),
     )
 
 

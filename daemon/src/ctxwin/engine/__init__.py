@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from ._auto import DEFAULT_POLICY, AutoPolicy
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
 from ._dialect import SRC, Dialect, DialectError, MappedHistory
 from ._dialects import CLINE, DIALECT_NAMES, DIALECTS, get_dialect, kept_out_text
 from ._history import History, ResyncRequired, view_patch
+from ._ledger import CacheEntry, CacheLedger, Receipt
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay
@@ -40,13 +42,17 @@ from ._window import (
 __all__ = [
     "CLINE",
     "DEFAULT_NOTICES",
+    "DEFAULT_POLICY",
     "DEFAULT_READ_RULES",
     "DEFAULT_READ_TOOLS",
     "DIALECTS",
     "DIALECT_NAMES",
     "SHELL_READ_PATTERN",
     "SRC",
+    "AutoPolicy",
     "Budgeting",
+    "CacheEntry",
+    "CacheLedger",
     "Calibration",
     "CompactDecision",
     "CompactResult",
@@ -67,6 +73,7 @@ __all__ = [
     "PrepareResult",
     "ReadRules",
     "ReadTool",
+    "Receipt",
     "ResyncRequired",
     "Strategy",
     "SubagentResult",

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ctxwin.proto import PriceSheet
+
 from ._blocks import Message
 from ._overlay import Overlay
 from ._view import apply_overlay, keep_from
@@ -20,7 +22,7 @@ from ._view import apply_overlay, keep_from
 Counter = Callable[[Message], int]
 """Tokens of one message (the daemon counts with tiktoken and caches per message)."""
 
-Strategy = Literal["default", "fit"]
+Strategy = Literal["default", "fit", "auto"]
 LARGEST_REPORTED = 5
 DEFAULT_FIT_TARGET = 0.8
 
@@ -33,13 +35,15 @@ class Budgeting:
         count: raw tokens of a message.
         ratio: calibration, real tokens per estimated token (1.0 when unknown).
         strategy: ``default`` cuts SPEC.md's half or quarter; ``fit`` cuts the
-            fewest whole turns that bring the estimate under ``target`` of the budget.
+            fewest whole turns that bring the estimate under ``target`` of the budget;
+            ``auto`` decides on the view about to be sent (docs/STRATEGIES.md).
         proactive: with no previous usage, estimate the view and compact before
             the request when it would not fit.
         target: fraction of ``max_allowed_size`` that ``fit`` aims for, leaving
             room for the next turns so that a fit is not redone every turn.
         fixed: raw tokens sent with every view besides its messages (a native
             dialect's system and developer messages, never cut).
+        pricing: the request's price sheet, when it names one (else the task's).
     """
 
     count: Counter
@@ -48,6 +52,7 @@ class Budgeting:
     proactive: bool = False
     target: float = DEFAULT_FIT_TARGET
     fixed: int = 0
+    pricing: PriceSheet | None = None
 
     def tokens(self, message: Message) -> int:
         """Calibrated tokens of one message."""

@@ -6,10 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ctxwin.proto import deleted_range_error
+from ctxwin.proto import PriceSheet, deleted_range_error, sheet_for_model
 
+from ._auto import DEFAULT_POLICY, AutoPolicy, run_auto
 from ._blocks import Message, text_of
 from ._budget import Budgeting, fit_range, largest_messages, view_origins
+from ._ledger import CacheEntry, CacheLedger, Receipt
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import TOOL_HEADER, MessageFacts, Optimisation, optimize_file_reads
 from ._overlay import (
@@ -60,6 +62,8 @@ class PrepareResult:
     estimated_tokens: int | None = None
     fits: bool | None = None
     largest: list[list[int]] | None = None
+    cache: CacheEntry | None = None
+    receipts: tuple[Receipt, ...] = ()
 
     def wire(self) -> dict[str, Any]:
         result: dict[str, Any] = {
@@ -73,6 +77,10 @@ class PrepareResult:
             result["fits"] = self.fits
             if self.largest is not None:
                 result["largest"] = self.largest
+        if self.cache is not None:
+            result["cache"] = self.cache.wire()
+        if self.receipts:
+            result["receipts"] = [receipt.wire() for receipt in self.receipts]
         return result
 
 
@@ -196,7 +204,19 @@ class TaskState:
     written.
     """
 
-    __slots__ = ("_deleted_range", "_dialect", "notices", "overlay", "reads", "revision")
+    __slots__ = (
+        "_deleted_range",
+        "_dialect",
+        "_pricing",
+        "block_tokens",
+        "ledger",
+        "max_out",
+        "notices",
+        "overlay",
+        "policy",
+        "reads",
+        "revision",
+    )
 
     def __init__(
         self,
@@ -212,6 +232,14 @@ class TaskState:
         self.overlay = Overlay()
         self._deleted_range: list[int] | None = None
         self.revision = 0
+        self._pricing: PriceSheet | None = None
+        # The views returned and their cost (not stored: a restarted task starts a new ledger).
+        self.ledger = CacheLedger()
+        self.policy: AutoPolicy = DEFAULT_POLICY
+        # The largest response reported so far: ``auto`` keeps room for one as large.
+        self.max_out = 0
+        # Tokens of history text blocks, by (index, block), while the message is the same.
+        self.block_tokens: dict[tuple[int, int], tuple[Message, int]] = {}
 
     @property
     def dialect(self) -> str:
@@ -226,9 +254,35 @@ class TaskState:
         self.reads = reads
 
     @property
+    def pricing(self) -> PriceSheet | None:
+        """The task's price sheet (docs/PRICING.md), once a request named one."""
+        return self._pricing
+
+    @pricing.setter
+    def pricing(self, sheet: PriceSheet | None) -> None:
+        if sheet != self._pricing:
+            self._pricing = sheet
+            self.revision += 1
+
+    def load_pricing(self, sheet: PriceSheet | None) -> None:
+        """Give a loaded task its stored sheet (not a change to write)."""
+        self._pricing = sheet
+
+    def sheet_for(self, model: Mapping[str, Any], budgeting: Budgeting | None) -> PriceSheet | None:
+        """The sheet a request is priced with: its own (kept), the task's, or its model's."""
+        if budgeting is not None and budgeting.pricing is not None:
+            self.pricing = budgeting.pricing
+        return self._pricing or sheet_for_model(model)
+
+    @property
     def empty(self) -> bool:
         """Whether the state holds nothing yet (no overlay, no range, the default dialect)."""
-        return not self.overlay and self._deleted_range is None and self._dialect == "cline"
+        return (
+            not self.overlay
+            and self._deleted_range is None
+            and self._dialect == "cline"
+            and self._pricing is None
+        )
 
     @property
     def deleted_range(self) -> list[int] | None:
@@ -392,6 +446,26 @@ class TaskState:
                 None keeps SPEC.md's behaviour exactly.
             ts: the time of a proactive compaction (there is no previous request).
         """
+        if previous_request is not None:
+            self.max_out = max(self.max_out, int(previous_request.get("tokens_out") or 0))
+        if budgeting is not None and budgeting.strategy == "auto":
+            result = self._prepare_auto(messages, model, use_auto_condense, budgeting, ts)
+        else:
+            result = self._prepare(
+                messages, previous_request, model, use_auto_condense, budgeting, ts
+            )
+        return self._priced(result, messages, model, budgeting)
+
+    def _prepare(
+        self,
+        messages: Sequence[Message],
+        previous_request: Mapping[str, Any] | None,
+        model: Mapping[str, Any],
+        use_auto_condense: bool,
+        budgeting: Budgeting | None,
+        ts: int | None,
+    ) -> PrepareResult:
+        """SPEC.md §7, and the opt-in ``fit`` and proactive modes."""
         limit = context_window_info(model).max_allowed_size
         trigger = None
         if not use_auto_condense:
@@ -418,6 +492,60 @@ class TaskState:
             range_updated=range_updated,
             stalled=stalled,
         )
+
+    def auto_budget(self, model: Mapping[str, Any]) -> float:
+        """What ``auto`` lets a view use: the window less room for the response."""
+        window = context_window_info(model).context_window
+        return max(window - max(self.policy.reserve, self.max_out), 0)
+
+    def _prepare_auto(
+        self,
+        messages: Sequence[Message],
+        model: Mapping[str, Any],
+        use_auto_condense: bool,
+        budgeting: Budgeting,
+        ts: int | None,
+    ) -> PrepareResult:
+        """``strategy: "auto"``: decide on the view about to be sent (docs/STRATEGIES.md)."""
+        sheet = self.sheet_for(model, budgeting)
+        budget = self.auto_budget(model)
+        range_updated = stalled = False
+        receipts: tuple[Receipt, ...] = ()
+        if not use_auto_condense:
+            before = self.overlay.version
+            outcome = run_auto(self, messages, budgeting, budget, sheet, ts or 0, self.policy)
+            range_updated, stalled = outcome.range_updated, outcome.stalled
+            receipts = tuple(outcome.receipts)
+            if self.overlay.version != before:
+                self._changed()
+        view = self.truncated_messages(messages)
+        result = self._estimated(
+            messages,
+            view,
+            limit=budget,
+            budgeting=budgeting,
+            range_updated=range_updated,
+            stalled=stalled,
+        )
+        return replace(result, receipts=receipts)
+
+    def _priced(
+        self,
+        result: PrepareResult,
+        messages: Sequence[Message],
+        model: Mapping[str, Any],
+        budgeting: Budgeting | None,
+    ) -> PrepareResult:
+        """``result`` with its cache figures, recorded in the ledger, when a sheet is known."""
+        if budgeting is None:
+            return result
+        sheet = self.sheet_for(model, budgeting)
+        if sheet is None:
+            return result
+        count = budgeting.count
+        entry = self.ledger.record(result.messages, messages, count, sheet, budgeting.fixed)
+        self.ledger.add_receipts(result.receipts)
+        return replace(result, cache=entry)
 
     def _trigger(
         self,
@@ -543,6 +671,11 @@ class TaskState:
         copy.overlay = self.overlay.copy()
         copy._deleted_range = self.deleted_range
         copy.revision = self.revision
+        copy._pricing = self._pricing
+        copy.ledger = self.ledger.copy()
+        copy.policy = self.policy
+        copy.max_out = self.max_out
+        copy.block_tokens = self.block_tokens
         return copy
 
     def _new_file_reads(

@@ -51,6 +51,13 @@ from ._overlay import (
     update_text,
 )
 from ._patch import PatchReceiver, apply_view_patch, prepended_blocks, runs_overlap
+from ._pricing import (
+    PRICE_SHEETS,
+    PriceSheet,
+    pricing_error,
+    sheet_for_model,
+    sheet_from_wire,
+)
 from ._results import (
     RESULT_FIELDS,
     ApplyTruncationNoticeResult,
@@ -110,6 +117,7 @@ __all__ = [
     "FEATURES",
     "KEEP_VALUES",
     "OPS",
+    "PRICE_SHEETS",
     "PROTOCOL_VERSION",
     "RESULT_FIELDS",
     "TASK_ID_PATTERN",
@@ -142,6 +150,7 @@ __all__ = [
     "PingResult",
     "PlanResult",
     "PrepareRequestResult",
+    "PriceSheet",
     "ProtocolError",
     "Reply",
     "Request",
@@ -171,10 +180,13 @@ __all__ = [
     "pack",
     "peek_request_id",
     "prepended_blocks",
+    "pricing_error",
     "read_overlay",
     "resolve_endpoint",
     "result_encoder",
     "runs_overlap",
+    "sheet_for_model",
+    "sheet_from_wire",
     "unpack",
     "update_text",
     "validate_args",

@@ -58,6 +58,7 @@ class StatsResult(TypedDict):
     calibrated_tasks: NotRequired[int]
     calibration_median: NotRequired[float | None]
     store: NotRequired[dict[str, Any]]
+    cache: NotRequired[dict[str, Any] | None]
 
 
 class ContextWindowInfoResult(TypedDict):
@@ -88,7 +89,10 @@ class PrepareRequestResult(TypedDict):
     With estimates asked for (``estimate``, ``proactive`` or ``strategy``):
     ``estimated_tokens`` of the view (calibrated), whether it ``fits`` the
     model's budget, the ``largest`` view messages as ``[index, tokens]`` when
-    it does not, and the task's ``calibration`` ratio.
+    it does not, and the task's ``calibration`` ratio. With a price sheet
+    known (``pricing``, the task's, or its model's): ``cache``, the view's
+    ``cached_tokens``, ``written_tokens``, ``cost`` and ``keep_all_cost``
+    (docs/PRICING.md); ``receipts`` of the edits this request made.
     """
 
     deleted_range: DeletedRange
@@ -99,6 +103,8 @@ class PrepareRequestResult(TypedDict):
     fits: NotRequired[bool]
     largest: NotRequired[list[list[int]]]
     calibration: NotRequired[float]
+    cache: NotRequired[dict[str, Any]]
+    receipts: NotRequired[list[dict[str, Any]]]
 
 
 class PlanResult(TypedDict):
@@ -199,6 +205,8 @@ class InspectResult(TypedDict):
     owner: NotRequired[str]
     fence: NotRequired[int | None]
     sources: NotRequired[list[list[Any]]]
+    cache: NotRequired[dict[str, Any]]
+    pricing: NotRequired[dict[str, Any]]
 
 
 class FlushResult(TypedDict):

@@ -16,6 +16,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from ._delta import DIGEST_SIZE
 from ._errors import ErrorCode, ProtocolError
+from ._pricing import pricing_error
 
 TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Task ids (DESIGN.md): anything else is refused before it can touch a path."""
@@ -24,7 +25,7 @@ KEEP_VALUES = ("none", "lastTwo", "half", "quarter")
 COMPACT_KEEP_VALUES = ("quarter", "none")
 USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
 VIEW_VALUES = ("list", "patch", "patch_prepend")
-STRATEGY_VALUES = ("default", "fit")
+STRATEGY_VALUES = ("default", "fit", "auto")
 DIALECTS = ("cline", "openai-chat", "anthropic", "openai-responses", "gemini")
 """A task's message dialects (docs/DIALECTS.md); ``cline`` (SPEC.md) is the default."""
 DEFAULT_DIALECT = "cline"
@@ -252,6 +253,12 @@ def _one_of(values: tuple[str, ...]) -> Callable[[object], None]:
     return check
 
 
+def _check_pricing(value: object) -> None:
+    problem = pricing_error(value)
+    if problem is not None:
+        raise _Invalid(problem)
+
+
 CHECKS: dict[str, Callable[[object], None]] = {
     "task": _check_task,
     "messages": _check_messages,
@@ -276,6 +283,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "proactive": _check_bool,
     "estimate": _check_bool,
     "keep_task": _check_bool,
+    "pricing": _check_pricing,
 }
 
 
@@ -318,7 +326,7 @@ class OpSpec:
 _OPEN = ("ephemeral", "dialect", "read_tools")
 _HISTORY = (("messages", "append"),)
 _DELTA = ("base", "base_digest", "view", "patch_base")
-_BUDGETING = ("strategy", "proactive", "estimate")
+_BUDGETING = ("strategy", "proactive", "estimate", "pricing")
 
 
 def _history_op(
@@ -347,7 +355,7 @@ OPS: dict[str, OpSpec] = {
         _history_op(
             "plan",
             ("task", "model"),
-            ("previous_request", "use_auto_condense", "strategy", "proactive"),
+            ("previous_request", "use_auto_condense", "strategy", "proactive", "pricing"),
         ),
         _history_op("truncated_messages", ("task",), ("deleted_range",)),
         _history_op("optimize_file_reads", ("task", "ts"), ("deleted_range",)),

@@ -14,6 +14,7 @@ FEATURES = (
     "fleet",
     "dialects",
     "read_tools",
+    "auto",
 )
 """Optional parts of protocol version 1 this version implements, named in ``ping``.
 
@@ -25,5 +26,6 @@ calibrate estimates; ``plan``: the ``plan`` op; ``fleet``: a task is served by
 one daemon at a time, and another answers ``owned_elsewhere`` naming its ``owner``;
 ``dialects``: task ops and ``count_tokens`` take ``dialect`` (``ping`` lists them,
 docs/DIALECTS.md); ``read_tools``: task ops take ``read_tools``, the tools
-whose calls read a file in that task, besides the daemon's table.
+whose calls read a file in that task, besides the daemon's table; ``auto``:
+``strategy: "auto"``, ``pricing`` and the cache ledger (docs/STRATEGIES.md, docs/PRICING.md).
 """
