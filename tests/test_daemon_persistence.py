@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -334,3 +335,64 @@ def test_calibration_outlives_close_idle_eviction_and_restart(tmp_path: Path) ->
         assert ok(daemon.call("inspect", {"task": "idle"}))["calibration"]["samples"] == 2
     with DaemonProcess(tmp_path) as daemon:
         assert ok(daemon.call("inspect", {"task": "closed"}))["calibration"] == before
+
+
+def test_a_planted_task_directory_link_is_refused_while_others_are_served(
+    tmp_path: Path,
+) -> None:
+    """tasks/<id> made a link to another directory: that task is refused, nothing goes through.
+
+    Neither a read of what it points to nor a write into it; the daemon
+    serves other tasks, and the same task once the link is removed.
+    """
+    with DaemonProcess(tmp_path, "--debounce-ms", "20") as daemon:
+        ok(daemon.call("truncated_messages", {"task": "mine", "messages": FIRST}))
+        ok(daemon.call("flush", {"task": "mine"}))
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "ctxwin.json").write_text('{"not": "ours"}')
+        daemon.task_dir("planted").symlink_to(elsewhere)
+        refused = daemon.call("inspect", {"task": "planted"})
+        assert (refused.ok, refused.code) == (False, "busy")
+        assert "is a symbolic link" in (refused.message or "")
+        args = {"task": "planted", "messages": FIRST, "deleted_range": [2, 3]}
+        assert not daemon.call("truncated_messages", args).ok
+        ok(daemon.call("truncated_messages", {"task": "other", "messages": FIRST}))
+        ok(daemon.call("flush", {"task": "other"}))
+        assert ["ctxwin.json"] == os.listdir(elsewhere)
+        assert '{"not": "ours"}' == (elsewhere / "ctxwin.json").read_text()
+        assert "task_dir_refused" in daemon.log()
+        daemon.task_dir("planted").unlink()
+        ok(daemon.call("truncated_messages", args))
+        ok(daemon.call("flush", {"task": "planted"}))
+        assert daemon.task_dir("planted").is_dir()
+        assert not daemon.task_dir("planted").is_symlink()
+
+
+@pytest.mark.parametrize("how", ["other-writable", "other-uid", "tasks-link"])
+def test_a_state_dir_not_ours_stops_the_start(tmp_path: Path, how: str) -> None:
+    """A state dir others may write to or of another uid, or a linked tasks dir: exit 1, why."""
+    if how == "other-uid" and os.geteuid() != 0:
+        pytest.skip("a directory of another uid needs root")
+    daemon = DaemonProcess(tmp_path)
+    state = daemon.state_dir
+    state.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    if how == "other-writable":
+        state.chmod(0o777)
+        reason = r"may be written by others \(mode 777\)"
+    elif how == "other-uid":
+        os.chown(state, 65534, 65534)
+        reason = "belongs to uid 65534"
+    else:
+        (state / "tasks").symlink_to(victim)
+        reason = "tasks dir .* is a symbolic link"
+    try:
+        with pytest.raises(RuntimeError, match="ctxwind exited with 1") as raised:
+            daemon.start()
+    finally:
+        daemon.stop()
+    assert re.search(reason, str(raised.value)), str(raised.value)
+    assert not (state / "ctxwind.lock").exists()
+    assert [] == os.listdir(victim)

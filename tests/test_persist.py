@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from ctxwin.daemon._persist import (
     LockedError,
+    NotOursError,
     TaskFiles,
     TaskRecord,
     acquire_lock,
@@ -248,3 +249,81 @@ def test_a_lock_is_exclusive_until_released(tmp_path: Path) -> None:
         acquire_lock(lock)
     os.close(fd)
     os.close(acquire_lock(lock))
+
+
+def test_a_lock_file_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A lock path that is a symbolic link to a file: refused (ELOOP), the file untouched."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's secret")
+    (tmp_path / "ctxwind.lock").symlink_to(victim)
+    with pytest.raises(OSError) as raised:
+        acquire_lock(tmp_path / "ctxwind.lock")
+    assert errno.ELOOP == raised.value.errno
+    assert b"root's secret" == victim.read_bytes()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a file of another uid needs root")
+def test_a_lock_file_of_another_uid_is_refused(tmp_path: Path) -> None:
+    """A lock file another user made is neither truncated nor locked."""
+    lock = tmp_path / "ctxwind.lock"
+    lock.write_bytes(b"theirs")
+    os.chown(lock, 65534, 65534)
+    with pytest.raises(NotOursError, match="not a regular file of the daemon's uid"):
+        acquire_lock(lock)
+    assert b"theirs" == lock.read_bytes()
+
+
+def _planted(tmp_path: Path) -> tuple[TaskFiles, Path]:
+    """A task whose directory is a link to another directory holding a valid authority."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "ctxwin.json").write_bytes(encode_task(TaskRecord(OVERLAY, [2, 5])).authority)
+    (tmp_path / "tasks").mkdir(mode=0o700)
+    (tmp_path / "tasks" / "t1").symlink_to(elsewhere)
+    return TaskFiles(tmp_path, "t1"), elsewhere
+
+
+def test_a_planted_task_directory_link_is_neither_read_nor_written(tmp_path: Path) -> None:
+    """Load and write refuse a task directory that is a link; what it points to is untouched."""
+    files, elsewhere = _planted(tmp_path)
+    before = {name: (elsewhere / name).read_bytes() for name in os.listdir(elsewhere)}
+    with pytest.raises(NotOursError, match="is a symbolic link"):
+        files.load(_build)
+    with pytest.raises(NotOursError, match="is a symbolic link"):
+        files.write(encode_task(TaskRecord(OVERLAY, [2, 9])))
+    assert before == {name: (elsewhere / name).read_bytes() for name in os.listdir(elsewhere)}
+
+
+def test_a_planted_file_link_in_a_task_directory_is_set_aside_unread(tmp_path: Path) -> None:
+    """ctxwin.json as a link to another file: renamed aside (the link), the file never read."""
+    files = TaskFiles(tmp_path, "t1")
+    files.directory.mkdir(parents=True, mode=0o700)
+    secret = tmp_path / "secret.json"
+    secret.write_bytes(encode_task(TaskRecord(OVERLAY, [2, 5])).authority)
+    files.meta_path.symlink_to(secret)
+    with capture_logs() as logs:
+        loaded = files.load(_build)
+    assert (None, None, None, "cline") == loaded
+    assert any("symbolic link" in entry.get("reason", "") for entry in logs)
+    assert not files.meta_path.is_symlink()
+    assert secret.exists()
+
+
+@pytest.mark.parametrize("how", ["other-writable", "other-uid"])
+def test_a_task_directory_not_ours_is_refused(tmp_path: Path, how: str) -> None:
+    """A task directory others may write to, or of another uid: refused, never used."""
+    if how == "other-uid" and os.geteuid() != 0:
+        pytest.skip("a directory of another uid needs root")
+    files = TaskFiles(tmp_path, "t1")
+    files.directory.mkdir(parents=True, mode=0o700)
+    if how == "other-writable":
+        files.directory.chmod(0o777)
+        reason = "may be written by others"
+    else:
+        os.chown(files.directory, 65534, 65534)
+        reason = "belongs to uid 65534"
+    with pytest.raises(NotOursError, match=reason):
+        files.load(_build)
+    with pytest.raises(NotOursError, match=reason):
+        files.write(encode_task(TaskRecord(OVERLAY, [2, 9])))
+    assert [] == os.listdir(files.directory)

@@ -28,7 +28,7 @@ from ._accept import soft_open_files_limit
 from ._config import Config
 from ._memory import MemoryRelease
 from ._notify import Notifier
-from ._persist import LockedError, acquire_lock
+from ._persist import LockedError, NotOursError, acquire_lock, check_private_dir
 from ._server import Server, StartupError
 from ._tokens import TokenCounter
 
@@ -98,6 +98,13 @@ def _locks(config: Config) -> Iterator[list[Path]]:
             (config.state_dir / "tasks").mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StartupError(f"state dir {config.state_dir} is not usable: {exc}") from None
+        try:
+            # Another user's directory, or one others may write to, could hold their
+            # links: the lock file and every task file would be written through them.
+            check_private_dir(config.state_dir, "state dir", follow=True)
+            check_private_dir(config.state_dir / "tasks", "tasks dir", follow=False)
+        except NotOursError as exc:
+            raise StartupError(f"{exc.strerror}; refusing to use it") from None
         if not os.access(config.state_dir / "tasks", os.W_OK | os.X_OK):
             raise StartupError(f"state dir {config.state_dir} is not writable")
         fds.append(

@@ -16,6 +16,12 @@ A crash between the two renames leaves an export one state behind the
 authority; the authority alone is loaded, so a range and an overlay always
 come from one state.
 
+Nothing here follows a link or uses a directory another user could write
+to: the state dir and its ``tasks`` must be the daemon user's and writable by
+no one else (:func:`check_private_dir`), a task directory must be a real
+directory of the daemon user's (:class:`NotOursError` otherwise), and files are
+opened with ``O_NOFOLLOW``.
+
 Every function here blocks; the daemon runs them in worker threads.
 """
 
@@ -27,6 +33,7 @@ import itertools
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,9 +51,11 @@ __all__ = [
     "META_FILE",
     "Encoded",
     "LockedError",
+    "NotOursError",
     "TaskFiles",
     "TaskRecord",
     "acquire_lock",
+    "check_private_dir",
     "decode_record",
     "encode_history",
     "encode_task",
@@ -197,6 +206,50 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
     return record, fence
 
 
+class NotOursError(PermissionError):
+    """A path in the state dir is not the daemon user's own (a link, another owner, a mode).
+
+    Nothing is read or written through it; the message names it and what to do.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EPERM, message)
+
+
+def _why_not_ours(path: Path, info: os.stat_result, what: str) -> str | None:
+    if stat.S_ISLNK(info.st_mode):
+        return f"{what} {path} is a symbolic link; remove it (it was not made by ctxwind)"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{what} {path} is not a directory"
+    if info.st_uid != os.getuid():
+        return f"{what} {path} belongs to uid {info.st_uid}, not to the daemon's uid {os.getuid()}"
+    if info.st_mode & 0o022:
+        return (
+            f"{what} {path} may be written by others (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"chmod go-w {path}"
+        )
+    return None
+
+
+def check_private_dir(path: Path, what: str, *, follow: bool) -> None:
+    """Require ``path`` to be a directory of the daemon's uid that no one else can write to.
+
+    Args:
+        path: an existing directory.
+        what: how the message names it ("state dir").
+        follow: whether ``path`` itself may be a link (the operator's own
+            configured path may; what is inside the state dir may not).
+
+    Raises:
+        NotOursError: it is a link, not a directory, another uid's, or
+            writable by group or others.
+    """
+    info = os.stat(path) if follow else os.lstat(path)
+    reason = _why_not_ours(path, info, what)
+    if reason is not None:
+        raise NotOursError(reason)
+
+
 def fsync_dir(directory: Path) -> None:
     """fsync a directory so that entries renamed or created in it are durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -306,12 +359,44 @@ class TaskFiles:
         _log.error("corrupt_file", task=self.task, file=name, moved_to=target.name, reason=reason)
         return target.name
 
+    def _exists(self) -> bool:
+        """Whether the task's directory exists.
+
+        Raises:
+            NotOursError: it is a link, or not a directory of the daemon's own.
+        """
+        try:
+            info = os.lstat(self.directory)
+        except FileNotFoundError:
+            return False
+        reason = _why_not_ours(self.directory, info, f"task {self.task}'s directory")
+        if reason is not None:
+            raise NotOursError(reason)
+        return True
+
     def _read_json(self, name: str, corrupt: list[str]) -> tuple[bool, Any]:
         path = self.directory / name
         try:
-            raw = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             return False, None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            corrupt.append(self.set_aside(name, "a symbolic link, not a file of ctxwind's"))
+            return False, None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                fd = -1
+                corrupt.append(self.set_aside(name, "not a regular file"))
+                return False, None
+            with os.fdopen(fd, "rb") as file:
+                fd = -1
+                raw = file.read()
+        finally:
+            if fd >= 0:
+                os.close(fd)
         try:
             return True, json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -339,12 +424,13 @@ class TaskFiles:
             The state.
 
         Raises:
+            NotOursError: the task's directory is a link or not the daemon's own.
             OSError: the directory cannot be read.
         """
         self._durable = self._on_disk = None
         self._loaded = "import"
         corrupt: list[str] = []
-        if not self.directory.is_dir():
+        if not self._exists():
             self._loaded = "authority"  # nothing stored: an empty state is what is there
             return build(TaskRecord())
         for entry in os.listdir(self.directory):
@@ -428,13 +514,15 @@ class TaskFiles:
             Whether anything was written.
 
         Raises:
+            NotOursError: the task's directory is a link or not the daemon's own.
             OSError: a write failed; what was durable before stays so.
         """
         if encoded == self._durable:
             return False
-        if not self.directory.is_dir():
+        if not self._exists():
             self.tasks_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.directory.mkdir(mode=0o700, exist_ok=True)
+            check_private_dir(self.tasks_dir, "tasks dir", follow=False)
+            os.mkdir(self.directory, 0o700)  # never an existing one: it appeared since
             fsync_dir(self.tasks_dir)
             fsync_dir(self.tasks_dir.parent)
         on_disk = self._on_disk
@@ -455,12 +543,20 @@ class LockedError(RuntimeError):
 def acquire_lock(path: Path) -> int:
     """Take an exclusive ``flock`` on ``path`` (created 0600); returns the fd to keep open.
 
+    A link is never followed (``O_NOFOLLOW``) and a file of another uid is
+    refused before anything is written to it.
+
     Raises:
         LockedError: another process holds it.
-        OSError: the file cannot be created.
+        OSError: the file cannot be created, is a link (ELOOP), or is not ours.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY, 0o600)
     try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise NotOursError(
+                f"lock file {path} is not a regular file of the daemon's uid {os.getuid()}"
+            )
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)

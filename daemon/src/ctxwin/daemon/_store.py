@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio.to_thread
+import structlog
 
 from ctxwin import engine, proto
 
-from ._persist import DEFAULT_DIALECT, Encoded, TaskFiles, TaskRecord, encode_task
+from ._persist import DEFAULT_DIALECT, Encoded, NotOursError, TaskFiles, TaskRecord, encode_task
 
 __all__ = [
     "FileStore",
@@ -38,6 +39,9 @@ __all__ = [
     "extras_of",
     "record_of",
 ]
+
+
+_log = structlog.get_logger("ctxwin.daemon.store")
 
 
 class StoreError(Exception):
@@ -170,13 +174,22 @@ class FileTaskStore:
         self.advertise = advertise
 
     async def load(self) -> tuple[engine.TaskState, TaskExtras]:
-        """Read the task's files in a worker thread (see :meth:`TaskFiles.load`)."""
+        """Read the task's files in a worker thread (see :meth:`TaskFiles.load`).
+
+        Raises:
+            StoreUnavailableError: the task's directory is not the daemon's own
+                (a planted link, say): the task is not served until it is removed.
+        """
         notices = self.notices
 
         def build(record: TaskRecord) -> tuple[engine.TaskState, TaskExtras]:
             return build_state(record, notices), extras_of(record)
 
-        state, extras = await anyio.to_thread.run_sync(self.files.load, build)
+        try:
+            state, extras = await anyio.to_thread.run_sync(self.files.load, build)
+        except NotOursError as exc:
+            _log.error("task_dir_refused", task=self.files.task, reason=exc.strerror)
+            raise StoreUnavailableError(f"refused: {exc.strerror}") from None
         self.files.mark_current(_encode(state, extras))
         return state, extras
 
