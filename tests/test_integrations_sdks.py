@@ -10,6 +10,7 @@ import anthropic
 import openai
 import pytest
 
+from ctxwin.client import Client
 from ctxwin.client.integrations import Turn, window_of
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
@@ -308,3 +309,41 @@ async def test_async_anthropic_retries_once_after_prompt_is_too_long(
     assert 1 == statuses.count(400)
     assert len(sent[-1].history) < len(sent[-2].history)
     assert [] == [r.problems for r in provider.sent(MESSAGES) if r.problems]
+
+
+def test_adapters_use_auto_with_the_wrapped_providers_sheet(ctxwind: DaemonProcess) -> None:
+    """By default a wrapped client asks for ``auto`` priced by its provider's sheet.
+
+    The model id names the sheet where it can (``gpt-4o``: OpenAI's GPT-4o family);
+    an Anthropic client's model is a ``claude`` one. Each turn reports the
+    view's cache figures, and the tasks keep the sheet.
+    """
+    turns: list[Turn] = []
+    with FakeProvider(limit=50_000, tool_turns=6, paths=PATHS) as provider:
+        chat = ctxwin_openai.wrap(
+            _openai(provider), task="auto-chat", endpoint=ctxwind.endpoint, on_turn=turns.append
+        )
+        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
+        for _ in range(3):
+            response = chat.chat.completions.create(
+                model="gpt-4o", messages=history, tools=CHAT_TOOLS
+            )
+            calls = response.choices[0].message.tool_calls
+            history.append(response.choices[0].message)
+            history += _chat_results(calls)
+        chat.close()
+        messages = ctxwin_anthropic.wrap(
+            _anthropic(provider), task="auto-messages", endpoint=ctxwind.endpoint
+        )
+        messages.messages.create(
+            model="claude-sonnet-4-5",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "hello"}],
+        )
+        messages.close()
+    assert all(turn.cache is not None for turn in turns)
+    assert turns[1].cache is not None
+    assert turns[1].cache["cached_tokens"] > 0  # the first view, sent again unchanged
+    with Client(ctxwind.endpoint) as client:
+        assert client.task("auto-chat").inspect()["pricing"]["name"] == "openai-gpt-4o"
+        assert client.task("auto-messages").inspect()["pricing"]["name"] == "anthropic"

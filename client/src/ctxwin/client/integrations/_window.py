@@ -23,7 +23,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from ctxwin.proto import Model, PrepareRequestResult, Usage, is_context_window_error
+from ctxwin.proto import (
+    Model,
+    PrepareRequestResult,
+    Usage,
+    is_context_window_error,
+    sheet_for_model,
+)
 
 from .._async import AsyncClient
 from .._sync import Client
@@ -70,6 +76,8 @@ class Turn:
             and sent once more.
         usage: the usage the provider reported for the request (None when it
             reported none, e.g. a stream that was not read to its end).
+        cache: the view's ``cached_tokens``, ``written_tokens``, ``cost`` and
+            ``keep_all_cost`` under the provider's price sheet (docs/PRICING.md).
     """
 
     task: str
@@ -83,6 +91,26 @@ class Turn:
     stalled: bool
     retried: bool = False
     usage: Usage | None = None
+    cache: dict[str, Any] | None = None
+
+
+DEFAULT_STRATEGY = "auto"
+"""The strategy adapters ask for (docs/STRATEGIES.md)."""
+
+DIALECT_SHEETS = {"anthropic": "anthropic", "gemini": "gemini", "openai-chat": "openai"}
+"""The price sheet of the provider a dialect's adapter wraps, when the model id names none."""
+
+
+def pricing_for(dialect: str | None, model: str, pricing: Any) -> Any:
+    """The ``pricing`` a request sends: the window's own, its model's sheet, its provider's."""
+    if pricing is not None:
+        return pricing
+    sheet = sheet_for_model({"id": model})
+    if sheet is not None:
+        return sheet.name
+    if dialect == "openai-responses":
+        return "openai"
+    return DIALECT_SHEETS.get(dialect or "")
 
 
 def derive_task_id(prefix: str, head: Sequence[Any]) -> str:
@@ -225,6 +253,7 @@ class _Conversations:
             estimated_tokens=prepared.get("estimated_tokens"),
             fits=prepared.get("fits"),
             stalled=bool(prepared.get("stalled", False)),
+            cache=prepared.get("cache"),
         )
         return Request(task, messages, view, model, ts, turn, entry)
 
@@ -283,6 +312,9 @@ class _Shared:
 
     state: _Conversations
     _options: dict[str, Any]
+    strategy: str
+    pricing: Any
+    _dialect: str | None
 
     def _start(
         self,
@@ -295,11 +327,20 @@ class _Shared:
         open_task: Callable[[str], Any],
     ) -> None:
         self._options = _task_options(dialect, ephemeral)
+        self._dialect = dialect
         self.state = _Conversations(
             task, prefix, dialect, context_window, on_turn, ephemeral, open_task
         )
         if task is not None:
             self.state.entry(())  # a wrong task id fails here, not on the first request
+
+    def _budgeting(self, model: str) -> dict[str, Any]:
+        """The strategy arguments of a request to ``model``."""
+        args: dict[str, Any] = {"proactive": True, "strategy": self.strategy}
+        pricing = pricing_for(self._dialect, model, self.pricing)
+        if pricing is not None:
+            args["pricing"] = pricing
+        return args
 
     def finish(self, request: Request, usage: Usage | None) -> Turn:
         """Record the request's usage for the next turn and report it."""
@@ -324,6 +365,9 @@ class Window(_Shared):
         endpoint: where the daemon listens (default: as :class:`Client` finds it).
         on_turn: called with each :class:`Turn` once its answer is in.
         ephemeral: keep the tasks in the daemon's memory only.
+        strategy: the strategy of every request (``auto``; ``default`` is SPEC.md's).
+        pricing: the price sheet (a name or multipliers), or None for the
+            model's, else the wrapped provider's (docs/PRICING.md).
     """
 
     def __init__(
@@ -337,7 +381,11 @@ class Window(_Shared):
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
         ephemeral: bool = False,
+        strategy: str = DEFAULT_STRATEGY,
+        pricing: Any = None,
     ) -> None:
+        self.strategy = strategy
+        self.pricing = pricing
         self.client = client if client is not None else Client(endpoint)
         self._own_client = client is None
         self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
@@ -359,7 +407,10 @@ class Window(_Shared):
         task, entry = self.state.entry(head)
         ts = int(time.time() * 1000)
         prepared = entry.handle.prepare_request(
-            messages, self.state.model(model), previous_request=entry.previous, proactive=True
+            messages,
+            self.state.model(model),
+            previous_request=entry.previous,
+            **self._budgeting(model),
         )
         return self.state.request(task, entry, messages, model, prepared, ts)
 
@@ -400,7 +451,11 @@ class AsyncWindow(_Shared):
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
         ephemeral: bool = False,
+        strategy: str = DEFAULT_STRATEGY,
+        pricing: Any = None,
     ) -> None:
+        self.strategy = strategy
+        self.pricing = pricing
         self.client = client if client is not None else AsyncClient(endpoint)
         self._own_client = client is None
         self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
@@ -413,7 +468,10 @@ class AsyncWindow(_Shared):
         task, entry = self.state.entry(head)
         ts = int(time.time() * 1000)
         prepared = await entry.handle.prepare_request(
-            messages, self.state.model(model), previous_request=entry.previous, proactive=True
+            messages,
+            self.state.model(model),
+            previous_request=entry.previous,
+            **self._budgeting(model),
         )
         return self.state.request(task, entry, messages, model, prepared, ts)
 
@@ -475,6 +533,8 @@ class WindowOptions:
         context_window: the model's window in tokens, or None for the known one.
         endpoint: where the daemon listens (default: as the client finds it).
         on_turn: called with each :class:`Turn`.
+        strategy: the strategy of every request (default ``auto``).
+        pricing: the price sheet, or None for the model's or the provider's.
     """
 
     prefix: str
@@ -483,6 +543,8 @@ class WindowOptions:
     context_window: int | None = None
     endpoint: str | None = None
     on_turn: Callable[[Turn], None] | None = None
+    strategy: str = DEFAULT_STRATEGY
+    pricing: Any = None
 
     def _open(self, kind: type[Window] | type[AsyncWindow], owner: object) -> Window | AsyncWindow:
         window = kind(
@@ -492,6 +554,8 @@ class WindowOptions:
             context_window=self.context_window,
             endpoint=self.endpoint,
             on_turn=self.on_turn,
+            strategy=self.strategy,
+            pricing=self.pricing,
         )
         weakref.finalize(owner, window.close)
         return window
