@@ -96,8 +96,11 @@ def test_a_60_turn_langchain_agent_sends_shrinking_views_and_keeps_its_state(
 def test_the_langchain_middleware_compacts_and_retries_after_the_error(
     ctxwind: DaemonProcess,
 ) -> None:
-    """With the window unknown to ctxwin, each context_length_exceeded gets one smaller retry."""
-    with FakeProvider(limit=3_000, tool_turns=12) as provider:
+    """With the window unknown to ctxwin, each context_length_exceeded gets one smaller retry.
+
+    The provider's limit is below what ``auto`` keeps of the last calls' results,
+    so refusals still come."""
+    with FakeProvider(limit=2_000, tool_turns=12) as provider:
         _, turns = _langchain_run(provider, ctxwind, "langchain-retry", None)
         statuses = [r.status for r in provider.sent(CHAT)]
         assert [] == [r.problems for r in provider.sent(CHAT) if r.problems]
@@ -147,7 +150,7 @@ def test_the_pydantic_ai_capability_compacts_and_retries_after_the_error(
     ctxwind: DaemonProcess,
 ) -> None:
     """Each context_length_exceeded gets one smaller retry (RetryModelRequest)."""
-    with FakeProvider(limit=3_000, tool_turns=12) as provider:
+    with FakeProvider(limit=2_000, tool_turns=12) as provider:
         result, turns = _pydantic_run(provider, ctxwind, "pydantic-ai-retry", None)
         statuses = [r.status for r in provider.sent(CHAT)]
         assert [] == [r.problems for r in provider.sent(CHAT) if r.problems]
