@@ -181,6 +181,7 @@ def test_the_state_store_settings_go_through_the_layers(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["--state-store", "redis://user:secret@db:6379/0"], "must not carry a password"),
+        (["--state-store", "redis://db:6379/0?password=secret"], "must not carry a password"),
         (["--state-store", "postgres://db/0"], "state_store must be file:"),
         (["--lease-ttl-ms", "10"], "lease_ttl_ms must be an integer from 100"),
         (["--store-prefix", "a{b}"], "without braces"),
@@ -192,3 +193,30 @@ def test_bad_state_store_settings_are_refused(
     """A password in a flag, an unknown scheme, a tiny TTL or a braced prefix is refused."""
     with pytest.raises(ConfigError, match=message):
         load_config(argv, {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://user:pw@db:6379/0", "redis://user@db:6379/0"),
+        ("redis://:pw@db:6379/0", "redis://db:6379/0"),
+        ("rediss://db:6380/0?password=pw&db=1", "rediss://db:6380/0?password=***&db=1"),
+        ("unix:///run/r.sock?db=2&Password=pw", "unix:///run/r.sock?db=2&Password=***"),
+        ("redis://u:a@b@db/0?token=t#frag", "redis://u@db/0?token=***#***"),
+        ("redis://db:6379/0?db=1", "redis://db:6379/0?db=1"),
+        ("file:", "file:"),
+    ],
+)
+def test_store_urls_are_shown_without_credentials(url: str, shown: str) -> None:
+    """A password in the user info or a query parameter never appears in what is shown."""
+    from ctxwin.daemon._redact import redact_url
+
+    assert shown == redact_url(url)
+
+
+def test_a_refused_store_url_is_quoted_without_its_password(tmp_path: Path) -> None:
+    """The config error for a bad scheme quotes the URL with its password masked."""
+    env = write_config(tmp_path, 'state_store = "postgres://u:hunter2@db/0?password=hunter2"\n')
+    with pytest.raises(ConfigError, match="state_store must be file:") as raised:
+        load_config([], env)
+    assert "hunter2" not in str(raised.value)

@@ -164,6 +164,34 @@ def test_bad_store_content_is_one_tasks_problem(tmp_path: Path, redis_server: Re
         assert ok(daemon.call("inspect", {"task": "v"}))["deleted_range"] == [2, 6]
 
 
+def test_a_store_password_in_the_url_is_shown_to_no_client(tmp_path: Path) -> None:
+    """A Redis password as ?password= in the config file: used, never in stats, inspect or logs."""
+    import shutil
+    import tempfile
+
+    require_redis_server()
+    root = Path(tempfile.mkdtemp(prefix="ctxwin-redis-"))
+    secret = "hunter2-in-the-url"
+    try:
+        with RedisServer(root, "--requirepass", secret) as server:
+            config = tmp_path / "ctxwin"
+            config.mkdir()
+            url = f"{server.url}?password={secret}"
+            (config / "config.toml").write_text(f'state_store = "{url}"\n')
+            env = {"XDG_CONFIG_HOME": str(tmp_path)}
+            (tmp_path / "a").mkdir()
+            with DaemonProcess(tmp_path / "a", env=env) as daemon:
+                ok(set_range(daemon, "t", 3))
+                ok(daemon.call("flush", {"task": "t"}))  # the password was used
+                stats = ok(daemon.call("stats"))
+                shown = ok(daemon.call("inspect", {"task": "t"}))
+                assert stats["store"]["url"] == f"{server.url}?password=***"
+                for text in (json.dumps(stats), json.dumps(shown), daemon.log()):
+                    assert secret not in text
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_clients_follow_owned_elsewhere_once(tmp_path: Path, redis_server: RedisServer) -> None:
     """A client of B asking for A's task is moved to A by itself, blocking and asyncio alike."""
     from ctxwin.client import AsyncClient, Client

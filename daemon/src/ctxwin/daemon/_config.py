@@ -42,6 +42,8 @@ from typing import Any
 
 from ctxwin import engine, proto
 
+from ._redact import redact_url
+
 __all__ = ["NOTICE_ENV", "Config", "ConfigError", "load_config"]
 
 NOTICE_ENV = {
@@ -404,10 +406,9 @@ def _check_store_url(url: str, source: str) -> str:
     if not sep or scheme not in _STORE_SCHEMES or not rest:
         raise ConfigError(
             f"{source}: state_store must be file: or a redis://, rediss:// or unix:// URL, "
-            f"got {url!r}"
+            f"got {redact_url(url)!r}"
         )
-    userinfo, at, _ = rest.rpartition("@")
-    if at and ":" in userinfo and source == "command line":
+    if source == "command line" and redact_url(url) != url:
         raise ConfigError(
             "command line: --state-store must not carry a password (anyone can read a "
             "command line): set state_store_password in the config file or "

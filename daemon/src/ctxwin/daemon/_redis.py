@@ -30,6 +30,8 @@ from typing import Any
 
 import structlog
 
+from ._redact import redact_url
+
 try:  # an optional extra: ctxwin[redis]
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
@@ -263,7 +265,7 @@ class RedisStore:
     @property
     def description(self) -> str:
         """The store as ``stats`` names it (no password)."""
-        return _redact(self.url)
+        return redact_url(self.url)
 
     async def _run(self, what: str, coro: Any) -> Any:
         try:
@@ -401,15 +403,3 @@ class RedisStore:
             await self.client.aclose()
         except (RedisError, OSError):
             pass
-
-
-def _redact(url: str) -> str:
-    """The URL without a password."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user + '@' if user else ''}{host}"
