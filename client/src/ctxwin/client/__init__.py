@@ -8,12 +8,14 @@ from ._async import AsyncClient
 from ._autostart import ensure_daemon
 from ._core import DEFAULT_TIMEOUT, UNSET, Call, RetryPolicy
 from ._errors import (
+    AuthenticationError,
     BadReplyError,
     BadRequestError,
     BusyError,
     ClientClosedError,
     CtxwinError,
     DaemonUnavailableError,
+    ForbiddenError,
     InternalError,
     InvalidTaskIdError,
     OwnedElsewhereError,
@@ -38,6 +40,7 @@ __all__ = [
     "UNSET",
     "AsyncClient",
     "AsyncTask",
+    "AuthenticationError",
     "BadReplyError",
     "BadRequestError",
     "BusyError",
@@ -46,6 +49,7 @@ __all__ = [
     "ClientClosedError",
     "CtxwinError",
     "DaemonUnavailableError",
+    "ForbiddenError",
     "InternalError",
     "InvalidTaskIdError",
     "OwnedElsewhereError",

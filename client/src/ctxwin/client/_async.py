@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -46,6 +48,16 @@ class AsyncClient:
         retry: how ``busy`` replies are retried.
         autostart: when nothing answers, start ``ctxwind`` on the endpoint and
             wait until it does (off by default).
+        server_key: the daemon's public key to pin (40 Z85 characters, or its
+            key file), else ``$CTXWIN_SERVER_KEY``: TCP connections then use
+            CURVE and reach only a daemon holding that key's secret.
+        client_key: this client's ``.key_secret`` file (``ctxwin keys client``),
+            else ``$CTXWIN_CLIENT_KEY``, else ``client.key_secret`` in
+            ``$CTXWIN_KEYS_DIR`` or ``~/.config/ctxwin/keys``; read only with a server key.
+        trusted_endpoints: endpoints ``owned_elsewhere`` may send calls to
+            without CURVE (else ``$CTXWIN_TRUSTED_ENDPOINTS``); besides these
+            a referral is followed only to a TCP endpoint with a pinned server
+            key or to this user's own ipc socket.
         context: the ZeroMQ asyncio context to use (the process-wide one by default).
 
     Each op method takes the op's arguments from the wire table (DESIGN.md),
@@ -61,7 +73,9 @@ class AsyncClient:
             set); ``RequestTimeoutError`` when no reply comes in time;
             ``DaemonUnavailableError`` at once when nothing listens at the
             endpoint, or when the connection drops with a call in flight that
-            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent).
+            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent);
+            ``AuthenticationError`` (one of them) when the CURVE handshake fails;
+            ``OwnedElsewhereError`` for a referral that is not followed.
     """
 
     def __init__(
@@ -72,8 +86,13 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         autostart: bool = False,
         context: zmq.asyncio.Context | None = None,
+        server_key: str | None = None,
+        client_key: str | os.PathLike[str] | None = None,
+        trusted_endpoints: Sequence[str] | None = None,
     ) -> None:
         self.endpoint = proto.resolve_endpoint(endpoint)
+        self.curve = _core.curve_keys(server_key, client_key)
+        self.trusted_endpoints = _core.trusted_endpoints(trusted_endpoints)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
@@ -201,6 +220,7 @@ class AsyncClient:
                         raise ClientClosedError("the client is closed")
                 sock = self._context.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
+                curve = self.curve is not None and self.curve.apply(sock, self.endpoint)
                 monitor = sock.get_monitor_socket(_core.MONITOR_EVENTS)
                 try:
                     sock.connect(self.endpoint)
@@ -211,7 +231,7 @@ class AsyncClient:
                     raise _core.connect_error(self.endpoint, exc) from None
                 self._socket, self._monitor = sock, monitor
                 self._monitor_now = zmq.Socket.shadow(monitor.underlying)
-                self._link.fresh()
+                self._link.fresh(curve)
                 self._reader = loop.create_task(self._read(sock))
                 self._watcher = loop.create_task(self._watch(sock, monitor))
             return self._socket
@@ -248,7 +268,10 @@ class AsyncClient:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 now = time.monotonic()
                 self._link.feed(event["event"], now)
-                if self._link.dropped:
+                if self._link.handshake is not None:  # refused: nothing was sent
+                    self._watcher = None
+                    self._drop_socket(_core.handshake_error(self.endpoint, self._link))
+                elif self._link.dropped:
                     self._watcher = None
                     self._drop_socket(_core.Dropped())
                 elif self._pending and self._link.unreachable(now):
@@ -262,7 +285,9 @@ class AsyncClient:
         now = self._monitor_now  # the monitor, read without the event loop
         while now is not None and now.poll(0, zmq.POLLIN):
             self._link.feed(parse_monitor_message(now.recv_multipart())["event"], time.monotonic())
-        if self._link.dropped:
+        if self._link.handshake is not None:
+            self._drop_socket(_core.handshake_error(self.endpoint, self._link))
+        elif self._link.dropped:
             self._drop_socket(_core.Dropped())  # calls already waiting were in flight
 
     async def _exchange(self, call: Call[Any], deadline: float) -> Reply:
@@ -327,6 +352,7 @@ class AsyncClient:
             step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
             if isinstance(step, _core.Follow):
                 # The task's owner is another daemon: move this client to it.
+                _core.check_referral(step.owner, self.curve, self.trusted_endpoints)
                 followed = True
                 await self._move_to(step.owner, deadline)
                 continue

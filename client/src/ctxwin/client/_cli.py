@@ -19,10 +19,10 @@ from typing import Any, TextIO
 
 from ctxwin import proto
 
-from . import _autostart
+from . import _autostart, _keys
 from ._core import DEFAULT_TIMEOUT
 from ._corpus import load_conversation
-from ._errors import CtxwinError, DaemonUnavailableError
+from ._errors import AuthenticationError, CtxwinError, DaemonUnavailableError
 from ._page import inspect_page, page_problem, replay_page
 from ._plot import plot, plot_problem
 from ._replay import (
@@ -116,6 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TIMEOUT,
         help=f"seconds to wait for each reply (default {DEFAULT_TIMEOUT:g})",
     )
+    parser.add_argument(
+        "--server-key",
+        metavar="KEY|FILE",
+        help=f"pin the daemon's public key: TCP then uses CURVE (default: ${proto.SERVER_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--client-key",
+        metavar="FILE",
+        help=f"this client's key pair, a .key_secret file (default: ${proto.CLIENT_KEY_ENV}, "
+        "else client.key_secret in the keys directory)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     json_flag = argparse.ArgumentParser(add_help=False)
     json_flag.add_argument(
@@ -124,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     commands.add_parser("ping", parents=[json_flag], help="check that the daemon answers")
+    _keys.add_parser(commands)
     commands.add_parser("stats", parents=[json_flag], help="the daemon's counters")
 
     inspect = commands.add_parser(
@@ -778,12 +790,19 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    if args.command == "keys":
+        return _keys.run(args, out, err)
     endpoint = proto.resolve_endpoint(args.endpoint)
     missing = _autostart.socket_missing(endpoint)
     if missing is not None:
         return _unreachable(endpoint, missing, err)
     try:
-        with Client(endpoint, timeout=args.timeout) as client:
+        with Client(
+            endpoint,
+            timeout=args.timeout,
+            server_key=args.server_key,
+            client_key=args.client_key,
+        ) as client:
             client.ping(timeout=min(args.timeout, _PROBE_TIMEOUT))
             code = COMMANDS[args.command](client, args, out, err)
             out.flush()  # here, so that a reader gone away is seen here
@@ -795,6 +814,9 @@ def main(
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except AuthenticationError as exc:
+        err.write(f"ctxwin: {exc.message}\n")
+        return EXIT_UNREACHABLE
     except DaemonUnavailableError as exc:
         return _unreachable(endpoint, exc.message, err)
     except UsageError as exc:

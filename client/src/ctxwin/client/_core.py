@@ -12,10 +12,13 @@ from __future__ import annotations
 import enum
 import errno
 import math
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, cast
 
 import zmq
@@ -30,6 +33,7 @@ from ctxwin.proto import (
 )
 
 from ._errors import (
+    AuthenticationError,
     BadReplyError,
     BadRequestError,
     BusyError,
@@ -331,7 +335,14 @@ def connect_error(endpoint: str, exc: zmq.ZMQError) -> CtxwinError:
 
 # The connection: what the socket's monitor reports, and what that means for a call.
 
-MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+MONITOR_EVENTS = (
+    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | _HANDSHAKE_FAILED
+)
 """The socket monitor events a client watches (pyzmq ``Socket.get_monitor_socket``)."""
 
 RECONNECT_GRACE = 5.0
@@ -385,23 +396,33 @@ class Link:
         dropped: the connection went down since the socket was made.
         refused_since: when attempts to connect started failing (monotonic),
             or None while they do not.
+        curve: the socket authenticates with CURVE.
+        handshake: the monitor event of a failed security handshake, or None:
+            for a CURVE socket any failure (a server without the pinned key
+            just hangs up), for a NULL one a refusal or a mechanism mismatch
+            (a NULL handshake cut short is a daemon going away, not a refusal).
     """
 
-    __slots__ = ("connected", "dropped", "reached", "refused_since")
+    __slots__ = ("connected", "curve", "dropped", "handshake", "reached", "refused_since")
 
     def __init__(self) -> None:
         self.reached = False
         self.fresh()
 
-    def fresh(self) -> None:
+    def fresh(self, curve: bool = False) -> None:
         """Start over for a new socket (``reached`` stays)."""
         self.connected = False
         self.dropped = False
         self.refused_since: float | None = None
+        self.curve = curve
+        self.handshake: int | None = None
 
     def feed(self, event: int, now: float) -> None:
         """Take one monitor event, observed at ``now``."""
-        if event == zmq.EVENT_CONNECTED:
+        if event & _HANDSHAKE_FAILED:
+            if self.curve or event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self.handshake = self.handshake or event
+        elif event == zmq.EVENT_CONNECTED:
             self.connected = self.reached = True
             self.refused_since = None
         elif event == zmq.EVENT_DISCONNECTED:
@@ -424,6 +445,149 @@ def unreachable_error(endpoint: str, link: Link) -> DaemonUnavailableError:
     else:
         what = f"nothing answers at {endpoint} (no daemon listens there)"
     return DaemonUnavailableError(f"{what}: {_START_HINT}", endpoint=endpoint)
+
+
+def handshake_error(endpoint: str, link: Link) -> AuthenticationError:
+    """The error for a connection whose security handshake failed (nothing was sent on it)."""
+    if link.handshake == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        what = (
+            f"the daemon at {endpoint} refused this client's key: it is not on the daemon's "
+            "allow-list (add it there with `ctxwin keys allow CLIENT.key`)"
+        )
+    elif link.curve:
+        what = (
+            f"the CURVE handshake with {endpoint} failed: whatever answers there does not "
+            "hold the pinned server key (a wrong server key, a daemon without keys, or "
+            "another program on that address); nothing was sent"
+        )
+    else:
+        what = (
+            f"the daemon at {endpoint} requires CURVE authentication: pin its public key "
+            f"(server_key=, ${proto.SERVER_KEY_ENV} or --server-key) and give this client "
+            f"a key pair it allows (client_key=, ${proto.CLIENT_KEY_ENV})"
+        )
+    return AuthenticationError(what, endpoint=endpoint)
+
+
+# Authentication: the pinned server key, this client's key pair, and referrals.
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """The keys a client's TCP connections authenticate with (40-character Z85 bytes)."""
+
+    server: bytes
+    public: bytes
+    secret: bytes
+
+    def apply(self, sock: zmq.Socket[Any], endpoint: str) -> bool:
+        """Set the keys on ``sock`` for a ``tcp://`` endpoint; whether it uses CURVE."""
+        if not endpoint.startswith("tcp://"):
+            return False  # ipc: the socket file's permissions decide who connects
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
+        return True
+
+
+def curve_keys(server_key: str | None, client_key: str | os.PathLike[str] | None) -> Curve | None:
+    """The CURVE keys of a client, or None when no server key is pinned.
+
+    Args:
+        server_key: the daemon's public key (40 Z85 characters, or a key file),
+            else ``$CTXWIN_SERVER_KEY``; None: no CURVE.
+        client_key: this client's ``.key_secret`` file, else ``$CTXWIN_CLIENT_KEY``,
+            else ``client.key_secret`` in the keys directory (``$CTXWIN_KEYS_DIR``,
+            ``~/.config/ctxwin/keys``).
+
+    Raises:
+        BadRequestError: a key cannot be read (``local`` set).
+    """
+    server = server_key or os.environ.get(proto.SERVER_KEY_ENV)
+    if not server:
+        return None
+    path = client_key or os.environ.get(proto.CLIENT_KEY_ENV)
+    secret_path = Path(path) if path else proto.default_keys_dir() / "client.key_secret"
+    try:
+        pinned = proto.read_public_key(server)
+        if not secret_path.exists() and not path:
+            raise proto.KeyFileError(
+                f"no client key pair at {secret_path}: create one with `ctxwin keys client NAME`"
+            )
+        pair = proto.read_key_file(secret_path.expanduser(), secret=True)
+    except proto.KeyFileError as exc:
+        error = BadRequestError(f"CURVE keys: {exc}")
+        error.local = True
+        raise error from None
+    assert pair.secret is not None
+    return Curve(pinned, pair.public, pair.secret)
+
+
+def trusted_endpoints(given: Sequence[str] | None) -> frozenset[str]:
+    """Endpoints a client follows referrals to without CURVE: ``given``, else the environment."""
+    if given is None:
+        raw = os.environ.get(TRUSTED_ENDPOINTS_ENV, "")
+        given = [item for item in raw.replace(",", " ").split() if item]
+    return frozenset(given)
+
+
+TRUSTED_ENDPOINTS_ENV = "CTXWIN_TRUSTED_ENDPOINTS"
+"""Endpoints (comma or space separated) a client follows ``owned_elsewhere`` to without CURVE."""
+
+
+def _own_socket(endpoint: str) -> str | None:
+    """Why an ipc endpoint is not known to be this user's daemon, or None when it is.
+
+    Its socket file must be ours, in a directory of ours that nobody else can write:
+    another user cannot make such a file, nor swap it afterwards.
+    """
+    path = proto.ipc_path(endpoint)
+    if path is None:
+        return "an abstract socket has no owner to check"
+    try:
+        info = os.lstat(path)
+        parent = os.stat(os.path.dirname(os.path.realpath(path)))
+    except OSError as exc:
+        return f"its socket cannot be checked: {exc.strerror}"
+    uid = os.getuid()
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != uid:
+        return "its socket file is not this user's"
+    if parent.st_uid != uid or parent.st_mode & 0o022:
+        return "its directory is not this user's alone"
+    return None
+
+
+def check_referral(owner: str, curve: Curve | None, trusted: Collection[str]) -> None:
+    """Return when the client may send a call to ``owner`` (``owned_elsewhere``); raise if not.
+
+    The owner's endpoint comes from the state store, which the client does not
+    trust: a referral is followed only where the peer is authenticated. With a
+    pinned server key a ``tcp://`` owner is reached with the same key (a peer
+    without its secret never completes the handshake, so never receives the
+    call); an ipc owner must be this user's own socket; any other endpoint only
+    when the caller listed it (``trusted_endpoints=``, ``$CTXWIN_TRUSTED_ENDPOINTS``).
+
+    Raises:
+        OwnedElsewhereError: the referral is not followed; ``owner`` names it.
+    """
+    if owner in trusted:
+        return
+    if owner.startswith("tcp://"):
+        if curve is not None:
+            return
+        reason = "it is TCP and no server key is pinned, so nothing proves who answers there"
+    elif owner.startswith("ipc://"):
+        why = _own_socket(owner)
+        if why is None:
+            return
+        reason = why
+    else:
+        reason = "it is not an ipc:// or tcp:// endpoint"
+    raise OwnedElsewhereError(
+        f"the task is owned by the daemon at {owner}, not followed: {reason} "
+        f"(pin the fleet's server key, or list the endpoint in ${TRUSTED_ENDPOINTS_ENV})",
+        owner=owner,
+    )
 
 
 def after_drop(call: Call[Any], endpoint: str) -> None:

@@ -125,6 +125,22 @@ class DaemonUnavailableError(_CodedError):
         self.endpoint = endpoint
 
 
+class AuthenticationError(DaemonUnavailableError):
+    """The connection's CURVE handshake failed: nothing was sent.
+
+    The daemon refused this client's key, the server at the endpoint does not
+    hold the pinned server key, or one side uses CURVE and the other does not.
+    """
+
+    code = "unauthenticated"
+
+
+class ForbiddenError(_CodedError):
+    """The daemon refused a task outside the task-id prefixes this client's key is bound to."""
+
+    code = ErrorCode.FORBIDDEN.value
+
+
 class RequestTimeoutError(DaemonUnavailableError, TimeoutError):
     """No reply arrived within the call's timeout."""
 
@@ -148,6 +164,7 @@ ERROR_CLASSES: dict[str, type[_CodedError]] = {
         BusyError,
         ResyncRequiredError,
         OwnedElsewhereError,
+        ForbiddenError,
         InternalError,
     )
 }

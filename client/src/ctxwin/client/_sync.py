@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -37,6 +39,16 @@ class Client:
         retry: how ``busy`` replies are retried.
         autostart: when nothing answers, start ``ctxwind`` on the endpoint and
             wait until it does (off by default).
+        server_key: the daemon's public key to pin (40 Z85 characters, or its
+            key file), else ``$CTXWIN_SERVER_KEY``: TCP connections then use
+            CURVE and reach only a daemon holding that key's secret.
+        client_key: this client's ``.key_secret`` file (``ctxwin keys client``),
+            else ``$CTXWIN_CLIENT_KEY``, else ``client.key_secret`` in
+            ``$CTXWIN_KEYS_DIR`` or ``~/.config/ctxwin/keys``; read only with a server key.
+        trusted_endpoints: endpoints ``owned_elsewhere`` may send calls to
+            without CURVE (else ``$CTXWIN_TRUSTED_ENDPOINTS``); besides these
+            a referral is followed only to a TCP endpoint with a pinned server
+            key or to this user's own ipc socket.
         context: the ZeroMQ context to use (the process-wide one by default).
 
     Each op method takes the op's arguments from the wire table (DESIGN.md),
@@ -52,7 +64,9 @@ class Client:
             set); ``RequestTimeoutError`` when no reply comes in time;
             ``DaemonUnavailableError`` at once when nothing listens at the
             endpoint, or when the connection drops with a call in flight that
-            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent).
+            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent);
+            ``AuthenticationError`` (one of them) when the CURVE handshake fails;
+            ``OwnedElsewhereError`` for a referral that is not followed.
     """
 
     def __init__(
@@ -63,8 +77,13 @@ class Client:
         retry: RetryPolicy | None = None,
         autostart: bool = False,
         context: zmq.Context[Any] | None = None,
+        server_key: str | None = None,
+        client_key: str | os.PathLike[str] | None = None,
+        trusted_endpoints: Sequence[str] | None = None,
     ) -> None:
         self.endpoint = proto.resolve_endpoint(endpoint)
+        self.curve = _core.curve_keys(server_key, client_key)
+        self.trusted_endpoints = _core.trusted_endpoints(trusted_endpoints)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
@@ -147,6 +166,7 @@ class Client:
                 _autostart.ensure_daemon(self.endpoint)
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            curve = self.curve is not None and self.curve.apply(sock, self.endpoint)
             monitor = sock.get_monitor_socket(_core.MONITOR_EVENTS)
             try:
                 sock.connect(self.endpoint)
@@ -156,7 +176,7 @@ class Client:
                 sock.close(linger=0)
                 raise _core.connect_error(self.endpoint, exc) from None
             self._socket, self._monitor = sock, monitor
-            self._link.fresh()
+            self._link.fresh(curve)
             return sock, monitor
         return self._socket, self._monitor
 
@@ -202,6 +222,9 @@ class Client:
                     return reply
             if monitor in ready:
                 self._catch_up()
+            if self._link.handshake is not None:  # refused: the request never left
+                self._drop_socket()
+                raise _core.handshake_error(self.endpoint, self._link)
             # Whatever is queued must not reach a daemon later: start over.
             if self._link.dropped:
                 self._drop_socket()
@@ -237,6 +260,7 @@ class Client:
                 step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
                 if isinstance(step, _core.Follow):
                     # The task's owner is another daemon: move this client to it.
+                    _core.check_referral(step.owner, self.curve, self.trusted_endpoints)
                     followed = True
                     self._drop_socket()
                     self.endpoint = step.owner

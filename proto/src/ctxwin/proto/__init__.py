@@ -37,6 +37,19 @@ from ._endpoint import (
     resolve_endpoint,
 )
 from ._errors import ErrorCode, ProtocolError
+from ._keys import (
+    CLIENT_KEY_ENV,
+    KEYS_DIR_ENV,
+    SERVER_KEY_ENV,
+    KeyFile,
+    KeyFileError,
+    default_keys_dir,
+    is_loopback,
+    private_dir,
+    read_key_file,
+    read_public_key,
+    write_key_file,
+)
 from ._overlay import (
     EDIT_FILE_CHANGE,
     EDIT_FILE_MENTION,
@@ -101,6 +114,7 @@ from ._schema import (
 from ._version import FEATURES, PROTOCOL_VERSION, __version__
 
 __all__ = [
+    "CLIENT_KEY_ENV",
     "COMPACT_KEEP_VALUES",
     "DEFAULT_DIALECT",
     "DEFAULT_MAX_BYTES",
@@ -116,10 +130,12 @@ __all__ = [
     "ENDPOINT_ENV",
     "FEATURES",
     "KEEP_VALUES",
+    "KEYS_DIR_ENV",
     "OPS",
     "PRICE_SHEETS",
     "PROTOCOL_VERSION",
     "RESULT_FIELDS",
+    "SERVER_KEY_ENV",
     "TASK_ID_PATTERN",
     "USAGE_FIELDS",
     "ApplyTruncationNoticeResult",
@@ -137,6 +153,8 @@ __all__ = [
     "FlushResult",
     "InspectResult",
     "Keep",
+    "KeyFile",
+    "KeyFileError",
     "Limits",
     "Message",
     "MessageEdits",
@@ -167,6 +185,7 @@ __all__ = [
     "decode_request",
     "decode_request_parts",
     "default_endpoint",
+    "default_keys_dir",
     "default_runtime_dir",
     "deleted_range_error",
     "encode_error",
@@ -174,6 +193,7 @@ __all__ = [
     "encode_result",
     "ipc_path",
     "is_context_window_error",
+    "is_loopback",
     "is_valid_task_id",
     "message_digest",
     "now_ms",
@@ -181,7 +201,10 @@ __all__ = [
     "peek_request_id",
     "prepended_blocks",
     "pricing_error",
+    "private_dir",
+    "read_key_file",
     "read_overlay",
+    "read_public_key",
     "resolve_endpoint",
     "result_encoder",
     "runs_overlap",
@@ -190,4 +213,5 @@ __all__ = [
     "unpack",
     "update_text",
     "validate_args",
+    "write_key_file",
 ]

@@ -16,6 +16,7 @@ class ErrorCode(StrEnum):
     BUSY = "busy"
     RESYNC_REQUIRED = "resync_required"
     OWNED_ELSEWHERE = "owned_elsewhere"
+    FORBIDDEN = "forbidden"
     INTERNAL = "internal"
 
 

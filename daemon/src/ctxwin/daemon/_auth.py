@@ -1,0 +1,219 @@
+"""Who may connect over TCP: CurveZMQ with a server key pair and an allow-list of client keys.
+
+The keys directory (``--keys-dir``, written by ``ctxwin keys``) holds
+``server.key_secret`` (the daemon's key pair) and ``allowed/NAME.key``, one
+public key per client, named. Every TCP endpoint of a daemon with keys uses
+CURVE; ipc endpoints keep the NULL mechanism (their 0700 directory and 0600
+socket decide who connects).
+
+libzmq asks a ZAP handler about every CURVE handshake (RFC 27, ZeroMQ's
+authentication protocol) on ``inproc://zeromq.zap.01`` of the socket's
+context. Ours is a REP socket watched by the daemon's event loop: it allows a
+client key found in ``allowed/`` (re-read when the directory changes, so
+``ctxwin keys allow`` needs no restart) and names the client by the file's
+name, which libzmq attaches to each of its messages as ``User-Id``. Without a
+handler libzmq would let any CURVE client in, so the handler is bound before
+the first TCP endpoint. A refusal makes libzmq send the client an ERROR
+command: the client sees a failed handshake at once, and its request never
+reaches the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import structlog
+import zmq
+from zmq.utils import z85
+
+from ctxwin import proto
+
+__all__ = ["ZAP_ENDPOINT", "Authenticator", "ServerKeys", "load_server_keys"]
+
+_log = structlog.get_logger("ctxwin.daemon.auth")
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+SERVER_SECRET = "server.key_secret"
+ALLOWED_DIR = "allowed"
+_ZAP_VERSION = b"1.0"
+
+
+class KeysError(RuntimeError):
+    """The keys directory cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """The daemon's key pair and where the allowed client keys are."""
+
+    public: bytes
+    secret: bytes
+    allowed_dir: Path
+
+
+def _check_private(path: Path, what: str) -> None:
+    """Refuse a file or directory that is not ours, or that others may write."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise KeysError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise KeysError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise KeysError(f"{what} {path} is a symlink; give the real path")
+    if info.st_uid != os.getuid():
+        raise KeysError(f"{what} {path} belongs to another user (uid {info.st_uid})")
+    if info.st_mode & 0o022:
+        raise KeysError(
+            f"{what} {path} is writable by others (mode {info.st_mode & 0o777:04o}): "
+            "anyone who can write it can let a key in"
+        )
+
+
+def load_server_keys(keys_dir: Path) -> ServerKeys:
+    """The server key pair and the allow-list directory under ``keys_dir``.
+
+    Raises:
+        KeysError: a file is missing, not ours, open to others, or not a key.
+    """
+    hint = f"(create them with `ctxwin keys server --dir {keys_dir}`)"
+    _check_private(keys_dir, "keys directory")
+    secret_path = keys_dir / SERVER_SECRET
+    if not secret_path.exists():
+        raise KeysError(f"no server key: {secret_path} does not exist {hint}")
+    _check_private(secret_path, "server key")
+    try:
+        pair = proto.read_key_file(secret_path, secret=True)
+    except proto.KeyFileError as exc:
+        raise KeysError(str(exc)) from None
+    assert pair.secret is not None
+    allowed = keys_dir / ALLOWED_DIR
+    if not allowed.is_dir():
+        raise KeysError(
+            f"no allow-list: {allowed} does not exist "
+            f"(allow a client's public key with `ctxwin keys allow FILE --dir {keys_dir}`)"
+        )
+    _check_private(allowed, "allow-list directory")
+    return ServerKeys(pair.public, pair.secret, allowed)
+
+
+def read_allowed(directory: Path) -> dict[bytes, str]:
+    """The allowed client keys: public key -> name (the file's name less ``.key``).
+
+    Files that are not ours, are writable by others or are not key files are
+    skipped with a warning.
+    """
+    allowed: dict[bytes, str] = {}
+    for path in sorted(directory.glob("*.key")):
+        try:
+            _check_private(path, "allowed key")
+            key = proto.read_key_file(path)
+        except (KeysError, proto.KeyFileError) as exc:
+            _log.warning("allowed_key_skipped", path=str(path), reason=str(exc))
+            continue
+        allowed[key.public] = path.name[: -len(".key")]
+    return allowed
+
+
+class Authenticator:
+    """The ZAP handler: answers libzmq's questions about CURVE handshakes on the event loop.
+
+    Args:
+        context: the ZeroMQ context of the daemon's socket.
+        keys: the server keys (for the allow-list directory).
+        bindings: client name -> task-id prefixes it may use (for the log only here).
+    """
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        keys: ServerKeys,
+        bindings: Mapping[str, tuple[str, ...]],
+    ) -> None:
+        self.keys = keys
+        self.bindings = bindings
+        self.loop = asyncio.get_running_loop()
+        self.allowed: dict[bytes, str] = {}
+        self._seen: tuple[int, int] | None = None
+        self.refused = 0
+        self.socket: zmq.Socket[bytes] = context.socket(zmq.REP)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(ZAP_ENDPOINT)
+        fd = self.socket.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
+        self._fd = fd
+        self._reading = False
+        self._reload()
+        if not self.allowed:
+            _log.warning(
+                "no_client_allowed",
+                allowed_dir=str(keys.allowed_dir),
+                reason="no client key is allowed yet: every TCP client is refused",
+            )
+
+    def start(self) -> None:
+        """Start answering (before the first TCP bind)."""
+        self.loop.add_reader(self._fd, self._on_readable)
+        self._reading = True
+        self._on_readable()
+
+    def close(self) -> None:
+        if self._reading:
+            self.loop.remove_reader(self._fd)
+            self._reading = False
+        self.socket.close(linger=0)
+
+    def _reload(self) -> None:
+        """Re-read the allow-list when its directory changed (a key added or removed)."""
+        try:
+            info = self.keys.allowed_dir.stat()
+        except OSError as exc:
+            _log.error("allow_list_unreadable", path=str(self.keys.allowed_dir), error=str(exc))
+            self.allowed = {}
+            self._seen = None
+            return
+        seen = (info.st_mtime_ns, info.st_ino)
+        if seen != self._seen:
+            self._seen = seen
+            self.allowed = read_allowed(self.keys.allowed_dir)
+            _log.info("allow_list_read", clients=sorted(self.allowed.values()))
+
+    def _on_readable(self) -> None:
+        sock = self.socket
+        # REP: one request, one reply. EVENTS re-arms the edge-triggered FD when nothing is left.
+        while cast(int, sock.getsockopt(zmq.EVENTS)) & int(zmq.POLLIN):
+            try:
+                request = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                sock.send_multipart(self._answer(request), zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                _log.error("zap_reply_failed", error=str(exc))
+
+    def _answer(self, request: list[bytes]) -> list[bytes]:
+        """The ZAP reply: version, request id, status, status text, user id, metadata."""
+        if len(request) < 6 or request[0] != _ZAP_VERSION:
+            request_id = request[1] if len(request) > 1 else b""
+            return [_ZAP_VERSION, request_id, b"500", b"malformed ZAP request", b"", b""]
+        request_id, address, mechanism = request[1], request[3], request[5]
+        peer = address.decode(errors="replace")
+        if mechanism != b"CURVE" or len(request) < 7 or len(request[6]) != 32:
+            self.refused += 1
+            _log.info("client_refused", address=peer, reason=f"mechanism {mechanism.decode()}")
+            return [_ZAP_VERSION, request_id, b"400", b"CURVE only", b"", b""]
+        self._reload()
+        key = z85.encode(request[6])
+        name = self.allowed.get(key)
+        if name is None:
+            self.refused += 1
+            _log.info("client_refused", address=peer, key=key.decode(), reason="key not allowed")
+            return [_ZAP_VERSION, request_id, b"400", b"key not allowed", b"", b""]
+        _log.info("client_allowed", address=peer, client=name, tasks=self.bindings.get(name))
+        return [_ZAP_VERSION, request_id, b"200", b"OK", name.encode(), b""]
