@@ -302,6 +302,14 @@ class AsyncClient:
             try:
                 await sock.send(body, zmq.NOBLOCK)
             except zmq.Again:
+                # No pipe to queue on: a refused handshake takes it away; its event follows.
+                self._pending.pop(request_id, None)
+                now = self._monitor_now
+                if now is not None and now.poll(_core.HANDSHAKE_EVENT_MS, zmq.POLLIN):
+                    self._catch_up()
+                if self._link.handshake is not None:
+                    self._drop_socket()
+                    raise _core.handshake_error(self.endpoint, self._link) from None
                 raise DaemonUnavailableError(
                     f"{call.op}: cannot queue the request for {self.endpoint}",
                     endpoint=self.endpoint,

@@ -447,6 +447,10 @@ def unreachable_error(endpoint: str, link: Link) -> DaemonUnavailableError:
     return DaemonUnavailableError(f"{what}: {_START_HINT}", endpoint=endpoint)
 
 
+HANDSHAKE_EVENT_MS = 100
+"""How long a send that found no pipe waits for the monitor to say the handshake was refused."""
+
+
 def handshake_error(endpoint: str, link: Link) -> AuthenticationError:
     """The error for a connection whose security handshake failed (nothing was sent on it)."""
     if link.handshake == zmq.EVENT_HANDSHAKE_FAILED_AUTH:

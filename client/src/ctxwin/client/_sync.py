@@ -197,7 +197,12 @@ class Client:
         try:
             sock.send(_core.encode(call, request_id), zmq.NOBLOCK)
         except zmq.Again:
+            # No pipe to queue on: a refused handshake takes it away. Its event follows at once.
+            if monitor.poll(_core.HANDSHAKE_EVENT_MS, zmq.POLLIN):
+                self._catch_up()
             self._drop_socket()
+            if self._link.handshake is not None:
+                raise _core.handshake_error(self.endpoint, self._link) from None
             raise DaemonUnavailableError(
                 f"{call.op}: cannot queue the request for {self.endpoint}", endpoint=self.endpoint
             ) from None

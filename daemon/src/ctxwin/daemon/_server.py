@@ -529,10 +529,10 @@ class Server:
         task: str | None = None
         try:
             request_id, op, args = _decode_request(body, self.limits)
+            if self.bindings and self._user is not None:  # before the args say anything
+                self._check_binding(self._user, op, args.get("task"))
             proto.validate_args(op, args)
             task = args.get("task")
-            if self.bindings and self._user is not None:
-                self._check_binding(self._user, op, task)
             result = self._routes[op](envelope, request_id, op, args, task)
             if result is not None:
                 self.send(envelope, _encode_result(request_id, result))
@@ -540,11 +540,11 @@ class Server:
             self.log_failure(exc, request_id, op, task)
             self.send(envelope, _error_reply(exc, request_id, op))
 
-    def _check_binding(self, user: str, op: str, task: str | None) -> None:
+    def _check_binding(self, user: str, op: str, task: object) -> None:
         """Refuse a bound client's request for a task outside its prefixes (``forbidden``)."""
         prefixes = self.bindings.get(user)
-        if prefixes is None:
-            return
+        if prefixes is None or not isinstance(task, str | None):
+            return  # not a task id: the args check refuses it
         if task is None:
             if op == "flush":
                 raise proto.ProtocolError(

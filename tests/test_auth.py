@@ -1,0 +1,392 @@
+"""Who may talk to a daemon over TCP: CURVE keys, the allow-list, task-id prefixes per key.
+
+One daemon for the module binds an ipc endpoint and ``tcp://0.0.0.0:PORT``
+with keys made by ``ctxwin keys``; clients reach it over real TCP on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from ctxwin import proto
+from ctxwin.client import (
+    AsyncClient,
+    AuthenticationError,
+    Client,
+    CtxwinError,
+    ForbiddenError,
+    RequestTimeoutError,
+)
+from ctxwin.client._cli import main as cli
+from ctxwin.daemon._auth import KeysError, load_server_keys
+from ctxwin.proto import Usage
+from tests._client_data import MODEL, conversation
+from tests._daemon import DaemonProcess, call
+
+MESSAGES = conversation(3)
+USAGE: Usage = {"ts": 1, "tokens_in": 100, "tokens_out": 10}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def keys(*argv: str) -> str:
+    """Run ``ctxwin keys ...``; its output (fails on a non-zero exit)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = cli(["keys", *argv], out=out, err=err)
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+@dataclass
+class Setup:
+    """The module's daemon and the key directories around it."""
+
+    daemon: DaemonProcess
+    tcp: str
+    server: Path  # the daemon's keys directory
+    clients: Path  # one keys directory per client name below it
+
+    def secret(self, name: str) -> Path:
+        return self.clients / name / "client.key_secret"
+
+    def client(self, name: str, **options: Any) -> Client:
+        options.setdefault("timeout", 5)
+        return Client(
+            self.tcp,
+            server_key=str(self.server / "server.key"),
+            client_key=self.secret(name),
+            **options,
+        )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    root = tmp_path_factory.mktemp("auth")
+    server, clients = root / "server-keys", root / "client-keys"
+    keys("server", "--dir", str(server))
+    for name in ("alice", "bob", "eve"):
+        keys("client", name, "--dir", str(clients / name))
+    for name in ("alice", "bob"):  # eve has a key pair, but it is not allowed
+        keys("allow", str(clients / name / "client.key"), "--dir", str(server))
+    config = root / "ctxwind.toml"
+    config.write_text('[client_tasks]\nbob = ["bob-", "shared-"]\n')
+    port = free_port()
+    daemon = DaemonProcess(
+        root,
+        "--endpoint",
+        f"tcp://0.0.0.0:{port}",
+        "--allow-remote",
+        "--keys-dir",
+        str(server),
+        "--config",
+        str(config),
+    )
+    with daemon:
+        yield Setup(daemon, f"tcp://127.0.0.1:{port}", server, clients)
+
+
+def test_the_keys_are_private_files(setup: Setup) -> None:
+    """Every key file is 0600, every keys directory 0700."""
+    for directory in (setup.server, setup.server / "allowed", setup.clients / "alice"):
+        assert directory.stat().st_mode & 0o777 == 0o700, directory
+        for path in directory.iterdir():
+            if path.is_file():
+                assert path.stat().st_mode & 0o777 == 0o600, path
+    assert (setup.server / "allowed" / "alice.key").exists()
+
+
+def test_a_client_without_keys_gets_no_answer_over_tcp(setup: Setup) -> None:
+    """A NULL socket's request is never answered; the client library says why within a second."""
+    with pytest.raises(TimeoutError):
+        call(setup.tcp, "inspect", {"task": "alice-secret"}, timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError, match="requires CURVE") as caught:
+        Client(setup.tcp, timeout=10).inspect("alice-secret")
+    assert time.monotonic() - started < 2.0
+    assert caught.value.endpoint == setup.tcp
+
+    async def asynchronous() -> None:
+        async with AsyncClient(setup.tcp, timeout=10) as client:
+            await client.stats()
+
+    with pytest.raises(AuthenticationError, match="requires CURVE"):
+        asyncio.run(asynchronous())
+    assert setup.daemon.call("ping").ok  # the daemon serves the others meanwhile
+
+
+def test_a_client_pinning_the_wrong_server_key_is_refused(setup: Setup) -> None:
+    """The handshake fails at once: the request is never sent."""
+    wrong = str(setup.clients / "eve" / "client.key")  # some other public key
+    started = time.monotonic()
+    with (
+        Client(setup.tcp, timeout=10, server_key=wrong, client_key=setup.secret("alice")) as c,
+        pytest.raises(AuthenticationError, match="does not hold the pinned server key"),
+    ):
+        c.ping()
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_key_not_on_the_allow_list_is_refused(setup: Setup) -> None:
+    """eve pins the right server key but her own key is not allowed: refused, blocking and async."""
+    with setup.client("eve") as client, pytest.raises(AuthenticationError, match="allow-list"):
+        client.inspect("alice-1")
+
+    async def asynchronous() -> None:
+        async with AsyncClient(
+            setup.tcp,
+            timeout=10,
+            server_key=str(setup.server / "server.key"),
+            client_key=setup.secret("eve"),
+        ) as client:
+            await client.inspect("alice-1")
+
+    with pytest.raises(AuthenticationError, match="allow-list"):
+        asyncio.run(asynchronous())
+    assert "key not allowed" in setup.daemon.log()
+
+
+def every_op(client: Client, task: str) -> dict[str, Any]:
+    """Each wire op once on ``task`` (or none); the result of each, by op."""
+    calls: dict[str, Callable[[], Any]] = {
+        "ping": lambda: client.ping(),
+        "stats": lambda: client.stats(),
+        "context_window_info": lambda: client.context_window_info(MODEL),
+        "should_compact": lambda: client.should_compact(USAGE, MODEL, task=task),
+        "next_truncation_range": lambda: client.next_truncation_range(MESSAGES, None, "half"),
+        "prepare_request": lambda: client.prepare_request(task, MESSAGES, MODEL),
+        "plan": lambda: client.plan(task, MESSAGES, MODEL),
+        "truncated_messages": lambda: client.truncated_messages(task, MESSAGES),
+        "optimize_file_reads": lambda: client.optimize_file_reads(task, MESSAGES),
+        "optimize_file_reads_in_memory": lambda: client.optimize_file_reads_in_memory(
+            task, MESSAGES
+        ),
+        "compact_subagent": lambda: client.compact_subagent(task, MESSAGES),
+        "apply_truncation_notice": lambda: client.apply_truncation_notice(task, MESSAGES),
+        "compact": lambda: client.compact(task, MESSAGES, "quarter"),
+        "condensed": lambda: client.condensed(task, MESSAGES),
+        "rollback": lambda: client.rollback(task, 0),
+        "inspect": lambda: client.inspect(task),
+        "flush": lambda: client.flush(task),
+        "close": lambda: client.close_task(task),
+        "count_tokens": lambda: client.count_tokens(MESSAGES),
+    }
+    results: dict[str, Any] = {}
+    for op, spec in sorted(proto.OPS.items()):
+        if op in calls:
+            results[op] = calls[op]()
+            continue
+        # An op newer than this table: its reply must come from the daemon's own checks.
+        try:
+            results[op] = client.call(_raw(op, {"task": task} if spec.needs_task else {}))
+        except (AuthenticationError, ForbiddenError):
+            raise
+        except CtxwinError as exc:
+            results[op] = exc
+    return results
+
+
+def _raw(op: str, args: dict[str, Any]) -> Any:
+    from ctxwin.client._core import Call
+
+    return Call(op, args)
+
+
+def test_an_allowed_key_works_for_every_op(setup: Setup) -> None:
+    """alice (allowed, bound to nothing) runs every op over TCP, on any task."""
+    with setup.client("alice") as client:
+        results = every_op(client, "alice-all-ops")
+        assert set(results) == set(proto.OPS)
+        assert results["ping"]["pong"] is True
+        assert results["compact"]["changed"]
+        assert results["inspect"]["deleted_range"] is not None
+        assert results["close"]["closed"] is True
+        assert client.truncated_messages("bob-1", MESSAGES)["messages"] == MESSAGES
+    assert "client_allowed" in setup.daemon.log()
+
+
+def test_a_key_bound_to_prefixes_cannot_touch_other_tasks(setup: Setup) -> None:
+    """bob may use bob-* and shared-* only: every task op on another task is forbidden."""
+    with setup.client("alice") as alice:
+        alice.truncated_messages("alice-private", MESSAGES, deleted_range=[2, 3])
+    with setup.client("bob") as bob:
+        assert set(every_op(bob, "bob-own")) == set(proto.OPS)  # his own tasks: all of it
+        bob.truncated_messages("shared-1", MESSAGES)
+        for op, spec in proto.OPS.items():
+            if not spec.needs_task:
+                continue
+            args: dict[str, Any] = {"task": "alice-private"}
+            with pytest.raises(ForbiddenError, match="bob-"):
+                bob.call(_raw(op, args))
+        with pytest.raises(ForbiddenError, match="alice-private"):
+            bob.inspect("alice-private")
+        with pytest.raises(ForbiddenError, match="every task"):
+            bob.flush()  # every task at once
+        with pytest.raises(ForbiddenError):
+            bob.should_compact(USAGE, MODEL, task="alice-private")
+        assert bob.should_compact(USAGE, MODEL)["compact"] is False  # no task: allowed
+    with setup.client("alice") as alice:
+        assert alice.inspect("alice-private")["deleted_range"] == [2, 3]  # untouched
+    # The owner's ipc socket is not bound to any prefix.
+    assert setup.daemon.call("inspect", {"task": "alice-private"}).ok
+
+
+def test_cli_with_keys(setup: Setup) -> None:
+    """``ctxwin --server-key ... --client-key ...`` works; without them it says why (exit 3)."""
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["--endpoint", setup.tcp, "--server-key", str(setup.server / "server.key")]
+    code = cli([*argv, "--client-key", str(setup.secret("alice")), "--json", "ping"], out=out)
+    assert code == 0
+    assert json.loads(out.getvalue())["pong"] is True
+    code = cli(["--endpoint", setup.tcp, "--timeout", "10", "ping"], out=out, err=err)
+    assert code == 3
+    assert "requires CURVE" in err.getvalue()
+    err = io.StringIO()
+    code = cli([*argv, "--client-key", str(setup.secret("eve")), "ping"], out=out, err=err)
+    assert code == 3
+    assert "allow-list" in err.getvalue()
+
+
+def test_a_key_allowed_while_running_needs_no_restart(setup: Setup) -> None:
+    """``ctxwin keys allow`` takes effect at the client's next connection; removing it refuses."""
+    keys("client", "carol", "--dir", str(setup.clients / "carol"))
+    with setup.client("carol") as client, pytest.raises(AuthenticationError):
+        client.ping()
+    keys("allow", str(setup.clients / "carol" / "client.key"), "--dir", str(setup.server))
+    with setup.client("carol") as client:
+        assert client.ping()["pong"] is True
+    (setup.server / "allowed" / "carol.key").unlink()
+    with setup.client("carol") as client, pytest.raises(AuthenticationError):
+        client.ping()
+
+
+def test_a_public_bind_is_logged(setup: Setup) -> None:
+    events = [json.loads(line) for line in setup.daemon.log().splitlines() if line.startswith("{")]
+    public = [event for event in events if event.get("event") == "listening_publicly"]
+    assert len(public) == 1
+    assert public[0]["mechanism"] == "curve"
+    assert public[0]["endpoint"].startswith("tcp://0.0.0.0:")
+
+
+def _start(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxwin.daemon", "--log-format", "json", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_a_non_loopback_bind_without_keys_is_refused(tmp_path: Path) -> None:
+    """--allow-remote alone does not bind 0.0.0.0: the daemon exits and says why."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    done = _start(["--endpoint", f"tcp://0.0.0.0:{free_port()}", "--allow-remote", *state])
+    assert done.returncode == 2
+    assert "no keys are configured" in done.stderr
+    assert "ctxwin keys server" in done.stderr
+    done = _start(["--endpoint", f"tcp://[::]:{free_port()}", "--allow-remote", *state])
+    assert done.returncode == 2
+    assert "no keys are configured" in done.stderr
+
+
+def test_unusable_keys_stop_the_start(tmp_path: Path) -> None:
+    """A missing server key, or a secret others can read, is refused with the fix named."""
+    keys_dir = tmp_path / "keys"
+    argv = ["--endpoint", f"tcp://127.0.0.1:{free_port()}", "--keys-dir", str(keys_dir)]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    keys_dir.mkdir(mode=0o700)
+    done = _start(argv)
+    assert done.returncode == 1
+    assert "ctxwin keys server" in done.stderr
+    keys("server", "--dir", str(keys_dir))
+    os.chmod(keys_dir / "server.key_secret", 0o644)
+    with pytest.raises(KeysError, match="chmod 600"):
+        load_server_keys(keys_dir)
+    os.chmod(keys_dir / "server.key_secret", 0o600)
+    os.chmod(keys_dir / "allowed", 0o777)
+    with pytest.raises(KeysError, match="writable by others"):
+        load_server_keys(keys_dir)
+    os.chmod(keys_dir / "allowed", 0o700)
+    assert load_server_keys(keys_dir).public == proto.read_key_file(keys_dir / "server.key").public
+
+
+def test_keys_command_refuses_to_overwrite_and_needs_a_name(tmp_path: Path) -> None:
+    err = io.StringIO()
+    keys("server", "--dir", str(tmp_path))
+    assert cli(["keys", "server", "--dir", str(tmp_path)], err=err) == 2
+    assert "--force" in err.getvalue()
+    public = proto.read_key_file(tmp_path / "server.key").public
+    err = io.StringIO()
+    assert cli(["keys", "allow", public.decode(), "--dir", str(tmp_path)], err=err) == 2
+    assert "--name" in err.getvalue()
+    keys("allow", public.decode(), "--name", "raw", "--dir", str(tmp_path))
+    assert proto.read_key_file(tmp_path / "allowed" / "raw.key").public == public
+
+
+def test_a_client_without_its_key_pair_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pinned server key without a client key pair is refused before anything is sent."""
+    server = tmp_path / "s"
+    keys("server", "--dir", str(server))
+    monkeypatch.setenv(proto.KEYS_DIR_ENV, str(tmp_path / "none"))
+    monkeypatch.delenv(proto.CLIENT_KEY_ENV, raising=False)
+    with pytest.raises(CtxwinError, match="ctxwin keys client") as caught:
+        Client("tcp://127.0.0.1:1", server_key=str(server / "server.key"))
+    assert caught.value.local
+    monkeypatch.setenv(proto.SERVER_KEY_ENV, "not a key")
+    with pytest.raises(CtxwinError, match="cannot read key file"):
+        Client("tcp://127.0.0.1:1")
+
+
+def test_a_rogue_server_never_receives_the_request(tmp_path: Path) -> None:
+    """A pinning client that reaches a server without the key's secret sends nothing to it."""
+    server = tmp_path / "s"
+    keys("server", "--dir", str(server))
+    keys("client", "me", "--dir", str(tmp_path / "c"))
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    for curve in (False, True):
+        rogue = context.socket(zmq.ROUTER)
+        rogue.setsockopt(zmq.LINGER, 0)
+        if curve:  # a CURVE server with a key pair of its own
+            _public, secret = zmq.curve_keypair()
+            rogue.setsockopt(zmq.CURVE_SERVER, 1)
+            rogue.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        port = rogue.bind_to_random_port("tcp://127.0.0.1")
+        try:
+            client = Client(
+                f"tcp://127.0.0.1:{port}",
+                timeout=5,
+                server_key=str(server / "server.key"),
+                client_key=tmp_path / "c" / "client.key_secret",
+            )
+            with client, pytest.raises(AuthenticationError):
+                client.truncated_messages("t", MESSAGES)
+            assert not rogue.poll(200), "the rogue received a request"
+        finally:
+            rogue.close(linger=0)
+
+
+def test_a_timeout_is_not_taken_for_a_refusal(setup: Setup) -> None:
+    """An allowed client whose daemon is slow still times out as a timeout (not unauthenticated)."""
+    with setup.client("alice", timeout=0.0) as client, pytest.raises(RequestTimeoutError):
+        client.ping()
