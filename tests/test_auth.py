@@ -29,6 +29,7 @@ from ctxwin.client import (
     Client,
     CtxwinError,
     ForbiddenError,
+    OwnedElsewhereError,
     RequestTimeoutError,
 )
 from ctxwin.client._cli import main as cli
@@ -36,6 +37,7 @@ from ctxwin.daemon._auth import KeysError, load_server_keys
 from ctxwin.proto import Usage
 from tests._client_data import MODEL, conversation
 from tests._daemon import DaemonProcess, call
+from tests._redis import RedisServer
 
 MESSAGES = conversation(3)
 USAGE: Usage = {"ts": 1, "tokens_in": 100, "tokens_out": 10}
@@ -390,3 +392,134 @@ def test_a_timeout_is_not_taken_for_a_refusal(setup: Setup) -> None:
     """An allowed client whose daemon is slow still times out as a timeout (not unauthenticated)."""
     with setup.client("alice", timeout=0.0) as client, pytest.raises(RequestTimeoutError):
         client.ping()
+
+
+# Fleet referrals: the owner named by owned_elsewhere comes from the Redis lease.
+
+
+def plant_lease(redis: RedisServer, task: str, owner: str) -> None:
+    """Write a lease naming ``owner`` for ``task``, as anyone who can write Redis could."""
+    import redis as redis_sync
+
+    client = redis_sync.Redis(unix_socket_path=str(redis.socket))
+    try:
+        client.set(f"ctxwin:{{{task}}}:lease", f"{owner} rogue\n7".encode(), px=60_000)
+    finally:
+        client.close()
+
+
+class Rogue:
+    """A ROUTER on loopback TCP that answers nothing and records whether anything arrived."""
+
+    def __init__(self, curve: bool = False) -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        if curve:  # a CURVE server with a key pair of its own
+            _, secret = zmq.curve_keypair()
+            self.socket.setsockopt(zmq.CURVE_SERVER, 1)
+            self.socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        self.endpoint = f"tcp://127.0.0.1:{self.socket.bind_to_random_port('tcp://127.0.0.1')}"
+
+    def received(self) -> bool:
+        return bool(self.socket.poll(200))
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def test_a_referral_without_keys_is_followed_only_to_trusted_endpoints(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """No server key pinned: an owner on TCP (or someone else's ipc socket) is not followed."""
+    rogue = Rogue()
+    try:
+        with DaemonProcess(tmp_path, "--state-store", redis_server.url) as daemon:
+            plant_lease(redis_server, "victim", rogue.endpoint)
+            with Client(daemon.endpoint, timeout=5) as client:
+                with pytest.raises(OwnedElsewhereError, match="not followed") as caught:
+                    client.truncated_messages("victim", MESSAGES)
+                assert caught.value.owner == rogue.endpoint
+                assert client.endpoint == daemon.endpoint
+            assert not rogue.received()
+            if os.getuid() == 0:  # a socket of another user's, in a directory of its own
+                other = tmp_path / "other"
+                other.mkdir()
+                sock = context_socket_file(other / "s.sock")
+                os.chown(other / "s.sock", 65534, 65534)
+                os.chown(other, 65534, 65534)
+                plant_lease(redis_server, "victim2", f"ipc://{other / 's.sock'}")
+                with (
+                    Client(daemon.endpoint, timeout=5) as client,
+                    pytest.raises(OwnedElsewhereError, match="not this user's"),
+                ):
+                    client.inspect("victim2")
+                sock.close()
+            # Listed by the caller: followed (the rogue gets it, as asked).
+            with Client(daemon.endpoint, timeout=1, trusted_endpoints=[rogue.endpoint]) as client:
+                with pytest.raises(RequestTimeoutError):
+                    client.inspect("victim")
+                assert client.endpoint == rogue.endpoint
+            assert rogue.received()
+    finally:
+        rogue.close()
+
+
+def context_socket_file(path: Path) -> socket.socket:
+    """A listening unix socket at ``path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+def test_a_referral_with_keys_reaches_only_a_daemon_holding_the_key(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A fleet sharing one key pair: followed to the real owner; a planted owner gets nothing."""
+    keys_dir = tmp_path / "keys"
+    keys("server", "--dir", str(keys_dir))
+    keys("client", "agent", "--dir", str(tmp_path / "agent"))
+    keys("allow", str(tmp_path / "agent" / "client.key"), "--dir", str(keys_dir))
+
+    def fleet(name: str) -> tuple[DaemonProcess, str]:
+        tcp = f"tcp://127.0.0.1:{free_port()}"
+        (tmp_path / name).mkdir()
+        daemon = DaemonProcess(
+            tmp_path / name,
+            "--state-store",
+            redis_server.url,
+            "--endpoint",
+            tcp,
+            "--advertise",
+            tcp,
+            "--keys-dir",
+            str(keys_dir),
+        )
+        return daemon, tcp
+
+    (first, first_tcp), (second, second_tcp) = fleet("a"), fleet("b")
+
+    def client() -> Client:
+        return Client(
+            second_tcp,
+            timeout=5,
+            server_key=str(keys_dir / "server.key"),
+            client_key=tmp_path / "agent" / "client.key_secret",
+        )
+
+    with first, second:
+        assert first.call("truncated_messages", {"task": "t", "messages": MESSAGES}).ok
+        with client() as agent:
+            assert agent.inspect("t")["owner"] == first_tcp
+            assert agent.endpoint == first_tcp  # followed, with the same pinned key
+        for curve in (False, True):
+            rogue = Rogue(curve)
+            try:
+                task = f"planted-{int(curve)}"
+                plant_lease(redis_server, task, rogue.endpoint)
+                with client() as agent, pytest.raises(AuthenticationError):
+                    agent.truncated_messages(task, MESSAGES)
+                assert not rogue.received()
+            finally:
+                rogue.close()
