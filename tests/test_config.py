@@ -130,11 +130,30 @@ def test_bad_values_are_refused_with_their_source(
         load_config(argv, env)
 
 
-def test_allow_remote_permits_any_tcp_address(tmp_path: Path) -> None:
-    """With --allow-remote a non-loopback TCP endpoint is accepted."""
+def test_allow_remote_permits_any_tcp_address_with_keys(tmp_path: Path) -> None:
+    """With --allow-remote and keys a non-loopback TCP endpoint is accepted; without keys not."""
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
-    config = load_config(["--allow-remote", "--endpoint", "tcp://0.0.0.0:7878"], env)
+    argv = ["--allow-remote", "--endpoint", "tcp://0.0.0.0:7878"]
+    with pytest.raises(ConfigError, match="no keys are configured"):
+        load_config(argv, env)
+    config = load_config([*argv, "--keys-dir", str(tmp_path / "keys")], env)
     assert config.allow_remote is True
+    assert config.keys_dir == tmp_path / "keys"
+    config = load_config(argv, {**env, "CTXWIN_KEYS_DIR": str(tmp_path / "k2")})
+    assert config.keys_dir == tmp_path / "k2"
+
+
+def test_client_tasks_bind_names_to_prefixes(tmp_path: Path) -> None:
+    """[client_tasks] maps each client name to task-id prefixes; anything else is refused."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    path = tmp_path / "c.toml"
+    path.write_text('[client_tasks]\nbob = ["bob-", "ci-"]\nci = "ci-"\n')
+    config = load_config(["--config", str(path)], env)
+    assert dict(config.client_tasks) == {"bob": ("bob-", "ci-"), "ci": ("ci-",)}
+    for bad in ("client_tasks = 3", "[client_tasks]\nbob = []", '[client_tasks]\nbob = [""]'):
+        path.write_text(bad + "\n")
+        with pytest.raises(ConfigError, match="client_tasks"):
+            load_config(["--config", str(path)], env)
 
 
 def test_an_explicit_config_file_must_exist(tmp_path: Path) -> None:
