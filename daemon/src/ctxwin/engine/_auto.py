@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ctxwin.proto import PRICE_SHEETS, PriceSheet
 
@@ -157,6 +157,7 @@ class _Planner:
         self.sheet = sheet or DECISION_SHEET
         self.policy = policy
         self.ts = ts
+        self._view: tuple[Any, list[Message]] | None = None
 
     # -- sizes ------------------------------------------------------------------
 
@@ -180,13 +181,32 @@ class _Planner:
         self.state.block_tokens[key] = (message, tokens)
         return tokens
 
+    def view(self) -> list[Message]:
+        """The view as the state stands (built again only after an edit or a cut)."""
+        key = (self.state.overlay.version, len(self.state.overlay), self.state.deleted_range)
+        if self._view is None or self._view[0] != key:
+            self._view = (key, self.state.truncated_messages(self.messages))
+        return self._view[1]
+
     def view_tokens(self) -> int:
-        return self.budgeting.view_tokens(self.state.truncated_messages(self.messages))
+        return self.budgeting.view_tokens(self.view())
 
     def tail_tokens(self, first: int) -> int:
         """Calibrated tokens of the view from history index ``first`` to the end."""
-        total = sum(self.budgeting.count(self.current(i)) for i in range(first, len(self.messages)))
+        start = keep_from(self.state.deleted_range)
+        view = self.view()
+        place = 2 + max(first - start, 0) if len(view) > 2 else 0
+        total = sum(self.budgeting.count(message) for message in view[place:])
         return round(total * self.budgeting.ratio)
+
+    def stub_tokens(self, text: str) -> int:
+        """Tokens of a replacement text, remembered (stubs repeat every turn)."""
+        held = self.state.stub_tokens.get(text)
+        if held is None:
+            if len(self.state.stub_tokens) > 4096:
+                self.state.stub_tokens.clear()
+            held = self.state.stub_tokens[text] = self.text_tokens(text)
+        return held
 
     # -- candidates -------------------------------------------------------------
 
@@ -271,7 +291,7 @@ class _Planner:
                 header = TOOL_HEADER.match(body)
                 assert header is not None
                 replacement = f"{header.group(0)}\n{replacement}"
-            saved = tokens - self.text_tokens(replacement)
+            saved = tokens - self.stub_tokens(replacement)
             if saved > 0:
                 result.append(Candidate(index, block, edit_type, kind, replacement, saved))
         return result

@@ -216,6 +216,7 @@ class TaskState:
         "policy",
         "reads",
         "revision",
+        "stub_tokens",
     )
 
     def __init__(
@@ -240,6 +241,7 @@ class TaskState:
         self.max_out = 0
         # Tokens of history text blocks, by (index, block), while the message is the same.
         self.block_tokens: dict[tuple[int, int], tuple[Message, int]] = {}
+        self.stub_tokens: dict[str, int] = {}
 
     @property
     def dialect(self) -> str:
@@ -676,6 +678,7 @@ class TaskState:
         copy.policy = self.policy
         copy.max_out = self.max_out
         copy.block_tokens = self.block_tokens
+        copy.stub_tokens = self.stub_tokens
         return copy
 
     def _new_file_reads(
