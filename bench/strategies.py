@@ -516,17 +516,15 @@ def replay(conversation: Conversation, window: int, name: str, counter: Counter)
 
 
 def kept_share(view: Sequence[Message], latest: dict[str, tuple[int, int, str]]) -> float:
-    """The share of files whose latest read is in the view, unedited (found by its text)."""
-    texts: set[str] = set()
+    """The share of files whose latest read is in the view, unedited (its text found whole)."""
+    texts: list[str] = []
     for message in view:
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, list):
             continue
-        for block in content:
-            text = text_of(block)
-            if text:
-                texts.add(text)
-    kept = sum(1 for _, _, body in latest.values() if body in texts)
+        texts.extend(text for block in content if (text := text_of(block)))
+    sent = "\n".join(texts)
+    kept = sum(1 for _, _, body in latest.values() if body in sent)
     return kept / len(latest)
 
 

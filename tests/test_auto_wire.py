@@ -78,7 +78,7 @@ def test_auto_keeps_every_view_within_the_window_and_valid(client: Client, diale
         before = proto.now_ms()
         result = prepare(client, task, dialect, sent, pricing="anthropic")
         assert result["fits"], (end, result["estimated_tokens"])
-        assert result["estimated_tokens"] <= 12_000 - 4096
+        assert result["estimated_tokens"] <= 12_000 - 2048
         if dialect in CHECKS:
             CHECKS[dialect](result["messages"])
         assert "cache" in result

@@ -53,8 +53,8 @@ class AutoPolicy:
     """The settings of the ``auto`` strategy (docs/STRATEGIES.md).
 
     Attributes:
-        reserve: tokens kept free for the response (at least; the largest
-            response seen so far is kept free when larger).
+        reserve: tokens kept free for the response (at least; a quarter more
+            than the largest response reported so far when that is larger).
         recent_turns: results in the last this many user messages are never masked.
         keep_calls: results of the last this many tool calls are not masked
             unless they are larger than ``large_result``.
@@ -70,7 +70,7 @@ class AutoPolicy:
         shortened: see ``big_message``.
     """
 
-    reserve: int = 4096
+    reserve: int = 2048
     recent_turns: int = 2
     keep_calls: int = 6
     large_result: int = 4000

@@ -498,7 +498,7 @@ class TaskState:
     def auto_budget(self, model: Mapping[str, Any]) -> float:
         """What ``auto`` lets a view use: the window less room for the response."""
         window = context_window_info(model).context_window
-        return max(window - max(self.policy.reserve, self.max_out), 0)
+        return max(window - max(self.policy.reserve, round(self.max_out * 1.25)), 0)
 
     def _prepare_auto(
         self,
