@@ -95,6 +95,13 @@ class DaemonProcess:
     def task_dir(self, task: str) -> Path:
         return self.state_dir / "tasks" / task
 
+    def tasks_left(self) -> list[str]:
+        """The tasks the daemon would keep on disk: all loaded tasks are written first."""
+        reply = call(self.endpoint, "flush", {})
+        assert reply.ok, reply
+        tasks = self.state_dir / "tasks"
+        return sorted(path.name for path in tasks.iterdir()) if tasks.is_dir() else []
+
     def start(self, timeout: float = 20.0) -> None:
         """Start the daemon and wait until it answers ``ping``."""
         log = self.log_path.open("ab")

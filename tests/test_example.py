@@ -25,4 +25,4 @@ def test_agent_loop_example_compacts_retries_and_runs_a_subagent(daemon: DaemonP
     assert any("context window exceeded" in line and "compacted to range" in line for line in lines)
     assert any("retry succeeded" in line for line in lines)
     assert any(".sub-1] finished" in line and "ephemeral, closed" in line for line in lines)
-    assert [] == list(daemon.state_dir.glob("tasks/*.sub-1"))
+    assert [] == daemon.tasks_left()  # neither the main task nor the subagent's

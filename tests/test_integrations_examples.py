@@ -34,3 +34,4 @@ def test_the_example_runs_to_its_answer_and_ctxwin_cuts_on_the_way(
     lines = run.stdout.splitlines()
     assert any(" messages, range [" in line for line in lines), run.stdout
     assert "Done: both files read." in lines[-1]
+    assert [] == daemon.tasks_left()  # the example's task is ephemeral: nothing left behind

@@ -57,6 +57,7 @@ def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index:
     assert run.stdout
     again = _run_block(code, daemon)
     assert (0, run.stdout) == (again.returncode, again.stdout), "a second run prints the same"
+    assert [] == daemon.tasks_left()  # a run leaves no task behind
 
 
 def test_the_dialects_example_runs_against_the_daemon(daemon: DaemonProcess) -> None:
@@ -64,6 +65,7 @@ def test_the_dialects_example_runs_against_the_daemon(daemon: DaemonProcess) -> 
     (code,) = python_blocks(README.read_text(), "## Wire protocol")
     run = _run_block(code, daemon)
     assert 0 == run.returncode, run.stderr
+    assert [] == daemon.tasks_left()
 
 
 INTEGRATIONS = "## SDKs and agent frameworks"
@@ -108,3 +110,4 @@ def test_integration_block_runs_against_the_daemon_and_a_fake_provider(
     assert 4 == len(sent)  # three tool calls, then the answer
     assert [200] * 4 == [r.status for r in sent]
     assert [] == [r.problems for r in sent if r.problems]
+    assert [] == daemon.tasks_left()  # a run leaves no task behind

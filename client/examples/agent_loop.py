@@ -105,7 +105,9 @@ def main() -> None:
     args = parser.parse_args()
     with Client(args.endpoint) as client:
         print(f"daemon {client.ping()['version']} at {client.endpoint}")
-        task = client.task(f"example-main-{os.getpid()}")
+        # An agent's task is persistent (the default), so that a restart finds it; the
+        # example's is ephemeral, so that it leaves nothing behind.
+        task = client.task(f"example-main-{os.getpid()}", ephemeral=True)
         history: list[dict[str, Any]] = [
             {"role": "user", "content": [{"type": "text", "text": "Refactor the parser."}]},
             {"role": "assistant", "content": [{"type": "text", "text": "Starting."}]},

@@ -4,7 +4,7 @@ Before each model call the filter sends the agent's input items to ctxwin
 (dialect ``openai-responses``) and gives the model the view; items it keeps
 are the SDK's own objects. ``hooks=`` hands each response's usage back.
 
-    python client/examples/agents_sdk.py [--endpoint ENDPOINT] [--base-url URL]
+    .venv/bin/python client/examples/agents_sdk.py [--endpoint ENDPOINT] [--base-url URL]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main() -> None:
             context_window=12_000,
             endpoint=args.endpoint,
             on_turn=report,
+            ephemeral=True,  # an example: the daemon writes nothing, keeps nothing
         )
         agent = Agent(
             name="fixer",

@@ -5,7 +5,7 @@ ctxwin's view of the history; ``system`` passes through; the usage of each
 response (streamed ones too) is fed to the next turn; when the API answers
 ``prompt is too long`` ctxwin compacts and the request is sent once more.
 
-    python client/examples/anthropic_messages.py [--endpoint ENDPOINT] [--base-url URL]
+    .venv/bin/python client/examples/anthropic_messages.py [--endpoint ENDPOINT] [--base-url URL]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def main() -> None:
             context_window=8_000,
             endpoint=args.endpoint,
             on_turn=report,
+            ephemeral=True,  # an example: the daemon writes nothing, keeps nothing
         )
         messages: list[Any] = [
             {"role": "user", "content": "The result of main() is wrong; fix it."}

@@ -3,7 +3,7 @@
 The middleware gives each model call ctxwin's view of the agent's messages;
 the agent's state keeps the full history.
 
-    python client/examples/langchain_agent.py [--endpoint ENDPOINT] [--base-url URL]
+    .venv/bin/python client/examples/langchain_agent.py [--endpoint ENDPOINT] [--base-url URL]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
             context_window=8_000,
             endpoint=args.endpoint,
             on_turn=report,
+            ephemeral=True,  # an example: the daemon writes nothing, keeps nothing
         )
         agent = create_agent(
             model,

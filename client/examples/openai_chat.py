@@ -7,7 +7,7 @@ response's usage to the next turn, and when the provider answers
 the same two files again and again: earlier copies reach it as ctxwin's
 duplicate-read notice.
 
-    python client/examples/openai_chat.py [--endpoint ENDPOINT] [--base-url URL]
+    .venv/bin/python client/examples/openai_chat.py [--endpoint ENDPOINT] [--base-url URL]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main() -> None:
             context_window=8_000,
             endpoint=args.endpoint,
             on_turn=report,
+            ephemeral=True,  # an example: the daemon writes nothing, keeps nothing
         )
         messages: list[Any] = [
             {"role": "system", "content": "You fix bugs. Read what you need."},

@@ -4,7 +4,7 @@ The capability gives each model request ctxwin's view; the run keeps its full
 history (``all_messages()``), and a ``context_length_exceeded`` answer makes
 ctxwin compact and the request go once more.
 
-    python client/examples/pydantic_ai_agent.py [--endpoint ENDPOINT] [--base-url URL]
+    .venv/bin/python client/examples/pydantic_ai_agent.py [--endpoint ENDPOINT] [--base-url URL]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main() -> None:
             context_window=8_000,
             endpoint=args.endpoint,
             on_turn=report,
+            ephemeral=True,  # an example: the daemon writes nothing, keeps nothing
         )
         agent = Agent(
             model,

@@ -97,6 +97,8 @@ class ContextWindowFilter:
         endpoint: the ctxwin daemon's endpoint (default: as ``AsyncClient`` finds it).
         on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
             each model call (on the next call when no usage arrived).
+        ephemeral: keep the tasks in the daemon's memory only: nothing is
+            written, and a task left idle is dropped (examples, one-off runs).
     """
 
     def __init__(
@@ -106,8 +108,11 @@ class ContextWindowFilter:
         context_window: int | None = None,
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
+        ephemeral: bool = False,
     ) -> None:
-        options = WindowOptions(PREFIX, DIALECT, task, context_window, endpoint, on_turn)
+        options = WindowOptions(
+            PREFIX, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+        )
         self._ctxwin_window = options.async_window(self)
         self._plain = Plain()
         self._pending: dict[int, Request] = {}  # by agent, until its response arrives

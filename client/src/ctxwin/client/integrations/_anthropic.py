@@ -216,6 +216,7 @@ def wrap(
     context_window: int | None = None,
     endpoint: str | None = None,
     on_turn: Callable[[Turn], None] | None = None,
+    ephemeral: bool = False,
 ) -> C:
     """An Anthropic client whose requests send ctxwin's view instead of the full history.
 
@@ -242,12 +243,16 @@ def wrap(
         endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
         on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
             each request (range, tokens, fits, stalled, retried, usage).
+        ephemeral: keep the tasks in the daemon's memory only: nothing is
+            written, and a task left idle is dropped (examples, one-off runs).
 
     Returns:
         The wrapped copy, of the same type as ``client``.
     """
     copy = client.with_options()
-    options = WindowOptions(DIALECT, DIALECT, task, context_window, endpoint, on_turn)
+    options = WindowOptions(
+        DIALECT, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+    )
     if isinstance(copy, anthropic.AsyncAnthropic):
         return _wrap_async(copy, options.async_window(copy))
     return _wrap_sync(copy, options.window(copy))

@@ -182,6 +182,8 @@ class ContextWindowMiddleware(AgentMiddleware):
         endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
         on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
             each model call.
+        ephemeral: keep the tasks in the daemon's memory only: nothing is
+            written, and a task left idle is dropped (examples, one-off runs).
     """
 
     def __init__(
@@ -191,9 +193,12 @@ class ContextWindowMiddleware(AgentMiddleware):
         context_window: int | None = None,
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
+        ephemeral: bool = False,
     ) -> None:
         super().__init__()
-        self._options = WindowOptions(PREFIX, DIALECT, task, context_window, endpoint, on_turn)
+        self._options = WindowOptions(
+            PREFIX, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+        )
         self._sync: Window | None = None
         self._async: AsyncWindow | None = None
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}

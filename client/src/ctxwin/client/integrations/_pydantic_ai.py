@@ -260,6 +260,8 @@ class ContextWindow(AbstractCapability[Any]):
         endpoint: the ctxwin daemon's endpoint (default: as ``AsyncClient`` finds it).
         on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
             each model request.
+        ephemeral: keep the tasks in the daemon's memory only: nothing is
+            written, and a task left idle is dropped (examples, one-off runs).
     """
 
     def __init__(
@@ -269,8 +271,11 @@ class ContextWindow(AbstractCapability[Any]):
         context_window: int | None = None,
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
+        ephemeral: bool = False,
     ) -> None:
-        options = WindowOptions(PREFIX, DIALECT, task, context_window, endpoint, on_turn)
+        options = WindowOptions(
+            PREFIX, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+        )
         self._ctxwin_window = options.async_window(self)
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}
         self._pending: dict[str, tuple[Request, Converted[ModelMessage]]] = {}

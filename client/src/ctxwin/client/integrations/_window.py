@@ -535,6 +535,7 @@ class WindowOptions:
         on_turn: called with each :class:`Turn`.
         strategy: the strategy of every request (default ``auto``).
         pricing: the price sheet, or None for the model's or the provider's.
+        ephemeral: keep the tasks in the daemon's memory only (nothing written).
     """
 
     prefix: str
@@ -545,6 +546,7 @@ class WindowOptions:
     on_turn: Callable[[Turn], None] | None = None
     strategy: str = DEFAULT_STRATEGY
     pricing: Any = None
+    ephemeral: bool = False
 
     def _open(self, kind: type[Window] | type[AsyncWindow], owner: object) -> Window | AsyncWindow:
         window = kind(
@@ -556,6 +558,7 @@ class WindowOptions:
             on_turn=self.on_turn,
             strategy=self.strategy,
             pricing=self.pricing,
+            ephemeral=self.ephemeral,
         )
         weakref.finalize(owner, window.close)
         return window
