@@ -202,7 +202,7 @@ def test_every_op_of_the_design_table_is_known() -> None:
         "flush",
         "close",
         "count_tokens",
-    } | {"plan"} == set(proto.OPS)  # plan: an extension, named in ping's features
+    } | {"plan", "condense"} == set(proto.OPS)  # extensions, named in ping's features
 
 
 @pytest.mark.parametrize(

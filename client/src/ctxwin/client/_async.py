@@ -384,6 +384,7 @@ class AsyncClient:
     compact_subagent = _ops.awaiting(_ops.compact_subagent)
     apply_truncation_notice = _ops.awaiting(_ops.apply_truncation_notice)
     compact = _ops.awaiting(_ops.compact)
+    condense = _ops.awaiting(_ops.condense)
     condensed = _ops.awaiting(_ops.condensed)
     rollback = _ops.awaiting(_ops.rollback)
     inspect = _ops.awaiting(_ops.inspect)

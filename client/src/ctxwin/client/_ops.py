@@ -22,6 +22,7 @@ from ctxwin.proto import (
     CompactResult,
     CompactSubagentResult,
     CondensedResult,
+    CondenseResult,
     ContextWindowInfoResult,
     CountTokensResult,
     DeletedRange,
@@ -65,6 +66,7 @@ __all__ = [
     "close",
     "compact",
     "compact_subagent",
+    "condense",
     "condensed",
     "context_window_info",
     "copy_read_tools",
@@ -208,6 +210,7 @@ def prepare_request(
     *,
     previous_request: Usage | None = None,
     use_auto_condense: bool | None = None,
+    threshold: float | None = None,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
     dialect: str | None = None,
@@ -224,7 +227,11 @@ def prepare_request(
     and ``pricing`` (a price sheet's name or ``{input, cache_write, cache_read}``,
     docs/PRICING.md) opt into token estimates and the cache ledger (see
     :class:`~ctxwin.proto.PrepareRequestResult`); without them the daemon
-    follows SPEC.md exactly.
+    follows SPEC.md exactly. With ``use_auto_condense=True`` nothing
+    is cut here; when the last request crossed ``threshold`` of the window
+    (0.75 by default) and the duplicate-read step is not enough, the result
+    says ``summary_due`` and carries the ``summary_prompt`` to send (then call
+    :func:`condense`).
     """
     return build(
         "prepare_request",
@@ -232,6 +239,7 @@ def prepare_request(
         timeout,
         previous_request=None if previous_request is None else dict(previous_request),
         use_auto_condense=use_auto_condense,
+        threshold=threshold,
         deleted_range=deleted_range,
         ephemeral=ephemeral,
         dialect=dialect,
@@ -413,6 +421,38 @@ def compact(
         {"task": task, "messages": copy_messages(messages), "keep": keep, "ts": _ts(ts)},
         timeout,
         keep_task=keep_task,
+        ephemeral=ephemeral,
+        dialect=dialect,
+        read_tools=copy_read_tools(read_tools),
+    )
+
+
+def condense(
+    task: str,
+    messages: Messages,
+    model: Model,
+    *,
+    summary: str | None = None,
+    threshold: float | None = None,
+    ts: int | None = None,
+    ephemeral: bool | None = None,
+    dialect: str | None = None,
+    read_tools: ReadTools | None = None,
+    timeout: float | None = None,
+) -> Call[CondenseResult]:
+    """``condense``: store a summary for the turns a new range removes (docs/SUMMARIES.md).
+
+    Without ``summary`` ctxwin writes a basic one from the removed turns; a
+    model's summary that is blank or would not make the view smaller is
+    replaced by it (``fallback`` says why). The result says ``condensed:
+    false`` with a ``reason`` when nothing was stored.
+    """
+    return build(
+        "condense",
+        {"task": task, "messages": copy_messages(messages), "model": dict(model), "ts": _ts(ts)},
+        timeout,
+        summary=summary,
+        threshold=threshold,
         ephemeral=ephemeral,
         dialect=dialect,
         read_tools=copy_read_tools(read_tools),

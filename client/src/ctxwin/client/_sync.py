@@ -290,6 +290,7 @@ class Client:
     compact_subagent = _ops.blocking(_ops.compact_subagent)
     apply_truncation_notice = _ops.blocking(_ops.apply_truncation_notice)
     compact = _ops.blocking(_ops.compact)
+    condense = _ops.blocking(_ops.condense)
     condensed = _ops.blocking(_ops.condensed)
     rollback = _ops.blocking(_ops.rollback)
     inspect = _ops.blocking(_ops.inspect)

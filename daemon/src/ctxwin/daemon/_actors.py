@@ -360,6 +360,10 @@ class TaskActor:
         sources = self.kept.sources(state.overlay)
         if sources is not None:
             result["sources"] = sources
+        if state.summaries:
+            result["summaries"] = [summary.wire() for summary in state.summaries]
+            shown = state.summary
+            result["summary"] = None if shown is None else shown.wire()
         return result
 
     async def _flush_op(self) -> dict[str, Any]:

@@ -143,7 +143,7 @@ class TaskContext:
 
 def wants_budgeting(op: str, args: Args) -> bool:
     """Whether a request asks for token estimates (``plan`` always does)."""
-    if op == "plan":
+    if op in ("plan", "condense"):
         return True
     return op == "prepare_request" and (
         bool(args.get("estimate"))
@@ -155,6 +155,8 @@ def wants_budgeting(op: str, args: Args) -> bool:
 
 def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     budgeting = context.budgeting(args) if context is not None else None
+    # Before the view is built: the duplicate-read step it runs may change the view.
+    due = _summary_due(state, args)
     result = state.prepare_request(
         args["messages"],
         args.get("previous_request"),
@@ -165,7 +167,20 @@ def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext |
     ).wire()
     if context is not None:
         result["calibration"] = context.calibration.ratio
+    if due:
+        result["summary_due"] = True
+        result["summary_prompt"] = engine.summary_prompt(state.summary)
     return result
+
+
+def _summary_due(state: engine.TaskState, args: Args) -> bool:
+    """Whether an auto-condensing caller should have a summary written (SPEC.md §8)."""
+    return bool(args.get("use_auto_condense")) and state.summary_due(
+        args["messages"],
+        args.get("previous_request"),
+        args["model"],
+        args.get("threshold") or engine.AUTO_CONDENSE_FRACTION,
+    )
 
 
 def _plan(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
@@ -218,8 +233,25 @@ def _condensed(state: engine.TaskState, args: Args, context: TaskContext | None)
     return {"deleted_range": state.condensed(args["messages"])}
 
 
+def _condense(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+    assert context is not None  # condense always measures
+    return state.condense(
+        args["messages"],
+        args["model"],
+        args["ts"],
+        context.budgeting(args),
+        args.get("summary"),
+        args.get("threshold") or engine.AUTO_CONDENSE_FRACTION,
+    ).wire()
+
+
 def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    return {"removed": state.rollback(args["ts"])}
+    removed = state.rollback(args["ts"])
+    if "deleted_range" in args:
+        # The checkpoint's range, when the caller gives it, wins over the one a
+        # rolled-back condense replaced (SPEC.md §9).
+        state.deleted_range = args["deleted_range"]
+    return {"removed": removed}
 
 
 def _should_compact_task(
@@ -264,6 +296,7 @@ TASK_OPS: dict[str, TaskOp] = {
     "apply_truncation_notice": _apply_truncation_notice,
     "compact": _compact,
     "condensed": _condensed,
+    "condense": _condense,
     "rollback": _rollback,
     "should_compact": _should_compact_task,
 }

@@ -5,7 +5,7 @@ A task lives in ``<state_dir>/tasks/<task_id>/``:
 - ``ctxwin.json``: the authority, the task's whole state in one file, replaced
   atomically as a unit: ``{"format": 2, "dialect": ..., "deleted_range": ...,
   "calibration": {"ratio": ..., "samples": ...} | null, "read_tools"?: [...],
-  "updates": ...}``, where
+  "summaries"?: [...], "updates": ...}``, where
   ``updates`` is the overlay in the on-disk form of SPEC.md §1;
 - ``context_history.json``: the compatible export, exactly ``json.dumps`` of
   the engine's ``dump_updates()``, written after the authority. It is read only
@@ -89,6 +89,7 @@ class TaskRecord:
         dialect: the task's message dialect, stored as given.
         read_tools: the task's own read tools in their wire form (``read_tools``).
         pricing: the task's price sheet in its wire form (docs/PRICING.md), or None.
+        summaries: the task's summaries in their stored form, oldest first.
     """
 
     updates: Any = None
@@ -97,6 +98,7 @@ class TaskRecord:
     dialect: str = DEFAULT_DIALECT
     read_tools: tuple[dict[str, Any], ...] = ()
     pricing: dict[str, Any] | None = None
+    summaries: tuple[dict[str, Any], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -108,6 +110,7 @@ class TaskRecord:
             and self.dialect == DEFAULT_DIALECT
             and not self.read_tools
             and self.pricing is None
+            and not self.summaries
         )
 
 
@@ -147,6 +150,8 @@ def encode_task(record: TaskRecord, fence: int | None = None) -> Encoded:
         head["read_tools"] = list(record.read_tools)
     if record.pricing is not None:
         head["pricing"] = record.pricing
+    if record.summaries:
+        head["summaries"] = list(record.summaries)
     if fence is not None:
         head["fence"] = fence
     prefix = json.dumps(head).encode("utf-8")
@@ -188,6 +193,7 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
             pricing = proto.sheet_from_wire(pricing).wire()
         except ValueError:
             raise ValueError("unexpected content") from None
+    summaries = value.get("summaries", [])
     if (
         not _valid_range(value.get("deleted_range"))
         or not _valid_calibration(calibration)
@@ -196,12 +202,20 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
         or "updates" not in value
         or not isinstance(read_tools, list)
         or not all(isinstance(tool, dict) for tool in read_tools)
+        or not isinstance(summaries, list)
+        or not all(isinstance(summary, dict) for summary in summaries)
         or not (fence is None or (isinstance(fence, int) and not isinstance(fence, bool)))
     ):
         raise ValueError("unexpected content")
     pair = None if calibration is None else (float(calibration["ratio"]), calibration["samples"])
     record = TaskRecord(
-        value["updates"], value.get("deleted_range"), pair, dialect, tuple(read_tools), pricing
+        value["updates"],
+        value.get("deleted_range"),
+        pair,
+        dialect,
+        tuple(read_tools),
+        pricing,
+        tuple(summaries),
     )
     return record, fence
 

@@ -131,11 +131,15 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
     Raises:
         Exception: whatever the engine rejects the record's overlay with.
     """
-    if record.updates is None and record.deleted_range is None:
+    if record.updates is None and record.deleted_range is None and not record.summaries:
         state = engine.TaskState(notices, dialect=record.dialect)
     else:
         state = engine.TaskState.load(
-            record.updates, record.deleted_range, notices, dialect=record.dialect
+            record.updates,
+            record.deleted_range,
+            notices,
+            dialect=record.dialect,
+            summaries=list(record.summaries),
         )
     if record.pricing is not None:
         state.load_pricing(proto.sheet_from_wire(record.pricing))
@@ -156,6 +160,7 @@ def record_of(state: engine.TaskState, extras: TaskExtras) -> TaskRecord:
         extras.dialect,
         extras.read_tools,
         None if state.pricing is None else state.pricing.wire(),
+        tuple(state.dump_summaries()),
     )
 
 

@@ -22,7 +22,9 @@ from ._reads import (
     read_tool_from_config,
 )
 from ._state import (
+    AUTO_CONDENSE_FRACTION,
     CompactResult,
+    CondenseResult,
     InMemoryResult,
     OptimizeResult,
     PlanResult,
@@ -30,6 +32,7 @@ from ._state import (
     SubagentResult,
     TaskState,
 )
+from ._summary import SUMMARY_MARK, SUMMARY_PROMPT, Summary, basic_summary, summary_prompt
 from ._view import keep_from, truncated_messages
 from ._window import (
     CompactDecision,
@@ -40,6 +43,7 @@ from ._window import (
 )
 
 __all__ = [
+    "AUTO_CONDENSE_FRACTION",
     "CLINE",
     "DEFAULT_NOTICES",
     "DEFAULT_POLICY",
@@ -50,12 +54,15 @@ __all__ = [
     "SHELL_READ_PATTERN",
     "SRC",
     "AutoPolicy",
+    "SUMMARY_MARK",
+    "SUMMARY_PROMPT",
     "Budgeting",
     "CacheEntry",
     "CacheLedger",
     "Calibration",
     "CompactDecision",
     "CompactResult",
+    "CondenseResult",
     "CorruptStateError",
     "Counter",
     "Dialect",
@@ -77,8 +84,10 @@ __all__ = [
     "ResyncRequired",
     "Strategy",
     "SubagentResult",
+    "Summary",
     "TaskState",
     "WindowInfo",
+    "basic_summary",
     "context_window_info",
     "fit_range",
     "get_dialect",
@@ -88,6 +97,7 @@ __all__ = [
     "optimize_file_reads",
     "read_tool_from_config",
     "should_compact",
+    "summary_prompt",
     "text_of",
     "total_tokens",
     "truncated_messages",

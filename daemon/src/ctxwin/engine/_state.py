@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,8 +26,9 @@ from ._overlay import (
 )
 from ._range import Keep, next_truncation_range
 from ._reads import ReadRules
+from ._summary import Summary, basic_summary
 from ._view import NEW_TEXT_BLOCK, KnownPairs, keep_from, truncated_messages
-from ._window import context_window_info, total_tokens
+from ._window import context_window_info, should_compact, total_tokens
 
 
 def _sized_to_report(budgeting: Budgeting, reported: float, estimated: int | None) -> Budgeting:
@@ -160,6 +162,43 @@ class SubagentResult:
         }
 
 
+AUTO_CONDENSE_FRACTION = 0.75
+"""The fraction of the window at which a summary is due (SPEC.md §8)."""
+CONDENSE_GAP = 6
+"""Messages (three turns) that must come between two condenses."""
+CONDENSE_KEEPS: tuple[Keep, ...] = ("half", "quarter", "lastTwo", "none")
+"""The cuts a condense tries, shallowest first."""
+MIN_SUMMARY_BUDGET = 200
+
+
+@dataclass(frozen=True, slots=True)
+class CondenseResult:
+    """What ``condense`` stored, or why it refused, and the view after it."""
+
+    condensed: bool
+    reason: str | None
+    deleted_range: list[int] | None
+    summary: Summary | None
+    fallback: str | None
+    tokens_before: int
+    tokens_after: int
+    trigger: int | float
+    messages: list[Message]
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "condensed": self.condensed,
+            "reason": self.reason,
+            "deleted_range": self.deleted_range,
+            "summary": None if self.summary is None else self.summary.wire(),
+            "fallback": self.fallback,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "trigger": self.trigger,
+            "messages": self.messages,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class CompactResult:
     """The range after a forced compaction and whether anything changed."""
@@ -217,6 +256,7 @@ class TaskState:
         "reads",
         "revision",
         "stub_tokens",
+        "summaries",
     )
 
     def __init__(
@@ -242,6 +282,9 @@ class TaskState:
         # Tokens of history text blocks, by (index, block), while the message is the same.
         self.block_tokens: dict[tuple[int, int], tuple[Message, int]] = {}
         self.stub_tokens: dict[str, int] = {}
+        # Every summary stored and not rolled back, oldest first: the newest is the one
+        # the view carries; the older ones come back when a rollback removes it.
+        self.summaries: list[Summary] = []
 
     @property
     def dialect(self) -> str:
@@ -284,7 +327,20 @@ class TaskState:
             and self._deleted_range is None
             and self._dialect == "cline"
             and self._pricing is None
+            and not self.summaries
         )
+
+    @property
+    def summary(self) -> Summary | None:
+        """The summary the view carries: the newest, while the range covers what it stands for.
+
+        A range moved back (a caller's range, a rewound history) below the
+        summary's end shows the messages it stood for again, and not the summary.
+        """
+        if not self.summaries or self._deleted_range is None:
+            return None
+        newest = self.summaries[-1]
+        return newest if self._deleted_range[1] >= newest.end else None
 
     @property
     def deleted_range(self) -> list[int] | None:
@@ -306,6 +362,7 @@ class TaskState:
         notices: Notices = DEFAULT_NOTICES,
         reads: ReadRules | None = None,
         dialect: str = "cline",
+        summaries: object = None,
     ) -> TaskState:
         """Rebuild a state from its stored form.
 
@@ -313,26 +370,40 @@ class TaskState:
             updates: the parsed ``context_history.json`` (SPEC.md §1), or None.
             deleted_range: the stored range, or None.
             notices: the notice texts to use from now on.
+            summaries: the stored summaries (:meth:`dump_summaries`), or None.
 
         Raises:
-            CorruptStateError: when either value does not have its stored shape.
+            CorruptStateError: when a value does not have its stored shape.
         """
         state = cls(notices, reads, dialect)
         if updates is not None:
             state.overlay = Overlay.load(updates)
         state._deleted_range = _check_range(deleted_range)
+        if summaries is not None:
+            if not isinstance(summaries, list):
+                raise CorruptStateError("summaries must be a list")
+            try:
+                state.summaries = [Summary.load(item) for item in summaries]
+            except ValueError as exc:
+                raise CorruptStateError(str(exc)) from None
         return state
 
     def dump_updates(self) -> list[Any]:
         """The overlay in on-disk form (SPEC.md §1), ready for ``json.dumps``."""
         return self.overlay.dump()
 
+    def dump_summaries(self) -> list[dict[str, Any]]:
+        """The summaries in their stored form, oldest first."""
+        return [summary.dump() for summary in self.summaries]
+
     def _changed(self) -> None:
         self.revision += 1
 
     def truncated_messages(self, messages: Sequence[Message]) -> list[Message]:
         """The view of ``messages`` under this task's range and overlay (SPEC.md §4)."""
-        return truncated_messages(messages, self._deleted_range, self.overlay, self.notices)
+        return truncated_messages(
+            messages, self._deleted_range, self.overlay, self.notices, self.summary
+        )
 
     def _keep_newest(
         self, messages: Sequence[Message], before: list[int] | None, proposed: list[int] | None
@@ -679,6 +750,7 @@ class TaskState:
         copy.max_out = self.max_out
         copy.block_tokens = self.block_tokens
         copy.stub_tokens = self.stub_tokens
+        copy.summaries = list(self.summaries)  # summaries are never changed in place
         return copy
 
     def _new_file_reads(
@@ -739,6 +811,150 @@ class TaskState:
         self.apply_truncation_notice(ts, messages, keep_task)
         return CompactResult(self.deleted_range, self.revision != before)
 
+    def condense(
+        self,
+        messages: Sequence[Message],
+        model: Mapping[str, Any],
+        ts: int,
+        budgeting: Budgeting,
+        summary: str | None = None,
+        threshold: float = AUTO_CONDENSE_FRACTION,
+    ) -> CondenseResult:
+        """Store a summary for the turns a new range removes, and move the range over them.
+
+        The cut keeps as many recent turns as it can while the view stays at
+        most half the auto-condense trigger (SPEC.md §8's fraction of the
+        window), going deeper when it must. Without ``summary`` (or when it is
+        blank or would not make the view smaller) ctxwin writes a basic one
+        (docs/SUMMARIES.md). Nothing changes when the condense is refused: too
+        soon after the last one, nothing left to remove, or no summary that
+        makes the view smaller.
+
+        Args:
+            messages: the task's full history (the internal form).
+            model: the model the view is for (its window sets the trigger).
+            ts: the time of the condense (a rollback to before it undoes it).
+            budgeting: the token counter the sizes are measured with.
+            summary: a model's summary of the conversation, or None.
+            threshold: the fraction of the window that triggers a condense.
+        """
+        info = context_window_info(model)
+        trigger = min(math.floor(info.context_window * threshold), info.max_allowed_size)
+        target = trigger / 2
+        before_tokens = budgeting.view_tokens(self.truncated_messages(messages))
+        newest = self.summaries[-1] if self.summaries else None
+
+        def refused(reason: str) -> CondenseResult:
+            return CondenseResult(
+                False,
+                reason,
+                self.deleted_range,
+                None,
+                None,
+                before_tokens,
+                before_tokens,
+                trigger,
+                self.truncated_messages(messages),
+            )
+
+        if newest is not None and len(messages) - newest.length < CONDENSE_GAP:
+            return refused(
+                f"the last condense was {len(messages) - newest.length} messages ago; "
+                f"at least {CONDENSE_GAP} must come between two"
+            )
+        current = self._deleted_range
+        candidates: list[list[int]] = []
+        for keep in CONDENSE_KEEPS:
+            proposed = self._keep_newest(
+                messages, current, next_truncation_range(messages, current, keep)
+            )
+            if proposed is None or proposed[1] < proposed[0]:
+                continue
+            if keep_from(proposed) <= keep_from(current) or proposed in candidates:
+                continue
+            candidates.append(proposed)
+        if not candidates:
+            return refused(
+                "no turn is left to remove: the view holds the task and the newest turn only"
+            )
+        previous = self.summary
+        fallback: str | None = None
+        if summary is not None and not summary.strip():
+            fallback, summary = "the model's summary was empty", None
+        probe = self.clone()
+        probe.add_truncation_notice(ts, messages)
+
+        def count(text: str) -> int:
+            return budgeting.tokens({"role": "user", "content": [{"type": "text", "text": text}]})
+
+        def attempt(given: str | None) -> tuple[Summary, int, list[Message]]:
+            chosen: tuple[Summary, int, list[Message]] | None = None
+            for proposed in candidates:
+                text = given
+                if text is None:
+                    budget = max(int(target // 4), MIN_SUMMARY_BUDGET)
+                    text = basic_summary(messages, proposed[1], budget, count, previous)
+                stored = Summary(
+                    ts,
+                    text,
+                    proposed[1],
+                    current,
+                    "basic" if given is None else "model",
+                    len(messages),
+                )
+                probe._deleted_range = proposed
+                probe.summaries = [*self.summaries, stored]
+                view = probe.truncated_messages(messages)
+                chosen = (stored, budgeting.view_tokens(view), view)
+                if chosen[1] <= target:
+                    break
+            assert chosen is not None
+            return chosen
+
+        found = attempt(summary) if summary is not None else None
+        if found is not None and found[1] >= before_tokens:
+            fallback, found = "the model's summary would not make the view smaller", None
+        if found is None:
+            found = attempt(None)
+            if found[1] >= before_tokens:
+                return refused("no summary makes the view smaller")
+        stored, after_tokens, _ = found
+        self.add_truncation_notice(ts, messages)
+        self.summaries.append(stored)
+        self._deleted_range = [2, stored.end]
+        self._changed()
+        return CondenseResult(
+            True,
+            None,
+            self.deleted_range,
+            stored,
+            fallback,
+            before_tokens,
+            after_tokens,
+            trigger,
+            self.truncated_messages(messages),
+        )
+
+    def summary_due(
+        self,
+        messages: Sequence[Message],
+        previous_request: Mapping[str, Any] | None,
+        model: Mapping[str, Any],
+        threshold: float = AUTO_CONDENSE_FRACTION,
+    ) -> bool:
+        """Whether the auto-condense rule holds after the duplicate-read step (SPEC.md §8).
+
+        When the last request crossed the trigger, the file reads after the
+        range are optimised first (persisted); a summary is due only when that
+        still calls for a cut.
+        """
+        decision = should_compact(previous_request, model, threshold, self._deleted_range, messages)
+        if not decision.compact:
+            return False
+        assert previous_request is not None  # should_compact is false without one
+        result = self.optimize_file_reads(messages, previous_request.get("ts") or 0)
+        return result.need_to_truncate
+
     def condensed(self, messages: Sequence[Message]) -> list[int] | None:
         """After auto-condense, also hide the summary request and its turn (SPEC.md §8)."""
         current = self._deleted_range
@@ -749,8 +965,19 @@ class TaskState:
     # §9 -----------------------------------------------------------------
 
     def rollback(self, ts: int) -> int:
-        """Undo every edit newer than ``ts`` (SPEC.md §9); returns how many were removed."""
+        """Undo every edit newer than ``ts`` (SPEC.md §9); returns how many were removed.
+
+        Summaries stored after ``ts`` go too, and the range comes back to the
+        one the first of them replaced (docs/SUMMARIES.md).
+        """
         removed = self.overlay.rollback(ts)
+        keep = len(self.summaries)
+        while keep and self.summaries[keep - 1].ts > ts:
+            keep -= 1
+        if keep < len(self.summaries):
+            self.deleted_range = self.summaries[keep].before
+            removed += len(self.summaries) - keep
+            del self.summaries[keep:]
         if removed:
             self._changed()
         return removed

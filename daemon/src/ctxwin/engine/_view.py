@@ -10,6 +10,7 @@ from ._blocks import Block, Message, with_text
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import MessageFacts
 from ._overlay import Overlay
+from ._summary import Summary, place_summary
 
 FIRST_REMOVABLE = 2
 NEW_TEXT_BLOCK = -1
@@ -189,6 +190,7 @@ def truncated_messages(
     deleted_range: Sequence[int] | None,
     overlay: Overlay | None = None,
     notices: Notices = DEFAULT_NOTICES,
+    summary: Summary | None = None,
 ) -> list[Message]:
     """The messages to send: the first pair, then everything after the range (SPEC.md §4).
 
@@ -197,6 +199,8 @@ def truncated_messages(
         deleted_range: ``[2, end]`` or None.
         overlay: the task's edits, applied to copies of the messages they touch.
         notices: supplies the text of an invented missing tool result.
+        summary: the summary that stands for removed turns, carried right
+            after the first pair (docs/SUMMARIES.md).
 
     Returns:
         A new list; messages that needed no change are the caller's own objects.
@@ -205,12 +209,16 @@ def truncated_messages(
         return list(messages)
     start = keep_from(deleted_range)
     if isinstance(messages, KnownPairs) and overlay is not None:
-        return _cached_view(messages, start, overlay, notices)
-    return _build_view(messages, start, overlay, notices)
+        return _cached_view(messages, start, overlay, notices, summary)
+    return _build_view(messages, start, overlay, notices, summary)
 
 
 def _cached_view(
-    messages: KnownPairs, start: int, overlay: Overlay, notices: Notices
+    messages: KnownPairs,
+    start: int,
+    overlay: Overlay,
+    notices: Notices,
+    summary: Summary | None = None,
 ) -> list[Message]:
     """The view, reusing the last one built from this history where it still holds.
 
@@ -219,7 +227,7 @@ def _cached_view(
     back) with those unchanged, the old view up to the first changed message
     stands and only the tail is built, including the pair across the seam.
     """
-    key = (start, overlay, overlay.version, notices)
+    key = (start, overlay, overlay.version, notices, summary)
     cached = messages.view_cache
     first = messages.clean_until
     same = 0
@@ -229,7 +237,7 @@ def _cached_view(
         _finish_view(messages, view, start, first, {seam - 1}, overlay, notices)
         same = seam  # _finish_view changed positions from ``seam`` on only
     else:
-        view = _build_view(messages, start, overlay, notices)
+        view = _build_view(messages, start, overlay, notices, summary)
     messages.view_cache = (key, view)
     messages.clean_until = len(messages)
     out = list(view)
@@ -239,7 +247,11 @@ def _cached_view(
 
 
 def _build_view(
-    messages: Sequence[Message], start: int, overlay: Overlay | None, notices: Notices
+    messages: Sequence[Message],
+    start: int,
+    overlay: Overlay | None,
+    notices: Notices,
+    summary: Summary | None = None,
 ) -> list[Message]:
     view = [messages[0], messages[1], *messages[start:]]
     changed = {0, 1}  # positions whose pairs are always checked afresh
@@ -267,6 +279,9 @@ def _build_view(
             if entry is not None:
                 view[position] = apply_overlay(view[position], entry)
     _finish_view(messages, view, start, start, changed, overlay, notices)
+    if summary is not None:
+        # After the repair: the results that answer message 1 stay first in view[2].
+        place_summary(view, summary.block())
     return view
 
 

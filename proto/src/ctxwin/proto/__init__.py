@@ -78,6 +78,7 @@ from ._results import (
     CompactResult,
     CompactSubagentResult,
     CondensedResult,
+    CondenseResult,
     ContextWindowInfoResult,
     CountTokensResult,
     FlushResult,
@@ -91,6 +92,7 @@ from ._results import (
     RollbackResult,
     ShouldCompactResult,
     StatsResult,
+    SummaryInfo,
     TruncatedMessagesResult,
 )
 from ._schema import (
@@ -143,6 +145,7 @@ __all__ = [
     "CloseResult",
     "CompactResult",
     "CompactSubagentResult",
+    "CondenseResult",
     "CondensedResult",
     "ContextWindowInfoResult",
     "CountTokensResult",
@@ -175,6 +178,7 @@ __all__ = [
     "RollbackResult",
     "ShouldCompactResult",
     "StatsResult",
+    "SummaryInfo",
     "TruncatedMessagesResult",
     "Update",
     "Usage",

@@ -6,7 +6,7 @@ minor version); readers must ignore what they do not know.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from ._schema import DeletedRange, Message
 
@@ -105,6 +105,8 @@ class PrepareRequestResult(TypedDict):
     calibration: NotRequired[float]
     cache: NotRequired[dict[str, Any]]
     receipts: NotRequired[list[dict[str, Any]]]
+    summary_due: NotRequired[bool]
+    summary_prompt: NotRequired[str]
 
 
 class PlanResult(TypedDict):
@@ -176,6 +178,35 @@ class CondensedResult(TypedDict):
     deleted_range: DeletedRange
 
 
+class SummaryInfo(TypedDict):
+    """A stored summary: when, what kind, the range it stands for, its text and length."""
+
+    ts: int
+    kind: Literal["basic", "model"]
+    range: list[int]
+    text: str
+    chars: int
+
+
+class CondenseResult(TypedDict):
+    """``condense``: the summary stored and the view after it, or why nothing was stored.
+
+    ``fallback`` says why a model's summary was replaced by the basic one;
+    ``tokens_before``/``tokens_after`` estimate the view before and after;
+    ``trigger`` is the auto-condense threshold the view is kept under half of.
+    """
+
+    condensed: bool
+    reason: str | None
+    deleted_range: DeletedRange
+    summary: SummaryInfo | None
+    fallback: str | None
+    tokens_before: int
+    tokens_after: int
+    trigger: int | float
+    messages: list[Message]
+
+
 class RollbackResult(TypedDict):
     """``rollback`` (SPEC.md §9): how many updates were dropped."""
 
@@ -207,6 +238,8 @@ class InspectResult(TypedDict):
     sources: NotRequired[list[list[Any]]]
     cache: NotRequired[dict[str, Any]]
     pricing: NotRequired[dict[str, Any]]
+    summaries: NotRequired[list[SummaryInfo]]
+    summary: NotRequired[SummaryInfo | None]
 
 
 class FlushResult(TypedDict):
@@ -253,6 +286,7 @@ RESULT_FIELDS: dict[str, tuple[str, ...]] = {
     "apply_truncation_notice": ("changed",),
     "compact": ("deleted_range", "changed"),
     "condensed": ("deleted_range",),
+    "condense": ("condensed", "reason", "deleted_range", "summary", "messages"),
     "rollback": ("removed",),
     "inspect": ("updates", "deleted_range", "dirty"),
     "flush": ("flushed",),

@@ -284,6 +284,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "estimate": _check_bool,
     "keep_task": _check_bool,
     "pricing": _check_pricing,
+    "summary": _check_str,
 }
 
 
@@ -350,7 +351,7 @@ OPS: dict[str, OpSpec] = {
         _history_op(
             "prepare_request",
             ("task", "model"),
-            ("previous_request", "use_auto_condense", "deleted_range", *_BUDGETING),
+            ("previous_request", "use_auto_condense", "threshold", "deleted_range", *_BUDGETING),
         ),
         _history_op(
             "plan",
@@ -369,6 +370,7 @@ OPS: dict[str, OpSpec] = {
             checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
         ),
         _history_op("condensed", ("task",)),
+        _history_op("condense", ("task", "model", "ts"), ("summary", "threshold")),
         OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN)),
         OpSpec("inspect", ("task",), _OPEN),
         OpSpec("flush", (), ("task",)),

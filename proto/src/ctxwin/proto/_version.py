@@ -15,6 +15,7 @@ FEATURES = (
     "dialects",
     "read_tools",
     "auto",
+    "summaries",
 )
 """Optional parts of protocol version 1 this version implements, named in ``ping``.
 
@@ -27,5 +28,7 @@ one daemon at a time, and another answers ``owned_elsewhere`` naming its ``owner
 ``dialects``: task ops and ``count_tokens`` take ``dialect`` (``ping`` lists them,
 docs/DIALECTS.md); ``read_tools``: task ops take ``read_tools``, the tools
 whose calls read a file in that task, besides the daemon's table; ``auto``:
-``strategy: "auto"``, ``pricing`` and the cache ledger (docs/STRATEGIES.md, docs/PRICING.md).
+``strategy: "auto"``, ``pricing`` and the cache ledger (docs/STRATEGIES.md, docs/PRICING.md);
+``summaries``: the ``condense`` op, summaries kept as task state, and
+``prepare_request``'s ``summary_due`` (docs/SUMMARIES.md).
 """

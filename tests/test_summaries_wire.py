@@ -1,0 +1,244 @@
+"""Summaries end to end in every dialect: the real daemon, its files, a restart, a Redis fleet."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwin import engine
+from ctxwin.client import Client
+from tests._daemon import DaemonProcess
+from tests._dialect_data import RENDER, Call, Turn, render_cline, sdk_validator
+from tests._dialect_rules import CHECKS
+from tests._redis import RedisServer
+
+DIALECTS = ["cline", "openai-chat", "anthropic", "openai-responses", "gemini"]
+MODEL: Any = {"id": "small-model", "context_window": 16000}
+TRIGGER = 12000  # floor(16000 * 0.75), under max_allowed_size 12800 (SPEC.md §2, §8)
+MARK = engine.SUMMARY_MARK
+
+
+def instruction(round_: int) -> str:
+    return f"Instruction {round_}: keep the retry limit at KAPPA-{round_ * 7} exactly."
+
+
+def written(round_: int) -> str:
+    return f"out/report-{round_}.txt"
+
+
+ERROR = "Error: ValueError: bad token at column 3 in src/mod3.py"
+
+
+def conversation(rounds: int) -> list[Turn]:
+    """A task, then tool-using rounds planting facts: an instruction with a distinctive value,
+    a file read (large), a file written, an error in round 3, a plan at the end of each."""
+    turns = [
+        Turn("user", "Build the parser. Use the seed value ZETA-0 everywhere."),
+        Turn("assistant", "Starting."),
+    ]
+    for round_ in range(1, rounds + 1):
+        turns.append(Turn("user", instruction(round_)))
+        read = Call(f"r{round_}", "read_file", {"path": f"src/mod{round_}.py"})
+        turns.append(Turn("assistant", f"Reading module {round_}.", calls=[read]))
+        body = f"line {round_}: total = compute(values, limit)  # checked\n" * 100
+        turns.append(Turn("results", results=[(read.id, body)]))
+        write = Call(f"w{round_}", "write_file", {"path": written(round_), "content": "x"})
+        turns.append(Turn("assistant", f"Writing report {round_}.", calls=[write]))
+        turns.append(Turn("results", results=[(write.id, ERROR if round_ == 3 else "written")]))
+        turns.append(Turn("assistant", f"Plan after round {round_}: test module {round_}."))
+    return turns
+
+
+def render(dialect: str, turns: list[Turn]) -> list[dict[str, Any]]:
+    return render_cline(turns) if dialect == "cline" else RENDER[dialect](turns)
+
+
+def with_prompt(dialect: str, history: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The history with a new user prompt at its end (the next request)."""
+    return history + render(dialect, [Turn("user", text)])
+
+
+def dumped(view: Sequence[Any]) -> str:
+    return json.dumps(view, sort_keys=True, ensure_ascii=False)
+
+
+def check_view(dialect: str, view: Any) -> None:
+    """The provider's rules and, for a native dialect, its SDK's request type."""
+    if dialect != "cline":
+        CHECKS[dialect](view)
+        sdk_validator(dialect)(view)
+
+
+@pytest.fixture(scope="module")
+def summary_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with DaemonProcess(tmp_path_factory.mktemp("summaries")) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(summary_daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(summary_daemon.endpoint, timeout=60) as connected:
+        yield connected
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_condense_shortens_the_view_carries_one_summary_and_rolls_back_byte_for_byte(
+    client: Client, dialect: str
+) -> None:
+    """The view after a condense is shorter, under half the trigger, valid, with the summary
+    once right after the first pair; a rollback to before it gives back the earlier view."""
+    task = client.task(f"once-{dialect}", dialect=dialect)
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    before = task.truncated_messages(history)["messages"]
+    assert MARK not in dumped(before)
+    result: Any = task.condense(history, MODEL, ts=5000)
+    assert (True, None, None) == (result["condensed"], result["reason"], result["fallback"])
+    view = result["messages"]
+    assert len(view) < len(before)
+    assert 1 == dumped(view).count(MARK)
+    assert result["tokens_after"] <= TRIGGER / 2 < result["tokens_before"]
+    check_view(dialect, view)
+    # Right after the first pair: in the first message the view keeps of the history.
+    first_pair = render(dialect, conversation(0))
+    assert dumped(first_pair) == dumped(view[: len(first_pair)]).replace(
+        engine.DEFAULT_NOTICES.truncation, "Starting."
+    )
+    assert MARK in dumped(view[len(first_pair) : len(first_pair) + 1])
+    assert view == task.truncated_messages(history)["messages"]
+    shown: Any = task.inspect()
+    assert result["summary"] == shown["summary"]
+    assert [result["summary"]] == shown["summaries"]
+    assert result["deleted_range"] == shown["deleted_range"] == result["summary"]["range"]
+    assert "basic" == result["summary"]["kind"]
+
+    assert 0 < task.rollback(4999)["removed"]
+    assert dumped(before) == dumped(task.truncated_messages(history)["messages"])
+    shown = task.inspect()
+    assert (None, [], None) == (shown["deleted_range"], shown["updates"], shown.get("summary"))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_second_condense_replaces_the_first_and_a_rollback_brings_it_back(
+    client: Client, dialect: str
+) -> None:
+    """Two condenses leave one summary in the view, the second; a condense right after
+    another is refused with a reason; rolling the second back restores the first's view."""
+    task = client.task(f"twice-{dialect}", dialect=dialect)
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    first: Any = task.condense(history, MODEL, ts=1000, summary="FIRST summary: parser half done.")
+    assert (True, "model") == (first["condensed"], first["summary"]["kind"])
+    too_soon: Any = task.condense(history, MODEL, ts=1500)
+    assert not too_soon["condensed"]
+    assert "at least 6 must come between two" in too_soon["reason"]
+    assert first["messages"] == too_soon["messages"]
+
+    longer = with_prompt(dialect, render(dialect, conversation(14)), "Go on.")
+    between = task.truncated_messages(longer)["messages"]
+    second: Any = task.condense(longer, MODEL, ts=2000, summary="SECOND summary: parser done.")
+    assert second["condensed"], second["reason"]
+    view = second["messages"]
+    text = dumped(view)
+    assert (1, 0, 1) == (
+        text.count(MARK),
+        text.count("FIRST summary"),
+        text.count("SECOND summary"),
+    )
+    check_view(dialect, view)
+    assert second["deleted_range"][1] > first["deleted_range"][1]
+    assert 2 == len(task.inspect()["summaries"])
+
+    task.rollback(1999)
+    assert dumped(between) == dumped(task.truncated_messages(longer)["messages"])
+    assert first["summary"] == task.inspect()["summary"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_two_basic_condenses_keep_every_planted_instruction_and_path(
+    client: Client, dialect: str
+) -> None:
+    """After two successive basic condenses the view still holds every user instruction and
+    every file path written, the error and the last plan, and is under half the trigger."""
+    task = client.task(f"retain-{dialect}", dialect=dialect)
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    assert task.condense(history, MODEL, ts=1000)["condensed"]
+    rounds = 16
+    longer = with_prompt(dialect, render(dialect, conversation(rounds)), "Go on.")
+    second: Any = task.condense(longer, MODEL, ts=2000)
+    assert second["condensed"], second["reason"]
+    assert second["tokens_after"] < TRIGGER / 2
+    text = json.dumps(second["messages"], ensure_ascii=False)
+    missing = [instruction(r) for r in range(1, rounds + 1) if instruction(r) not in text]
+    missing += [written(r) for r in range(1, rounds + 1) if written(r) not in text]
+    assert [] == missing
+    assert "Use the seed value ZETA-0" in text
+    assert ERROR in text
+    assert f"Plan after round {rounds}" in text or f"Plan after round {rounds - 1}" in text
+    check_view(dialect, second["messages"])
+
+
+@pytest.mark.parametrize("dialect", ["cline", "anthropic"])
+def test_a_blank_model_summary_falls_back_and_a_useless_one_is_not_stored(
+    client: Client, dialect: str
+) -> None:
+    """A blank summary is replaced by the basic one; one that would make the view larger
+    is replaced too, and each result says why."""
+    task = client.task(f"fallback-{dialect}", dialect=dialect)
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    blank: Any = task.condense(history, MODEL, ts=1000, summary="  \n")
+    assert ("basic", "the model's summary was empty") == (
+        blank["summary"]["kind"],
+        blank["fallback"],
+    )
+    task.rollback(999)
+    huge: Any = task.condense(history, MODEL, ts=1000, summary="word " * 40000)
+    assert "basic" == huge["summary"]["kind"]
+    assert "would not make the view smaller" in huge["fallback"]
+
+
+def test_nothing_to_remove_is_refused_with_a_reason(client: Client) -> None:
+    """A history of the task and one turn has no turn a condense could remove."""
+    task = client.task("short")
+    history = render("cline", [Turn("user", "Hi"), Turn("assistant", "Hello"), Turn("user", "Go")])
+    result: Any = task.condense(history, MODEL, ts=1000)
+    assert (False, None) == (result["condensed"], result["summary"])
+    assert "no turn is left to remove" in result["reason"]
+    assert history == result["messages"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_summary_survives_a_restart(tmp_path: Path, dialect: str) -> None:
+    """A condensed task's view is the same after the daemon restarts (ctxwin.json holds it)."""
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as first:
+        task = first.task("kept", dialect=dialect)
+        view = task.condense(history, MODEL, ts=1000)["messages"]
+        first.flush("kept")
+    stored = json.loads((daemon.task_dir("kept") / "ctxwin.json").read_text())
+    assert 1 == len(stored["summaries"])
+    with DaemonProcess(tmp_path) as daemon, Client(daemon.endpoint) as second:
+        again = second.task("kept", dialect=dialect)
+        assert dumped(view) == dumped(again.truncated_messages(history)["messages"])
+        again.rollback(999)
+        assert MARK not in dumped(again.truncated_messages(history)["messages"])
+
+
+@pytest.mark.parametrize("dialect", ["openai-chat", "gemini"])
+def test_a_summary_moves_with_its_task_to_another_daemon(
+    tmp_path: Path, redis_server: RedisServer, dialect: str
+) -> None:
+    """In a fleet, the daemon that takes a task over shows the summary the first one stored."""
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    store = ("--state-store", redis_server.url)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with DaemonProcess(tmp_path / "a", *store) as first, Client(first.endpoint) as a:
+        view = a.task("moving", dialect=dialect).condense(history, MODEL, ts=1000)["messages"]
+        a.close_task("moving")
+    with DaemonProcess(tmp_path / "b", *store) as second, Client(second.endpoint) as b:
+        moved = b.task("moving", dialect=dialect)
+        assert dumped(view) == dumped(moved.truncated_messages(history)["messages"])
+        assert 1 == len(moved.inspect()["summaries"])
