@@ -132,6 +132,7 @@ def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
             "fleet",
             "dialects",
             "read_tools",
+            "auto",
             "summaries",
         ],
         "dialects": ["cline", "openai-chat", "anthropic", "openai-responses", "gemini"],
