@@ -1,0 +1,70 @@
+"""What the README and docs/ point at exists, and their shell commands run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+SOURCES = [
+    path
+    for folder in ("proto", "client", "daemon", "tests", "bench", "docs")
+    for path in (ROOT / folder).rglob("*")
+    if path.suffix in {".py", ".md"} and ".venv" not in path.parts
+]
+
+
+def test_every_spec_citation_names_a_section_of_docs_spec() -> None:
+    """ "SPEC.md §N" anywhere in the code, tests and docs is a section of docs/SPEC.md."""
+    spec = (ROOT / "docs" / "SPEC.md").read_text()
+    sections = {int(n) for n in re.findall(r"^## (\d+)\. ", spec, flags=re.M)}
+    assert set(range(1, 11)) == sections
+    cited = {
+        (path.relative_to(ROOT).as_posix(), int(n))
+        for path in [README, *SOURCES]
+        for n in re.findall(r"SPEC\.md §(\d+)", path.read_text(errors="replace"))
+    }
+    assert len(cited) > 50  # the walk sees the citations
+    assert [] == sorted((path, n) for path, n in cited if n not in sections)
+
+
+def test_relative_links_of_the_readme_and_docs_lead_to_files() -> None:
+    """Every [text](target) that is not a URL names a file of the repository."""
+    broken = []
+    for page in [README, *DOCS]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (page.parent / target.split("#")[0]).exists():
+                broken.append((page.name, target))
+    assert [] == broken
+
+
+def _shell_blocks(text: str) -> list[list[str]]:
+    blocks = re.findall(r"^```sh\n(.*?)^```$", text, flags=re.M | re.S)
+    return [block.splitlines() for block in blocks]
+
+
+def test_readme_commands_name_programs_that_exist_where_they_are_run() -> None:
+    """No bare ``python`` (a checkout's is .venv/bin/python); ``ctxwin`` only once .venv is on PATH.
+
+    A fresh checkout has python3 but maybe no ``python``, and ``ctxwin`` is
+    installed in .venv/bin, not on the PATH: a block that runs a bare
+    ``ctxwin`` activates .venv first.
+    """
+    blocks = _shell_blocks(README.read_text())
+    lines = [line for block in blocks for line in block]
+    assert [] == [line for line in lines if re.match(r"(sudo )?python\s", line)]
+    bare = []
+    for block in blocks:
+        activated = False
+        for line in block:
+            activated = activated or line.startswith(". .venv/bin/activate")
+            if line.startswith("ctxwin ") and not activated:
+                bare.append(line)
+    assert [] == bare
+    scripts = [m for line in lines for m in re.findall(r"\.venv/bin/python (\S+\.py)", line)]
+    assert scripts
+    assert [] == [script for script in scripts if not (ROOT / script).is_file()]
