@@ -142,3 +142,24 @@ CHECKS: dict[str, Callable[[Sequence[Message]], None]] = {
     "openai-responses": check_responses,
     "gemini": check_gemini,
 }
+
+
+def check_origins(
+    history: Sequence[Message], view: Sequence[Any], origins: Sequence[int | None]
+) -> None:
+    """A patch's origins name each view message's history message: the caller's own object
+    stands for its own index, a message of no history object was rebuilt from a message of
+    its kind (the same role, and item type) or added by the view (None)."""
+    if len(origins) != len(view):
+        _fail("origins", f"{len(origins)} origins for a view of {len(view)} messages")
+    own = {id(message): index for index, message in enumerate(history)}
+    for position, (message, origin) in enumerate(zip(view, origins, strict=True)):
+        where = f"view[{position}]"
+        index = own.get(id(message))
+        if index is not None and origin != index:
+            _fail(where, f"history message {index} itself is given origin {origin}")
+        if index is None and origin is not None:
+            original = history[origin]
+            kind = (original.get("role"), original.get("type"))
+            if (message.get("role"), message.get("type")) != kind:
+                _fail(where, f"a rebuilt {kind} message is given origin {origin}")

@@ -488,3 +488,26 @@ def test_help_names_every_file_replay_reads(capsys: pytest.CaptureFixture[str]) 
         "Claude Code JSONL session log",
     ):
         assert shape in usage
+
+
+def test_inspect_of_a_task_that_does_not_exist_says_so_and_creates_nothing(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """``inspect`` of a task id never used: exit 1 naming it, no actor left running, no
+    files written, even with ``--messages`` (which would send its history)."""
+    history = _history_file(tmp_path, conversation())
+    with Client(shared.endpoint) as client:
+        before = client.stats()["actors"]
+        code, _, err = run("--endpoint", shared.endpoint, "inspect", "never-made")
+        assert (1, "ctxwin: task never-made does not exist") == (code, err.split(" (")[0])
+        code, _, err = run(
+            "--endpoint", shared.endpoint, "inspect", "never-made", "--messages", str(history)
+        )
+        assert 1 == code
+        assert "does not exist" in err
+        assert before == client.stats()["actors"]
+        assert client.inspect("never-made")["exists"] is False
+        assert before == client.stats()["actors"]
+        client.prepare_request("made-now", conversation(), {"id": "m"})
+        assert "exists" not in client.inspect("made-now")
+    assert not (shared.state_dir / "tasks" / "never-made").exists()

@@ -14,9 +14,9 @@ from ctxwin.engine import TaskState
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
-from ctxwin.proto import apply_view_patch
+from ctxwin.proto import apply_view_patch, view_origins
 from tests._dialect_data import RENDER, Call, Turn, conversations, render_cline, sdk_validator
-from tests._dialect_rules import CHECKS
+from tests._dialect_rules import CHECKS, check_origins
 
 PROFILE = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODEL = {"id": "m", "context_window": 64_000}
@@ -32,6 +32,12 @@ operations = st.lists(
     min_size=1,
     max_size=8,
 )
+
+
+def _origins(length: int, patch: dict[str, Any]) -> list[int | None]:
+    """The origins of a whole patch's view (docs/DIALECTS.md, "View patches")."""
+    marks = dict(patch.get("origins", []))
+    return view_origins(length, patch, dict(patch["overrides"]), marks)
 
 
 def _kept_out(dialect: str, message: dict[str, Any]) -> bool:
@@ -77,6 +83,8 @@ class Run:
         if self.ts % 2:
             patch = history.patch(view, self.state.deleted_range)
             patched = None if patch is None else apply_view_patch(messages, patch)
+            if patch is not None and patched is not None:
+                check_origins(messages, patched, _origins(len(messages), patch))
         mapped = history.view(view, self.state.deleted_range)
         assert patched is None or patched == mapped
         self.internal_view = view
@@ -233,3 +241,5 @@ def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
         fresh = MappedHistory(DIALECTS[dialect], prefix)
         assert mapped == fresh.view(state.truncated_messages(fresh.internal), state.deleted_range)
         assert patch is None or mapped == apply_view_patch(prefix, patch)
+        if patch is not None:
+            check_origins(prefix, apply_view_patch(prefix, patch), _origins(end, patch))

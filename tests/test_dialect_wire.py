@@ -19,7 +19,7 @@ from ctxwin.client._replay import ReplayReport, ViewState, message_chars, replay
 from tests import _daemon
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
-from tests._dialect_rules import CHECKS
+from tests._dialect_rules import CHECKS, check_origins
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CHAT: list[dict[str, Any]] = [
@@ -605,6 +605,9 @@ def test_views_rebuilt_from_reused_patches_equal_the_whole_views(
             ephemeral=True,
         )
         assert list(mine["messages"]) == whole["messages"], f"view after {end} messages"
+        origins = handle.view_origins()
+        assert origins is not None
+        check_origins(history, mine["messages"], origins)
         assert mine["deleted_range"] == whole["deleted_range"]
         cuts += mine["range_updated"]
         previous = proto.Usage(ts=end, tokens_in=mine["estimated_tokens"] + 4_000)

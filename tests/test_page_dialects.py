@@ -251,3 +251,92 @@ def test_chromium_shows_each_turn_of_an_anthropic_page_in_view_order(
         ] == dom.shown
         assert dom.fold_hidden == (not view.removed(row.messages))
         assert dom.summary.startswith(f"{len(view.order)} of {row.messages} messages sent")
+
+
+def _unanswered_and_repeated() -> list[dict[str, Any]]:
+    """An Anthropic history whose call 3 is never answered (the view puts a filled-in result
+    first in message 4) and whose last message says what message 4 says."""
+    return [
+        {"role": "user", "content": "Fix the build."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": "c1", "name": "read_file", "input": {"path": "a"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "x = 1"}],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "c2", "name": "read_file", "input": {}}],
+        },
+        {"role": "user", "content": [{"type": "text", "text": "Go on."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Go on."}]},
+    ]
+
+
+def test_a_message_the_view_rebuilt_is_drawn_as_its_history_message(client: Client) -> None:
+    """A history message sent with a filled-in result put first is that message, rebuilt
+    (a repaired pair), not a message the view added; and it is neither removed nor counted
+    as saved."""
+    history = _unanswered_and_repeated()
+    model: proto.Model = {"id": "m", "context_window": 64_000}
+    report = replay(client, history, model, task_id="page-rebuilt", dialect="anthropic")
+    last = report.views[-1]
+    assert last.order is not None
+    assert [index for index, _ in last.order] == list(range(7))
+    number = last.order[4][1]
+    assert number is not None
+    variant = report.variants[number]
+    assert not variant.added
+    assert REPAIRED in variant.kinds
+    assert MISSING in json.dumps(variant.message)
+    assert [] == last.removed(len(history))
+    assert not any(event.kind == "truncation" for event in report.events)
+    counts = message_tokens(client, history, report.variants, "anthropic")
+    shown = [label for label, _, hidden in _items(replay_page(report, history, counts))]
+    assert [f"#{index}" for index in range(7)] == shown[-7:]
+
+
+def _inspect_page(endpoint: str, client: Client, tmp_path: Path) -> Path:
+    """``ctxwin inspect --html`` of a task whose last message says what an older one says:
+    the last message is labelled by its own index, and nothing is said to be dropped."""
+    history = _unanswered_and_repeated()
+    task = client.task("page-equal", dialect="anthropic")
+    task.prepare_request(history, {"id": "m", "context_window": 64_000})
+    saved = tmp_path / "messages.json"
+    saved.write_text(json.dumps({"messages": history}), encoding="utf-8")
+    page = tmp_path / "task.html"
+    base = ("--endpoint", endpoint, "--json", "inspect", "page-equal")
+    code, out, err = run(*base, "--messages", str(saved), "--html", str(page))
+    assert 0 == code, err
+    assert 0 == json.loads(out)["summary"]["hidden_messages"]
+    text = page.read_text(encoding="utf-8")
+    shown = [label for label, _, hidden in _items(text) if not hidden]
+    assert [f"#{index}" for index in range(7)] == shown
+    assert "dropped" not in unescape(re.sub(r"<script.*?</script>", "", text, flags=re.S))
+    return page
+
+
+def test_inspect_labels_each_message_by_its_own_index_not_an_equal_one(
+    page_daemon: DaemonProcess, client: Client, tmp_path: Path
+) -> None:
+    """The inspect page of a message equal to an older one, and of a rebuilt one (see
+    :func:`_inspect_page`)."""
+    _inspect_page(page_daemon.endpoint, client, tmp_path)
+
+
+def test_chromium_shows_a_rebuilt_message_and_an_equal_one_under_their_own_indices(
+    browser: str, page_daemon: DaemonProcess, client: Client, tmp_path: Path
+) -> None:
+    """The inspect page in a real browser: each message of the view under its own history
+    index (the rebuilt one as a variant), the fold line hidden: nothing was dropped."""
+    page = _inspect_page(page_daemon.endpoint, client, tmp_path)
+    dom = _dom(_browse(browser, tmp_path / "profile", page.as_uri(), "--dump-dom"))
+    assert list(range(7)) == [index for index, _ in dom.shown]
+    assert [4] == [index for index, variant in dom.shown if variant is not None]
+    assert dom.fold_hidden

@@ -45,6 +45,7 @@ from ._replay import (
     view_state,
 )
 from ._sync import Client
+from ._task import Task
 
 EXIT_OK = 0
 EXIT_DAEMON_ERROR = 1
@@ -332,11 +333,19 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         if problem is not None:
             raise UsageError(problem)
     history, dialect = _inspect_history(args)
-    view = None
-    if history is not None and dialect != "cline":
-        # First, so that the daemon holds the mapped history and inspect names the sources.
-        view = client.truncated_messages(args.task, history, dialect=dialect)["messages"]
     result = client.inspect(args.task)
+    if result.get("exists") is False:
+        err.write(f"ctxwin: task {args.task} does not exist (nothing stored, not loaded)\n")
+        return EXIT_DAEMON_ERROR
+    view = None
+    origins: list[int | None] | None = None
+    if history is not None and dialect != "cline":
+        # So that the daemon holds the mapped history and inspect names the sources; the
+        # view comes as a patch, which says which history message each view message is.
+        handle = Task(client, args.task, dialect=dialect)
+        view = handle.truncated_messages(history)["messages"]
+        origins = handle.view_origins()
+        result = client.inspect(args.task)
     overlay = parse_updates(result["updates"])
     sources = parse_sources(result.get("sources", [])) if view is not None else None
     rows: list[dict[str, Any]] = []
@@ -377,7 +386,12 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
     state: ViewState | None = None
     if history is not None and view is not None and sources is not None:
         state = NativeViews(history, variants).state(
-            view, len(history), deleted_range, overlay, sources
+            view,
+            origins if origins is not None else [None] * len(view),
+            len(history),
+            deleted_range,
+            overlay,
+            sources,
         )
         removed = state.removed(len(history))
         hidden = len(removed)

@@ -219,6 +219,8 @@ class DeltaSync:
             patch = result.pop("patch", None)
             if patch is not None:
                 result["messages"] = patches.apply(messages, patch)
+            elif "messages" in result:
+                patches.took_whole()
             sender.sent(messages, history, owned=owned)
             return result
 

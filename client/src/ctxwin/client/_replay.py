@@ -497,7 +497,10 @@ def replay(
         now = parse_updates(inspected["updates"])
         sources = parse_sources(inspected.get("sources", [])) if native else None
         if sources is not None:
-            state = mapper.state(view, end, new_range, now, sources)
+            origins = task.view_origins()
+            if origins is None:  # a view holding no message of the history came whole
+                origins = [None] * len(view)
+            state = mapper.state(view, origins, end, new_range, now, sources)
         else:
             state = view_state(history, view, new_range, now, report.variants)
         if new_range != deleted_range and new_range is not None:
@@ -656,22 +659,19 @@ def _leaves(value: Any, ids: set[str], texts: set[str], key: str = "") -> None:
             _leaves(item, ids, texts, key)
 
 
-def _kind_of(message: Mapping[str, Any]) -> tuple[Any, Any]:
-    """What a rebuild keeps of a message: its ``type`` (Responses items) and ``role``."""
-    return message.get("type"), message.get("role")
-
-
 class NativeViews:
     """Views of a native dialect's history mapped back to it, turn by turn.
 
-    The daemon's views, through a task handle's patches, hold the caller's own
-    message objects where the view did not change them. A view message is the
-    history message it is (by identity, else by equality); any other is a
-    variant: a rebuilt form of the history message of its kind that shares its
-    call ids or its content, or whose edit ``inspect``'s ``sources`` name,
-    nearest to where the view holds it; else a message the view added (a
-    missing result, a notice of its own). History messages neither sent nor
-    rebuilt are the ones the view removed.
+    Each view message comes with its origin, as the daemon's patch gives it
+    (:meth:`ctxwin.client.Task.view_origins`): the history index it stands for,
+    or None for a message the view added. A message that is its history
+    message (the same object, or equal) is sent as it is; another with an
+    origin is a variant of that message, rebuilt by the view, whose kind
+    (a notice, a replaced read, a repaired pair) follows from the overlay
+    texts it holds; one without is a message the view added (a missing
+    result, a notice of its own), standing for the message holding the call
+    it answers, else for the next history message sent. History messages
+    neither sent nor rebuilt are the ones the view removed.
 
     Args:
         history: the whole conversation, in its dialect.
@@ -681,10 +681,6 @@ class NativeViews:
     def __init__(self, history: Sequence[Mapping[str, Any]], variants: list[Variant]) -> None:
         self.history = history
         self.variants = variants
-        self._by_object: dict[int, list[int]] = {}
-        for index, message in enumerate(history):
-            self._by_object.setdefault(id(message), []).append(index)
-        self._by_key: dict[str, list[int]] | None = None
         self._leaf_cache: dict[int, tuple[set[str], set[str]]] = {}
         self._by_call: dict[str, list[int]] | None = None
 
@@ -693,13 +689,6 @@ class NativeViews:
         if found is None:
             found = self._leaf_cache[index] = _leaves_pair(self.history[index])
         return found
-
-    def _equal(self, message: Mapping[str, Any]) -> list[int]:
-        if self._by_key is None:
-            self._by_key = {}
-            for index, original in enumerate(self.history):
-                self._by_key.setdefault(_key(original), []).append(index)
-        return self._by_key.get(_key(message), [])
 
     def _holding(self, call: str) -> list[int]:
         if self._by_call is None:
@@ -712,6 +701,7 @@ class NativeViews:
     def state(
         self,
         view: Sequence[Mapping[str, Any]],
+        origins: Sequence[int | None],
         end: int,
         deleted_range: DeletedRange,
         overlay: Overlay,
@@ -721,27 +711,17 @@ class NativeViews:
 
         Args:
             view: the messages sent.
+            origins: the history index each of them stands for (None: added by the view).
             end: how many history messages the view was made of.
             deleted_range: the range in effect (internal indices).
             overlay: the task's overlay now (:func:`parse_updates`).
             sources: where each overlay block came from (:func:`parse_sources`).
+
+        Raises:
+            ValueError: ``origins`` do not fit ``view`` and ``end``.
         """
-        taken: set[int] = set()
-        found: list[int | None] = []
-        for message in view:
-            at = next(
-                (i for i in self._by_object.get(id(message), ()) if i < end and i not in taken),
-                None,
-            )
-            if at is not None:
-                taken.add(at)
-            found.append(at)
-        for position, message in enumerate(view):
-            if found[position] is None:
-                at = next((i for i in self._equal(message) if i < end and i not in taken), None)
-                if at is not None:
-                    taken.add(at)
-                    found[position] = at
+        if len(origins) != len(view) or any(at is not None and not 0 <= at < end for at in origins):
+            raise ValueError("view origins do not fit the view or the history")
         # The notices and replaced texts of the overlay, by the history index they stand in
         # (None: a notice block of its own, from no history message).
         marks: dict[int | None, list[tuple[str, str]]] = {}
@@ -751,82 +731,27 @@ class NativeViews:
                 marks.setdefault(sources[key][0] if key in sources else None, []).append(
                     (updates[-1], kind)
                 )
-        following: list[int | None] = [None] * len(view)
-        later: int | None = None
-        for position in range(len(view) - 1, -1, -1):
-            following[position] = later
-            later = found[position] if found[position] is not None else later
         state = ViewState(None if deleted_range is None else list(deleted_range), order=[])
         assert state.order is not None
-        last = -1
-        for position, message in enumerate(view):
-            at = found[position]
-            if at is not None:
+        for position, (message, at) in enumerate(zip(view, origins, strict=True)):
+            if at is not None and (message is self.history[at] or message == self.history[at]):
                 state.order.append((at, None))
-                last = max(last, at)
                 continue
             ids, texts = _leaves_pair(message)
-            rebuilt = self._rebuilt(
-                message, ids, texts, end, taken, last, following[position], marks
-            )
-            if rebuilt is not None:
-                taken.add(rebuilt)
-                original_ids, original_texts = self._leaves_of(rebuilt)
-                kinds = _marked(texts - original_texts, marks, rebuilt)
+            if at is not None:
+                original_ids, original_texts = self._leaves_of(at)
+                kinds = _marked(texts - original_texts, marks, at)
                 if not kinds or ids != original_ids:
                     kinds.append(REPAIRED)
-                number = self._variant(rebuilt, kinds, message, added=False)
-                state.altered[rebuilt] = number
-                state.order.append((rebuilt, number))
-                last = max(last, rebuilt)
+                number = self._variant(at, kinds, message, added=False)
+                state.altered[at] = number
+                state.order.append((at, number))
                 continue
             calls = sorted(i for name in ids for i in self._holding(name) if i < end)
-            stands = calls[0] if calls else self._split_from(texts, last, following[position], end)
+            stands = calls[0] if calls else _next_origin(origins, position)
             kinds = _marked(texts, marks, None) or [REPAIRED]
             state.order.append((stands, self._variant(stands, kinds, message, added=True)))
         return state
-
-    def _rebuilt(
-        self,
-        message: Mapping[str, Any],
-        ids: set[str],
-        texts: set[str],
-        end: int,
-        taken: set[int],
-        last: int,
-        following: int | None,
-        marks: Mapping[int | None, list[tuple[str, str]]],
-    ) -> int | None:
-        """The history message ``message`` is a rebuilt form of, or None (the view added it)."""
-        kind = _kind_of(message)
-        if ids:
-            shared = {i for name in ids for i in self._holding(name)}
-            candidates = sorted(
-                shared,
-                key=lambda i: (-len(ids & self._leaves_of(i)[0]), abs(i - last - 1)),
-            )
-        else:
-            stop = following if following is not None and following > last else end
-            candidates = list(range(last + 1, stop))
-        for index in candidates:
-            if index >= end or index in taken or _kind_of(self.history[index]) != kind:
-                continue
-            own = self._leaves_of(index)[1]
-            if texts & own or any(text in texts for text, _ in marks.get(index, ())):
-                return index
-            if not own and not texts:
-                return index  # nothing to compare: the one of its kind where it stands
-        return None
-
-    def _split_from(self, texts: set[str], last: int, following: int | None, end: int) -> int:
-        """The history message an added message without calls stands for: the one near
-        where it stands that shares its texts (a part the view moved out of it), else the
-        next history message sent, else the one before."""
-        stop = following if following is not None and following > last else min(end, last + 64)
-        for index in sorted(range(max(0, last - 8), stop), key=lambda i: abs(i - last)):
-            if texts & self._leaves_of(index)[1]:
-                return index
-        return following if following is not None else max(last, 0)
 
     def _variant(
         self, index: int, kinds: list[str], message: Mapping[str, Any], added: bool
@@ -839,15 +764,19 @@ class NativeViews:
         return len(self.variants) - 1
 
 
+def _next_origin(origins: Sequence[int | None], position: int) -> int:
+    """The history index of the first message after ``position`` that has one, else of
+    the last before it (0 when none has)."""
+    after = (at for at in origins[position + 1 :] if at is not None)
+    before = (at for at in reversed(origins[:position]) if at is not None)
+    return next(after, next(before, 0))
+
+
 def _leaves_pair(message: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     ids: set[str] = set()
     texts: set[str] = set()
     _leaves(message, ids, texts)
     return ids, texts
-
-
-def _key(message: Mapping[str, Any]) -> str:
-    return json.dumps(message, sort_keys=True, default=repr)
 
 
 def _marked(

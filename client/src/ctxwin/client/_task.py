@@ -76,6 +76,17 @@ class _TaskBase:
         """Send the whole history with the next op (after editing old messages in place)."""
         self._delta.reset()
 
+    def view_origins(self) -> list[int | None] | None:
+        """The history index each message of the last view a history op returned stands
+        for (None: a message the view added, such as a filled-in result or a notice of
+        its own); None when that view did not come as a patch (no delta sync, a view
+        holding no message of the history).
+
+        Raises:
+            ValueError: the daemon's patch named origins that do not fit it.
+        """
+        return self._delta.patches.origins() if self._delta.enabled else None
+
     def __repr__(self) -> str:
         shown = "" if self.dialect is None else f", dialect={self.dialect!r}"
         return f"{type(self).__name__}({self.id!r}, ephemeral={self.ephemeral}{shown})"

@@ -364,7 +364,25 @@ class TaskActor:
             result["summaries"] = [summary.wire() for summary in state.summaries]
             shown = state.summary
             result["summary"] = None if shown is None else shown.wire()
+        if self._only_inspected and self._holds_nothing(state):
+            # Nothing stored, nothing sent: the task does not exist, and inspecting it
+            # leaves no actor behind.
+            result["exists"] = False
+            await self._close()
         return result
+
+    def _holds_nothing(self, state: engine.TaskState) -> bool:
+        """Whether the task holds nothing a store would keep, nor a history."""
+        return (
+            state.empty
+            and not self.dirty
+            and not self._read_tools
+            and not self._unused_tools
+            and not state.ledger.requests
+            and not state.summaries
+            and self.kept.calibration.samples == 0
+            and self.kept.kept_messages() is None
+        )
 
     async def _flush_op(self) -> dict[str, Any]:
         return {"flushed": int(await self.flush()), "loaded": True}

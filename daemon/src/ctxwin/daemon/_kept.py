@@ -306,6 +306,11 @@ class KeptHistory:
         before = dict(sent[shared:])
         after = overrides[shared:]
         patch["overrides"] = [item for item in after if before.get(item[0]) is not item[1]]
+        if "origins" in patch:  # the caller holds those of the overrides it holds
+            sending = {item[0] for item in patch["overrides"]}
+            marked = [item for item in patch.pop("origins") if item[0] in sending]
+            if marked:
+                patch["origins"] = marked
         patch["reuse"] = True
         patch["base"] = previous
         now = {item[0] for item in after}

@@ -129,13 +129,25 @@ class _PatchState:
 
     The overrides are kept as they are made (``items``, valid up to ``fresh``),
     so a patch of a view built on the last one costs its new overrides, not all.
+    ``origins`` holds, for each override (same keys, same order), the history
+    index each of its messages stands for (None: one the view added).
     """
 
-    __slots__ = ("fresh", "items", "keys", "order", "pending", "replaced", "snapshots")
+    __slots__ = (
+        "fresh",
+        "items",
+        "keys",
+        "order",
+        "origins",
+        "pending",
+        "replaced",
+        "snapshots",
+    )
 
     def __init__(self) -> None:
         self.order: list[list[int]] = []
         self.replaced: dict[int, list[Message]] = {}
+        self.origins: dict[int, list[int | None]] = {}
         self.keys: list[int] = []  # of ``replaced``, in its order
         self.items: list[list[Any]] = []  # the overrides of ``keys[:fresh]``
         self.fresh = 0
@@ -146,6 +158,7 @@ class _PatchState:
         twin = _PatchState()
         twin.order = [list(run) for run in self.order]
         twin.replaced = {index: list(held) for index, held in self.replaced.items()}
+        twin.origins = {index: list(held) for index, held in self.origins.items()}
         twin.keys = list(self.keys)
         twin.items = list(self.items)  # items are replaced, never changed: shared
         twin.fresh = self.fresh
@@ -169,16 +182,18 @@ class _PatchState:
         del self.order[runs:]
         if self.order:
             self.order[-1][1] = run_end
-        replaced, keys = self.replaced, self.keys
+        replaced, keys, origins = self.replaced, self.keys, self.origins
         while len(replaced) > count:
             replaced.popitem()
+            origins.popitem()
         del keys[count:]
         if replaced:
             del replaced[keys[-1]][last_len:]
+            del origins[keys[-1]][last_len:]
         self.fresh = min(self.fresh, max(count - 1, 0))
         self.pending[:] = pending
 
-    def _set(self, index: int, held: list[Message]) -> None:
+    def _set(self, index: int, held: list[Message], origins: list[int | None]) -> None:
         keys = self.keys
         if index in self.replaced:
             self.fresh = min(self.fresh, keys.index(index))
@@ -186,6 +201,7 @@ class _PatchState:
             keys.append(index)
             self.fresh = min(self.fresh, len(keys) - 1)
         self.replaced[index] = held
+        self.origins[index] = origins
 
     def add(self, piece: tuple[int | None, Message | None, int], source: list[Message]) -> None:
         index, message, end = piece
@@ -195,13 +211,14 @@ class _PatchState:
             return
         if message is None:  # a run of the history's own messages
             if pending:
-                self._set(index, [*pending, source[index]])
+                self._set(index, [*pending, source[index]], [*_added(pending), index])
                 pending.clear()
             if order and order[-1][1] == index:
                 order[-1][1] = end
             else:
                 order.append([index, end])
             return
+        stands = index
         held = replaced.get(index)
         if held is not None and order and order[-1][1] != index + 1:
             # A rebuilt message comes back after another one (a repair put another
@@ -210,11 +227,14 @@ class _PatchState:
             index = order[-1][1] - 1
             held = replaced.get(index)
             if held is None:
-                self._set(index, [source[index], *pending, message])
+                self._set(
+                    index, [source[index], *pending, message], [index, *_added(pending), stands]
+                )
                 pending.clear()
                 return
         if held is not None and order and order[-1][1] == index + 1:
             held.extend((*pending, message))
+            self.origins[index].extend((*_added(pending), stands))
             keys = self.keys
             place = len(keys) - 1 if keys[-1] == index else keys.index(index)
             self.fresh = min(self.fresh, place)
@@ -224,7 +244,7 @@ class _PatchState:
             else:
                 order.append([index, index + 1])
             if pending or message is not source[index]:
-                self._set(index, [*pending, message])
+                self._set(index, [*pending, message], [*_added(pending), index])
         pending.clear()
 
     def patch(self, source: list[Message]) -> dict[str, Any] | None:
@@ -236,11 +256,17 @@ class _PatchState:
             items.append([index, held[0] if len(held) == 1 else list(held)])
         self.fresh = len(items)
         overrides = list(items)
+        marked = {
+            index: stands
+            for index, stands in self.origins.items()
+            if len(stands) > 1 and not _by_default(index, stands)
+        }
         if self.pending:  # messages added after the last one of the history
             if not order:
                 return None
             last = order[-1][1] - 1
             added = [last, [*replaced.get(last, [source[last]]), *self.pending]]
+            marked[last] = [*self.origins.get(last, [last]), *_added(self.pending)]
             if keys and keys[-1] == last:
                 overrides[-1] = added
             else:
@@ -250,7 +276,21 @@ class _PatchState:
         runs = [list(run) for run in order]
         if len(runs) > 1 and runs_overlap(runs):
             return None  # not a view the ordered form can carry: send it whole
-        return {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
+        patch = {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
+        if marked:
+            patch["origins"] = [[index, marked[index]] for index in sorted(marked)]
+        return patch
+
+
+def _added(messages: list[Message]) -> list[int | None]:
+    """The origins of messages a view added: none."""
+    return [None] * len(messages)
+
+
+def _by_default(index: int, origins: list[int | None]) -> bool:
+    """Whether a list override's messages stand as a patch without ``origins`` says: the
+    last one for ``index``, the ones before it added by the view."""
+    return origins[-1] == index and origins.count(None) == len(origins) - 1
 
 
 class MappedHistory:

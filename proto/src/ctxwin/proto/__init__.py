@@ -63,7 +63,13 @@ from ._overlay import (
     read_overlay,
     update_text,
 )
-from ._patch import PatchReceiver, apply_view_patch, prepended_blocks, runs_overlap
+from ._patch import (
+    PatchReceiver,
+    apply_view_patch,
+    prepended_blocks,
+    runs_overlap,
+    view_origins,
+)
 from ._pricing import (
     PRICE_SHEETS,
     PriceSheet,
@@ -217,5 +223,6 @@ __all__ = [
     "unpack",
     "update_text",
     "validate_args",
+    "view_origins",
     "write_key_file",
 ]

@@ -164,6 +164,58 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
     return view
 
 
+def view_origins(
+    length: int, patch: Mapping[str, Any], held: Mapping[int, Any], marks: Mapping[int, Any]
+) -> list[int | None]:
+    """The history index each message of a patch's view stands for (None: one the view added).
+
+    ``held`` is the patch's overrides by index (with those it reuses), ``marks``
+    its ``origins`` by index. A list override without ``origins`` stands for
+    its index by its last message, the ones before it added by the view;
+    with them, each message is the index (or None) given at its place.
+
+    Raises:
+        ValueError: an ``origins`` entry does not match its override.
+    """
+    if "order" not in patch:
+        if length < 2:
+            return list(range(length))
+        return [0, 1, *range(max(int(patch.get("keep_from", 0)), 2), length)]
+    found: list[int | None] = []
+    for start, end in patch["order"]:
+        for index in range(start, end):
+            value = held.get(index)
+            if not isinstance(value, list):
+                found.append(index)
+                continue
+            marked = marks.get(index)
+            if marked is None:
+                found += [*([None] * (len(value) - 1)), index][: len(value)]
+            elif len(marked) != len(value):
+                raise ValueError(f"view patch origins of index {index} do not match its override")
+            else:
+                found += marked
+    return found
+
+
+def _marks_of(items: object) -> dict[int, list[int | None]]:
+    """A patch's ``origins`` (``[[index, [origin or None, ...]], ...]``) as a map."""
+    if not isinstance(items, list):
+        raise ValueError("view patch origins must be a list of [index, origins]")
+    marks: dict[int, list[int | None]] = {}
+    for item in items:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or type(item[0]) is not int
+            or not isinstance(item[1], list)
+            or not all(origin is None or type(origin) is int for origin in item[1])
+        ):
+            raise ValueError("view patch origins must be a list of [index, origins]")
+        marks[item[0]] = item[1]
+    return marks
+
+
 def runs_overlap(runs: Iterable[Sequence[int]]) -> bool:
     """Whether two ``[start, end)`` runs of a view patch's ``order`` share an index.
 
@@ -184,16 +236,20 @@ class PatchReceiver:
     cross the wire once, not every turn. Any mismatch (a lost reply, a daemon
     restart) makes the daemon send every override again. The overrides of the
     last few patches are kept, so that replies to calls made concurrently on
-    one task apply whatever order they are read in.
+    one task apply whatever order they are read in. So are their ``origins``
+    (which message of a list override stands for which history index), for
+    :meth:`origins`.
     """
 
-    __slots__ = ("_held", "token")
+    __slots__ = ("_held", "_last", "_marks", "token")
 
     KEPT = 4
 
     def __init__(self) -> None:
         self.token: bytes | None = None
         self._held: dict[bytes, dict[int, Any]] = {}
+        self._marks: dict[bytes, dict[int, list[int | None]]] = {}
+        self._last: tuple[int, Mapping[str, Any], dict[int, Any], dict[int, Any]] | None = None
 
     def apply(self, history: Sequence[Any], patch: Mapping[str, Any]) -> list[Any]:
         """The view ``patch`` describes; remembers its overrides for later ones.
@@ -205,6 +261,8 @@ class PatchReceiver:
         if not isinstance(overrides, list):
             raise ValueError("view patch without overrides")
         new = _overrides(history, overrides, patch.get("prepend"))
+        given = patch.get("origins")
+        marks: dict[int, list[int | None]] = {}
         if patch.get("reuse"):
             base = patch.get("base")
             dropped = patch.get("dropped")
@@ -215,18 +273,46 @@ class PatchReceiver:
             for origin in dropped:
                 held.pop(origin, None)
             held.update(new)
+            before = self._marks.get(base)  # type: ignore[arg-type]
+            if before:
+                marks = dict(before)
+                for origin in (*dropped, *new):
+                    marks.pop(origin, None)
         else:
             held = new
+        if given is not None:
+            marks.update(_marks_of(given))
         view = _view_of(history, patch, held)
+        self._last = (len(history), patch, held, marks)
         token = patch.get("token")
         if isinstance(token, bytes):
             self._held[token] = held
+            self._marks[token] = marks
             while len(self._held) > self.KEPT:
                 del self._held[next(iter(self._held))]
+            while len(self._marks) > self.KEPT:
+                del self._marks[next(iter(self._marks))]
             self.token = token
         return view
+
+    def origins(self) -> list[int | None] | None:
+        """The history index each message of the last view applied stands for (None: a
+        message the view added); None when the last view came whole (:meth:`took_whole`).
+
+        Raises:
+            ValueError: the patch's ``origins`` do not match its overrides.
+        """
+        if self._last is None:
+            return None
+        return view_origins(*self._last)
+
+    def took_whole(self) -> None:
+        """The last view came as a list, not a patch: :meth:`origins` knows none."""
+        self._last = None
 
     def reset(self) -> None:
         """Forget the held overrides: the next patch carries them all."""
         self.token = None
         self._held = {}
+        self._marks = {}
+        self._last = None

@@ -222,12 +222,14 @@ class InspectResult(TypedDict):
     the block came from and the block's text before any edit
     (docs/DIALECTS.md). ``read_tools_unused``: stored read tools that no
     longer build (a pattern RE2 refuses), ``[position, reason]``, kept and
-    not used.
+    not used. ``exists`` is false (and present only then) for a task
+    the daemon neither had loaded nor holds anything of: inspecting it creates nothing.
     """
 
     updates: list[Any]
     deleted_range: DeletedRange
     dirty: bool
+    exists: NotRequired[bool]
     calibration: NotRequired[dict[str, float]]
     history: NotRequired[int | None]
     read_tools: NotRequired[list[dict[str, Any]]]
