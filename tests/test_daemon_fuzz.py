@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,3 +143,102 @@ def test_any_input_gets_an_error_reply_or_a_disconnect(
     finally:
         sock.close(linger=0)
     assert fuzz_daemon.call("ping", timeout=5).ok
+
+
+_MODEL = {"id": "claude-sonnet-4", "context_window": 200_000}
+_PAIR = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+_BIG = 2**64 - 1
+
+
+def _tool_use(arguments: Any) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "a", "name": "read_file", "input": arguments}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "x"}]},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "reason"),
+    [
+        (
+            "count_tokens",
+            {"dialect": "anthropic", "messages": _tool_use({b"path": "a"})},
+            r"messages\[1\] has a map key that is not a string",
+        ),
+        (
+            "optimize_file_reads",
+            {"task": "f-bytes", "dialect": "anthropic", "messages": _tool_use({b"k": 1}), "ts": 1},
+            "map key that is not a string",
+        ),
+        (
+            "truncated_messages",
+            {"task": "f-range", "messages": _PAIR, "deleted_range": [2, 0]},
+            r"deleted_range must end at 1 \(\[2, 1\] is the empty range\)",
+        ),
+        (
+            "truncated_messages",
+            {"task": "f-range", "messages": _PAIR, "deleted_range": [2, -(2**63)]},
+            "deleted_range must end at 1",
+        ),
+        (
+            "rollback",
+            {"task": "f-range", "ts": 1, "deleted_range": [2, _BIG]},
+            "deleted_range must end at 1",
+        ),
+        (
+            "should_compact",
+            {"model": _MODEL, "usage": dict.fromkeys(proto.USAGE_FIELDS, _BIG)},
+            r"usage \.tokens_in must be an integer from 0 to",
+        ),
+        (
+            "context_window_info",
+            {"model": {**_MODEL, "context_window": _BIG}},
+            "context_window must be a number from 0 to",
+        ),
+    ],
+)
+def test_hostile_values_are_bad_requests_never_internal(
+    fuzz_daemon: DaemonProcess, op: str, args: dict[str, Any], reason: str
+) -> None:
+    """Byte map keys, inverted or huge ranges, overflowing counts: bad_request saying why."""
+    reply = fuzz_daemon.call(op, args)
+    assert (reply.ok, reply.code) == (False, "bad_request"), reply
+    assert re.search(reason, reply.message or ""), reply.message
+    assert fuzz_daemon.call("ping", timeout=5).ok
+    if "task" in args:
+        shown = fuzz_daemon.call("inspect", {"task": args["task"]})
+        assert shown.result is not None
+        assert shown.result["deleted_range"] is None  # nothing was taken from the request
+
+
+@pytest.mark.parametrize("dialect", ["openai-chat", "openai-responses"])
+def test_arguments_nested_deeper_than_the_daemon_follows_stay_text(
+    fuzz_daemon: DaemonProcess, dialect: str
+) -> None:
+    """A call's arguments JSON nested 30,000 deep is kept as its text: counted, not internal."""
+    deep = "[" * 30_000 + "]" * 30_000
+    call = {"name": "read_file", "arguments": deep}
+    if dialect == "openai-chat":
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c", "type": "function", "function": call}],
+            },
+            {"role": "tool", "tool_call_id": "c", "content": "x"},
+        ]
+    else:
+        messages = [
+            {"type": "message", "role": "user", "content": "hi"},
+            {"type": "function_call", "call_id": "c", **call},
+            {"type": "function_call_output", "call_id": "c", "output": "x"},
+        ]
+    counted = fuzz_daemon.call("count_tokens", {"dialect": dialect, "messages": messages})
+    assert counted.ok, counted
+    args = {"task": f"f-deep-{dialect}", "dialect": dialect, "messages": messages, "ts": 1}
+    assert fuzz_daemon.call("optimize_file_reads", args).ok

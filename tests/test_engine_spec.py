@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxwin import proto
 from ctxwin.engine import (
     CorruptStateError,
     Notices,
@@ -113,6 +114,28 @@ def test_quarter_floors_negative_counts() -> None:
     """floor(n*3/4/2), not truncation toward zero, when the range passed the end."""
     # rest = 12, n = -7: floor(-21/8) = -3 -> remove -6 -> end = 5; message 5 is assistant.
     assert [2, 5] == next_truncation_range(alternating(5), [2, 11], "quarter")
+
+
+@pytest.mark.parametrize(
+    ("messages", "keep"),
+    [
+        ([], "half"),
+        ([{"role": "user", "content": "a"}], "quarter"),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "none"),
+    ],
+)
+def test_a_range_that_would_end_below_1_is_the_empty_range(
+    messages: list[dict[str, Any]], keep: str
+) -> None:
+    """Histories of fewer than 3 messages, or a user at index 1, give [2, 1], never [2, 0].
+
+    SPEC.md §3's arithmetic alone gives [2, -1] or [2, 0] here, which would
+    keep message 1 twice (view = messages[0:2] + messages[end + 1:]).
+    """
+    found = next_truncation_range(messages, None, keep)
+    assert [2, 1] == found
+    assert proto.deleted_range_error(found) is None
+    assert proto.deleted_range_error([2, 0]) is not None
 
 
 def test_unknown_keep_is_refused() -> None:

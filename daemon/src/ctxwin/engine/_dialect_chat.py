@@ -39,7 +39,8 @@ _SCAN: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  
 
 
 def parse_arguments(arguments: object) -> object:
-    """A call's ``arguments`` JSON as a value (the string itself when it is not JSON)."""
+    """A call's ``arguments`` JSON as a value (the string itself when it is not JSON, or JSON
+    nested too deep to be parsed)."""
     if not isinstance(arguments, str):
         return arguments
     # The decoder's scanner at once (a quarter of json.loads' cost, which first
@@ -47,13 +48,13 @@ def parse_arguments(arguments: object) -> object:
     # read whole.
     try:
         value, end = _SCAN(arguments, 0)
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         end = -1
     if end == len(arguments):
         return value
     try:
         return json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the daemon follows: kept as text
         return arguments
 
 

@@ -23,7 +23,7 @@ def next_truncation_range(
 
     Returns:
         The new inclusive range ``[2, end]``; it ends on an assistant message
-        when it can and may be empty (``end < 2``).
+        when it can and may be empty (``[2, 1]``).
 
     Raises:
         ValueError: for an unknown ``keep``.
@@ -43,4 +43,7 @@ def next_truncation_range(
     end = rest + remove - 1
     if 0 <= end < len(messages) and messages[end].get("role") != "assistant":
         end -= 1
-    return [FIRST_REMOVABLE, end]
+    # A history of fewer than 3 messages, or a user message at index 1, can take
+    # the end below 1; every such range is the empty one, [2, 1] (the one rule,
+    # proto.deleted_range_error, refuses the others).
+    return [FIRST_REMOVABLE, max(end, FIRST_REMOVABLE - 1)]

@@ -8,6 +8,7 @@ the client library uses the same tables, so both sides agree on shapes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -82,6 +83,11 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 """The integers msgpack encodes; anything outside is refused before encoding."""
 
 
+MAX_COUNT = 2**53 - 1
+"""Largest token count, context window or range end taken (no history is this long);
+sums of them still fit what msgpack encodes."""
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX
 
@@ -122,10 +128,15 @@ def _check_messages(value: object, first: int = 0, cline: bool = True) -> None:
     """
     if not isinstance(value, list):
         raise _Invalid("must be a list of messages")
+    json_problem = _json_problem(value)
     for offset, message in enumerate(value):
         where = f"messages[{first + offset}]"
         if not isinstance(message, dict):
             raise _Invalid(f"{where} must be a map", where)
+        if json_problem is not None:
+            problem = _json_problem(message)
+            if problem is not None:
+                raise _Invalid(f"{where} {problem}", where)
         if not cline:
             continue
         role = message.get("role")
@@ -143,6 +154,27 @@ def _check_messages(value: object, first: int = 0, cline: bool = True) -> None:
         for block_index, block in enumerate(content):
             if not isinstance(block, dict):
                 raise _Invalid(f"{where}.content[{block_index}] must be a map", where)
+    if json_problem is not None:
+        raise _Invalid(json_problem)  # the list as a whole (no one message alone)
+
+
+def _any_value(value: object) -> None:
+    return None  # a value JSON has no form for (bytes): not this check's business
+
+
+def _json_problem(value: object) -> str | None:
+    """Why ``value`` has no JSON form a provider could be sent: a map key that is not a string.
+
+    Every dialect's messages are JSON objects; the engine writes a call's
+    arguments and a result as JSON. Checked at C speed by encoding it once.
+    """
+    try:
+        json.dumps(value, default=_any_value, check_circular=False)
+    except TypeError:
+        return "has a map key that is not a string (messages are JSON objects)"
+    except (ValueError, RecursionError):
+        return "is nested too deep"
+    return None
 
 
 def _check_model(value: object) -> None:
@@ -155,9 +187,9 @@ def _check_model(value: object) -> None:
         isinstance(window, bool)
         or not isinstance(window, int | float)
         or not math.isfinite(window)
-        or not 0 <= window <= INT_MAX
+        or not 0 <= window <= MAX_COUNT
     ):
-        raise _Invalid(".context_window must be a non-negative number or nil")
+        raise _Invalid(f".context_window must be a number from 0 to {MAX_COUNT} or nil")
     provider = value.get("provider")
     if provider is not None and not isinstance(provider, str):
         raise _Invalid(".provider must be a string or nil")
@@ -169,8 +201,8 @@ def _check_usage(value: object) -> None:
     for field in USAGE_FIELDS:
         if field in value and value[field] is not None:
             token_count = value[field]
-            if not _is_int(token_count) or token_count < 0:
-                raise _Invalid(f".{field} must be a non-negative integer")
+            if not _is_int(token_count) or not 0 <= token_count <= MAX_COUNT:
+                raise _Invalid(f".{field} must be an integer from 0 to {MAX_COUNT}")
     if "ts" in value and value["ts"] is not None:
         try:
             _check_ts(value["ts"])
@@ -209,6 +241,8 @@ def deleted_range_error(value: object) -> str | None:
         return "must be nil or a pair of integers [start, end]"
     if value[0] != 2:
         return "must start at 2 (messages 0 and 1 are never removed)"
+    if not 1 <= value[1] <= MAX_COUNT:
+        return f"must end at 1 ([2, 1] is the empty range) to {MAX_COUNT}"
     return None
 
 
