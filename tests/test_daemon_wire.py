@@ -710,3 +710,33 @@ def test_memory_is_released_after_a_sweep_stops_many_actors(tmp_path: Path) -> N
     finally:
         client.close()
         assert daemon.stop() == 0
+
+
+def test_messages_per_request_and_tasks_per_daemon_are_bounded(tmp_path: Path) -> None:
+    """Past max_messages a request is too_large; past max_tasks a new task is busy, saying why.
+
+    Tasks already held are served all the while, and once one is closed a
+    new task is taken again.
+    """
+    with DaemonProcess(tmp_path, "--max-messages", "6", "--max-tasks", "3") as daemon:
+        pair = CONVERSATION[:2]
+        many = pair * 4  # 8 messages
+        refused = daemon.call("truncated_messages", {"task": "m", "messages": many})
+        assert (refused.ok, refused.code) == (False, "too_large")
+        assert "8 messages in one request; at most 6 (max_messages)" in (refused.message or "")
+        counted = daemon.call("count_tokens", {"messages": many})
+        assert counted.code == "too_large"
+        ok(daemon.call("truncated_messages", {"task": "m", "messages": pair * 3}))
+        for task in ("t2", "t3"):
+            ok(daemon.call("truncated_messages", {"task": task, "messages": pair}))
+        busy = daemon.call("truncated_messages", {"task": "t4", "messages": pair})
+        assert (busy.ok, busy.code) == (False, "busy")
+        assert "holds 3 tasks, its limit (max_tasks)" in (busy.message or "")
+        ok(daemon.call("truncated_messages", {"task": "t2", "messages": pair}))  # held: served
+        assert ok(daemon.call("stats"))["actors"] == 3
+        ok(daemon.call("close", {"task": "t3"}))
+        wait_until(
+            lambda: daemon.call("truncated_messages", {"task": "t4", "messages": pair}).ok,
+            10,
+            "a new task is taken once one is closed",
+        )

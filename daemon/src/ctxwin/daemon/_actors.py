@@ -582,6 +582,8 @@ class ActorSystem:
         idle_timeout: seconds after which an idle actor stops.
         spawn: starts a coroutine function in the daemon's task group.
         counters: the daemon's counters.
+        max_tasks: most actors held at once (running and stopping); a request
+            for another task past it is answered ``busy``.
     """
 
     def __init__(
@@ -598,8 +600,10 @@ class ActorSystem:
         tokens: TokenCounter,
         history_cache_bytes: int,
         read_rules: engine.ReadRules = engine.DEFAULT_READ_RULES,
+        max_tasks: int = 10_000,
     ) -> None:
         self.store = store
+        self.max_tasks = max_tasks
         self.notices = notices
         self.mailbox_size = mailbox_size
         self.debounce_s = debounce_ms / 1000
@@ -661,12 +665,19 @@ class ActorSystem:
 
         Raises:
             ActorStoppedError: the daemon is shutting down.
+            BusyError: ``max_tasks`` actors are held already.
         """
         actor = self.actors.get(task)
         if actor is not None:
             return actor
         if not self.accepting:
             raise ActorStoppedError("the daemon is shutting down")
+        held = len(self.actors) + len(self._stopping)
+        if held >= self.max_tasks:
+            raise BusyError(
+                f"task {task}: this daemon holds {held} tasks, its limit (max_tasks); "
+                "retry once idle ones stop, or close tasks no longer in use"
+            )
         actor = TaskActor(self, task, ephemeral)
         previous = self._stopping.get(task)
         self.actors[task] = actor

