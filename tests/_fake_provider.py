@@ -12,7 +12,9 @@ the prompt's tokens roughly (4 characters a token), and answers:
 Its model is a script: request ``k`` (counting the ones answered) calls the
 tool ``read_file`` on ``paths[k % len(paths)]`` (so the agent reads the same
 files again and again) until ``tool_turns`` calls were made, then answers
-with text. Runs in a thread on 127.0.0.1; no network beyond loopback.
+with text. A request whose last message asks for a summary (ctxwin's
+instruction) is answered with a summary text and is no step of the script;
+with ``summary_error`` it is refused. Runs in a thread on 127.0.0.1; no network beyond loopback.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 
 __all__ = ["FakeProvider", "Recorded", "violations"]
 
+SUMMARY_ASK = "Write a summary of this conversation so far"
+"""How the fake knows a summary request (ctxwin's instruction opens so); it answers with text."""
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 MESSAGES = "/v1/messages"
@@ -166,7 +170,10 @@ class FakeProvider:
     tool_turns: int = 3
     paths: tuple[str, ...] = ("src/app.py", "src/util.py")
     requests: list[Recorded] = field(default_factory=list)
+    summary_error: bool = False
     _answered: int = 0
+    # The summary text of the request this thread answers (each request has its own thread).
+    _local: threading.local = field(default_factory=threading.local)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -223,22 +230,36 @@ class FakeProvider:
 
     # The model.
 
+    def _text(self, call: bool, target: str) -> str:
+        summary: str | None = getattr(self._local, "summary", None)
+        if summary is not None:
+            return summary
+        return "Done: both files read." if not call else f"Reading {target}."
+
     def answer(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         tokens = prompt_tokens(body)
         problems = violations(path, body)
+        summary = SUMMARY_ASK in json.dumps(Recorded(path, body, 0, 0, []).history[-1:])
         with self._lock:
-            if problems or tokens > self.limit:
+            if problems or tokens > self.limit or (summary and self.summary_error):
                 status = 400
             else:
                 status = 200
                 turn = self._answered
-                self._answered += 1
+                if not summary:  # a summary is no step of the script
+                    self._answered += 1
             self.requests.append(Recorded(path, body, tokens, status, problems))
         if problems:
             return self._invalid(path, "; ".join(problems))
+        if summary and self.summary_error:
+            return self._invalid(path, "the summary request was refused")
         if status == 400:
             return self._too_long(path, tokens)
-        call = turn < self.tool_turns
+        call = turn < self.tool_turns and not summary
+        self._local.summary = None
+        if summary:
+            read = sorted(set(self.paths[: max(turn, 1)]))
+            self._local.summary = f"FAKE SUMMARY: goal kept; files read: {', '.join(read)}."
         target = self.paths[turn % len(self.paths)]
         number = next(self._ids)
         model = str(body.get("model", "fake"))
@@ -344,7 +365,7 @@ class FakeProvider:
         }
         call_id = f"call_{number}"
         arguments = json.dumps({"path": target})
-        text = "Done: both files read." if not call else f"Reading {target}."
+        text = self._text(call, target)
         if not stream:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if call:
@@ -416,7 +437,7 @@ class FakeProvider:
     def _responses(
         self, model: str, number: int, call: bool, target: str, tokens: int, stream: bool
     ) -> tuple[int, dict[str, str], bytes]:
-        text = "Done: both files read." if not call else f"Reading {target}."
+        text = self._text(call, target)
         output: list[dict[str, Any]] = [
             {
                 "type": "message",
@@ -489,7 +510,7 @@ class FakeProvider:
     def _messages(
         self, model: str, number: int, call: bool, target: str, tokens: int, stream: bool
     ) -> tuple[int, dict[str, str], bytes]:
-        text = "Done: both files read." if not call else f"Reading {target}."
+        text = self._text(call, target)
         content: list[dict[str, Any]] = [{"type": "text", "text": text}]
         if call:
             content.append(

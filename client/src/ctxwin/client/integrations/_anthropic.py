@@ -151,6 +151,27 @@ class _AsyncStreamManager:
                 await self._manager.__aexit__(exc_type, exc, tb)
 
 
+_NOT_FOR_SUMMARY = ("messages", "model", "stream", "tool_choice")
+
+
+def _summary_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's arguments for a summary request: the same system and tools (the
+    cached prefix), no tool to be called, no stream."""
+    extra = {key: value for key, value in kwargs.items() if key not in _NOT_FOR_SUMMARY}
+    if extra.get("tools"):
+        extra["tool_choice"] = {"type": "none"}
+    return extra
+
+
+def _summary_answer(message: Any) -> tuple[str | None, Usage | None]:
+    texts = [
+        getattr(block, "text", "")
+        for block in getattr(message, "content", None) or []
+        if getattr(block, "type", None) == "text"
+    ]
+    return "".join(texts), _usage(getattr(message, "usage", None))
+
+
 def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthropic:
     plain = Plain()
     create = client.messages.create
@@ -159,7 +180,12 @@ def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthrop
     def begin(kwargs: Mapping[str, Any]) -> tuple[list[Any], Request]:
         messages = plain(list(kwargs.get("messages", [])))
         head = _head(kwargs.get("system"), messages)
-        return messages, window.begin(messages, str(kwargs.get("model", "")), head)
+
+        def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            answer = create(**_summary_kwargs(kwargs), messages=view, model=model)
+            return _summary_answer(answer)
+
+        return messages, window.begin(messages, str(kwargs.get("model", "")), head, summarize)
 
     def create_message(*args: Any, **kwargs: Any) -> Any:
         _, request = begin(kwargs)
@@ -185,7 +211,12 @@ def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthro
     async def begin(kwargs: Mapping[str, Any]) -> Request:
         messages = plain(list(kwargs.get("messages", [])))
         head = _head(kwargs.get("system"), messages)
-        return await window.begin(messages, str(kwargs.get("model", "")), head)
+
+        async def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            answer = await create(**_summary_kwargs(kwargs), messages=view, model=model)
+            return _summary_answer(answer)
+
+        return await window.begin(messages, str(kwargs.get("model", "")), head, summarize)
 
     async def create_message(*args: Any, **kwargs: Any) -> Any:
         request = await begin(kwargs)
@@ -217,6 +248,8 @@ def wrap(
     endpoint: str | None = None,
     on_turn: Callable[[Turn], None] | None = None,
     ephemeral: bool = False,
+    summaries: str | None = None,
+    summary_model: str | None = None,
 ) -> C:
     """An Anthropic client whose requests send ctxwin's view instead of the full history.
 
@@ -245,13 +278,27 @@ def wrap(
             each request (range, tokens, fits, stalled, retried, usage).
         ephemeral: keep the tasks in the daemon's memory only: nothing is
             written, and a task left idle is dropped (examples, one-off runs).
+        summaries: ``"model"``: when a summary is due (the last request used
+            0.75 of the window), the model is asked for one with this client
+            (the view it saw and an instruction; tools not called) and
+            ctxwin cuts the turns it stands for; ``"basic"``: ctxwin writes
+            the summary itself; None: cut without one (docs/SUMMARIES.md).
+        summary_model: the model asked for summaries (default: the call's).
 
     Returns:
         The wrapped copy, of the same type as ``client``.
     """
     copy = client.with_options()
     options = WindowOptions(
-        DIALECT, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+        DIALECT,
+        DIALECT,
+        task,
+        context_window,
+        endpoint,
+        on_turn,
+        ephemeral=ephemeral,
+        summaries=summaries,
+        summary_model=summary_model,
     )
     if isinstance(copy, anthropic.AsyncAnthropic):
         return _wrap_async(copy, options.async_window(copy))

@@ -117,6 +117,32 @@ def _managed_responses(kwargs: Mapping[str, Any]) -> bool:
     )
 
 
+_NOT_FOR_SUMMARY = ("messages", "input", "model", "stream", "stream_options", "n", "tool_choice")
+
+
+def _summary_kwargs(kwargs: Mapping[str, Any], responses: bool) -> dict[str, Any]:
+    """The caller's arguments for a summary request: its tools kept (they are part of the
+    cached prefix) but not to be called, no stream."""
+    extra = {key: value for key, value in kwargs.items() if key not in _NOT_FOR_SUMMARY}
+    extra.pop("response_format" if not responses else "text", None)
+    extra.pop("parallel_tool_calls", None)
+    if extra.get("tools"):
+        extra["tool_choice"] = "none"
+    return extra
+
+
+def _chat_summary(response: Any) -> tuple[str | None, Usage | None]:
+    choices = getattr(response, "choices", None) or []
+    text = getattr(getattr(choices[0], "message", None), "content", None) if choices else None
+    return text, _chat_usage(getattr(response, "usage", None))
+
+
+def _responses_summary(response: Any) -> tuple[str | None, Usage | None]:
+    return getattr(response, "output_text", None), _responses_usage(
+        getattr(response, "usage", None)
+    )
+
+
 def _chat_usage(usage: Any) -> Usage | None:
     return usage_from_openai(usage) if usage is not None else None
 
@@ -140,6 +166,8 @@ class _Calls:
             client=window.client,  # type: ignore[arg-type]  # the twin's own client type
             on_turn=window.state.on_turn,
             ephemeral=window.state.ephemeral,
+            summaries=window.summaries,
+            summary_model=window.summary_model,
         )
         self._chat_plain, self._responses_plain = Plain(), Plain()
 
@@ -185,7 +213,12 @@ def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
 
     def create_chat(*args: Any, **kwargs: Any) -> Any:
         messages, model, head, streaming, hide = calls.chat(kwargs)
-        request = chat_window.begin(messages, model, head)
+
+        def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            extra = _summary_kwargs(kwargs, responses=False)
+            return _chat_summary(chat_create(*args, **extra, messages=view, model=model))
+
+        request = chat_window.begin(messages, model, head, summarize)
         result = chat_window.send(
             request, lambda view: chat_create(*args, **{**kwargs, "messages": view})
         )
@@ -194,7 +227,12 @@ def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
     def create_response(*args: Any, **kwargs: Any) -> Any:
         if not _managed_responses(kwargs):
             return responses_create(*args, **kwargs)
-        request = responses_window.begin(*calls.responses(kwargs))
+
+        def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            extra = _summary_kwargs(kwargs, responses=True)
+            return _responses_summary(responses_create(*args, **extra, input=view, model=model))
+
+        request = responses_window.begin(*calls.responses(kwargs), summarize)
         result = responses_window.send(
             request, lambda view: responses_create(*args, **{**kwargs, "input": view})
         )
@@ -213,7 +251,12 @@ def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.Async
 
     async def create_chat(*args: Any, **kwargs: Any) -> Any:
         messages, model, head, streaming, hide = calls.chat(kwargs)
-        request = await chat_window.begin(messages, model, head)
+
+        async def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            extra = _summary_kwargs(kwargs, responses=False)
+            return _chat_summary(await chat_create(*args, **extra, messages=view, model=model))
+
+        request = await chat_window.begin(messages, model, head, summarize)
 
         async def call(view: list[Any]) -> Any:
             return await chat_create(*args, **{**kwargs, "messages": view})
@@ -223,7 +266,13 @@ def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.Async
     async def create_response(*args: Any, **kwargs: Any) -> Any:
         if not _managed_responses(kwargs):
             return await responses_create(*args, **kwargs)
-        request = await responses_window.begin(*calls.responses(kwargs))
+
+        async def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            extra = _summary_kwargs(kwargs, responses=True)
+            answer = await responses_create(*args, **extra, input=view, model=model)
+            return _responses_summary(answer)
+
+        request = await responses_window.begin(*calls.responses(kwargs), summarize)
 
         async def call(view: list[Any]) -> Any:
             return await responses_create(*args, **{**kwargs, "input": view})
@@ -244,6 +293,8 @@ def wrap(
     endpoint: str | None = None,
     on_turn: Callable[[Turn], None] | None = None,
     ephemeral: bool = False,
+    summaries: str | None = None,
+    summary_model: str | None = None,
 ) -> C:
     """An OpenAI client whose requests send ctxwin's view instead of the full history.
 
@@ -275,13 +326,27 @@ def wrap(
             each request (range, tokens, fits, stalled, retried, usage).
         ephemeral: keep the tasks in the daemon's memory only: nothing is
             written, and a task left idle is dropped (examples, one-off runs).
+        summaries: ``"model"``: when a summary is due (the last request used
+            0.75 of the window), the model is asked for one with this client
+            (the view it saw and an instruction; tools not called) and
+            ctxwin cuts the turns it stands for; ``"basic"``: ctxwin writes
+            the summary itself; None: cut without one (docs/SUMMARIES.md).
+        summary_model: the model asked for summaries (default: the call's).
 
     Returns:
         The wrapped copy, of the same type as ``client``.
     """
     copy = client.with_options()
     options = WindowOptions(
-        CHAT_DIALECT, CHAT_DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+        CHAT_DIALECT,
+        CHAT_DIALECT,
+        task,
+        context_window,
+        endpoint,
+        on_turn,
+        ephemeral=ephemeral,
+        summaries=summaries,
+        summary_model=summary_model,
     )
     if isinstance(copy, openai.AsyncOpenAI):
         return _wrap_async(copy, options.async_window(copy))

@@ -38,8 +38,11 @@ from ._models import known_context_window
 from ._streams import AsyncWatchedStream, WatchedStream
 
 __all__ = [
+    "SUMMARY_MODES",
+    "AsyncSummarize",
     "AsyncWindow",
     "Request",
+    "Summarize",
     "Turn",
     "Window",
     "WindowOptions",
@@ -47,6 +50,7 @@ __all__ = [
     "derive_task_id",
     "is_window_error",
     "keep_wrapped",
+    "summary_request",
     "window_of",
 ]
 
@@ -78,6 +82,12 @@ class Turn:
             reported none, e.g. a stream that was not read to its end).
         cache: the view's ``cached_tokens``, ``written_tokens``, ``cost`` and
             ``keep_all_cost`` under the provider's price sheet (docs/PRICING.md).
+        summary: when a summary was due before this request: ``kind`` (``model``
+            or ``basic``), ``range``, ``chars`` and ``fallback`` (why a model's
+            summary was not used) of the summary stored, or ``reason`` when
+            none was (docs/SUMMARIES.md).
+        summary_usage: the usage of the request that asked the model for the
+            summary (None when none was sent or it reported none).
     """
 
     task: str
@@ -92,6 +102,8 @@ class Turn:
     retried: bool = False
     usage: Usage | None = None
     cache: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+    summary_usage: Usage | None = None
 
 
 DEFAULT_STRATEGY = "auto"
@@ -111,6 +123,48 @@ def pricing_for(dialect: str | None, model: str, pricing: Any) -> Any:
     if dialect == "openai-responses":
         return "openai"
     return DIALECT_SHEETS.get(dialect or "")
+
+
+SUMMARY_MODES = ("model", "basic")
+"""How an adapter summarises when a summary is due: ask the model, or ctxwin's basic summary."""
+
+AsyncSummarize = Callable[[list[Any], str], Awaitable[tuple[str | None, Usage | None]]]
+"""The asyncio twin of :data:`Summarize`."""
+
+Summarize = Callable[[list[Any], str], tuple[str | None, Usage | None]]
+"""Sends a summary request (its messages, the model id) with the caller's own client;
+returns the answer's text and usage."""
+
+
+def summary_request(dialect: str | None, view: Sequence[Any], prompt: str) -> list[Any]:
+    """The view with the summary instruction at its end, as one more user message.
+
+    The view's messages stay as they are, so the request shares its prefix
+    with the one before it (the provider's prompt cache covers it). Where a
+    dialect wants one user turn at a time (Anthropic, Gemini) and the view
+    ends with one, the instruction is a text part added at the end of it.
+    """
+    out = list(view)
+    last = out[-1] if out else None
+    if dialect == "anthropic":
+        if isinstance(last, Mapping) and last.get("role") == "user":
+            content = last.get("content")
+            blocks = (
+                [{"type": "text", "text": content}]
+                if isinstance(content, str)
+                else list(content or [])
+            )
+            out[-1] = {**last, "content": [*blocks, {"type": "text", "text": prompt}]}
+            return out
+        return [*out, {"role": "user", "content": prompt}]
+    if dialect == "gemini":
+        if isinstance(last, Mapping) and last.get("role") == "user":
+            out[-1] = {**last, "parts": [*last.get("parts", []), {"text": prompt}]}
+            return out
+        return [*out, {"role": "user", "parts": [{"text": prompt}]}]
+    if dialect == "openai-responses":
+        return [*out, {"type": "message", "role": "user", "content": prompt}]
+    return [*out, {"role": "user", "content": prompt}]
 
 
 def derive_task_id(prefix: str, head: Sequence[Any]) -> str:
@@ -268,6 +322,41 @@ class _Conversations:
             retried=True,
         )
 
+    def condensed(
+        self,
+        request: Request,
+        result: Mapping[str, Any],
+        usage: Usage | None,
+        failure: str | None,
+    ) -> None:
+        """Take the view after a ``condense`` and note what it stored in the turn."""
+        if usage is not None:
+            usage["ts"] = request.ts
+        stored = result.get("summary")
+        if result.get("condensed") and stored is not None:
+            request.view = list(result["messages"])
+            deleted = result["deleted_range"]
+            summary: dict[str, Any] = {
+                "kind": stored["kind"],
+                "range": stored["range"],
+                "chars": stored["chars"],
+                "fallback": failure or result.get("fallback"),
+            }
+            request.turn = replace(
+                request.turn,
+                sent=len(request.view),
+                deleted_range=list(deleted) if deleted is not None else None,
+                range_updated=True,
+                summary=summary,
+                summary_usage=usage,
+            )
+            return
+        request.turn = replace(
+            request.turn,
+            summary={"reason": result.get("reason"), "fallback": failure},
+            summary_usage=usage,
+        )
+
     def finish(self, request: Request, usage: Usage | None) -> Turn:
         """Keep the request's usage for the conversation's next turn; report the turn."""
         if usage is not None:
@@ -314,6 +403,8 @@ class _Shared:
     _options: dict[str, Any]
     strategy: str
     pricing: Any
+    summaries: str | None
+    summary_model: str | None
     _dialect: str | None
 
     def _start(
@@ -340,7 +431,21 @@ class _Shared:
         pricing = pricing_for(self._dialect, model, self.pricing)
         if pricing is not None:
             args["pricing"] = pricing
+        if self.summaries is not None:
+            # Cut by summary: prepare_request says when one is due (docs/SUMMARIES.md).
+            args["use_auto_condense"] = True
         return args
+
+    def _summary_call(
+        self, request: Request, prompt: str, summarize: object
+    ) -> tuple[list[Any], str] | None:
+        """The summary request to send and its model, or None: the basic summary it is."""
+        if self.summaries != "model" or not summarize:
+            return None
+        return (
+            summary_request(self._dialect, request.view, prompt),
+            self.summary_model or request.model,
+        )
 
     def finish(self, request: Request, usage: Usage | None) -> Turn:
         """Record the request's usage for the next turn and report it."""
@@ -368,6 +473,10 @@ class Window(_Shared):
         strategy: the strategy of every request (``auto``; ``default`` is SPEC.md's).
         pricing: the price sheet (a name or multipliers), or None for the
             model's, else the wrapped provider's (docs/PRICING.md).
+        summaries: ``model`` to have the model summarise the turns a cut
+            removes when a summary is due, ``basic`` for ctxwin's own summary,
+            None to cut without one (docs/SUMMARIES.md).
+        summary_model: the model asked for summaries (default: the request's).
     """
 
     def __init__(
@@ -383,9 +492,15 @@ class Window(_Shared):
         ephemeral: bool = False,
         strategy: str = DEFAULT_STRATEGY,
         pricing: Any = None,
+        summaries: str | None = None,
+        summary_model: str | None = None,
     ) -> None:
+        if summaries is not None and summaries not in SUMMARY_MODES:
+            raise ValueError(f"summaries must be one of {', '.join(SUMMARY_MODES)} or None")
         self.strategy = strategy
         self.pricing = pricing
+        self.summaries = summaries
+        self.summary_model = summary_model
         self.client = client if client is not None else Client(endpoint)
         self._own_client = client is None
         self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
@@ -393,13 +508,25 @@ class Window(_Shared):
     def _open(self, task: str) -> Task:
         return self.client.task(task, **self._options)
 
-    def begin(self, messages: Sequence[Any], model: str, head: Sequence[Any] = ()) -> Request:
+    def begin(
+        self,
+        messages: Sequence[Any],
+        model: str,
+        head: Sequence[Any] = (),
+        summarize: Summarize | None = None,
+    ) -> Request:
         """Ask the daemon which messages to send for this request.
+
+        When a summary is due, ``summarize`` sends the summary request (the
+        view as the model saw it, and the instruction) and the answer is
+        stored with ``condense``; a failing or useless one falls back to the
+        basic summary. The request then sends the view after it.
 
         Args:
             messages: the caller's full history, in the window's dialect.
             model: the request's model id.
             head: what identifies the conversation when the task id is derived.
+            summarize: sends a summary request with the caller's client.
 
         Returns:
             The request, whose ``view`` is what to send.
@@ -412,7 +539,25 @@ class Window(_Shared):
             previous_request=entry.previous,
             **self._budgeting(model),
         )
-        return self.state.request(task, entry, messages, model, prepared, ts)
+        request = self.state.request(task, entry, messages, model, prepared, ts)
+        if prepared.get("summary_due") and self.summaries is not None:
+            self._condense(request, prepared.get("summary_prompt", ""), summarize)
+        return request
+
+    def _condense(self, request: Request, prompt: str, summarize: Summarize | None) -> None:
+        text: str | None = None
+        usage: Usage | None = None
+        failure: str | None = None
+        call = self._summary_call(request, prompt, summarize is not None)
+        if call is not None and summarize is not None:
+            try:
+                text, usage = summarize(*call)
+            except Exception as exc:  # any failure of the summary call: the basic summary
+                failure = f"the summary request failed: {type(exc).__name__}"
+                log.warning("ctxwin summary request failed", exc_info=True)
+        handle = request.conversation.handle
+        result = handle.condense(request.messages, self.state.model(request.model), summary=text)
+        self.state.condensed(request, result, usage, failure)
 
     def send(self, request: Request, call: Callable[[list[Any]], R]) -> R:
         """``call(view)``; when the provider refuses it as too long, compact and call once more."""
@@ -453,9 +598,15 @@ class AsyncWindow(_Shared):
         ephemeral: bool = False,
         strategy: str = DEFAULT_STRATEGY,
         pricing: Any = None,
+        summaries: str | None = None,
+        summary_model: str | None = None,
     ) -> None:
+        if summaries is not None and summaries not in SUMMARY_MODES:
+            raise ValueError(f"summaries must be one of {', '.join(SUMMARY_MODES)} or None")
         self.strategy = strategy
         self.pricing = pricing
+        self.summaries = summaries
+        self.summary_model = summary_model
         self.client = client if client is not None else AsyncClient(endpoint)
         self._own_client = client is None
         self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
@@ -463,7 +614,13 @@ class AsyncWindow(_Shared):
     def _open(self, task: str) -> AsyncTask:
         return self.client.task(task, **self._options)
 
-    async def begin(self, messages: Sequence[Any], model: str, head: Sequence[Any] = ()) -> Request:
+    async def begin(
+        self,
+        messages: Sequence[Any],
+        model: str,
+        head: Sequence[Any] = (),
+        summarize: AsyncSummarize | None = None,
+    ) -> Request:
         """Ask the daemon which messages to send for this request (see :meth:`Window.begin`)."""
         task, entry = self.state.entry(head)
         ts = int(time.time() * 1000)
@@ -473,7 +630,29 @@ class AsyncWindow(_Shared):
             previous_request=entry.previous,
             **self._budgeting(model),
         )
-        return self.state.request(task, entry, messages, model, prepared, ts)
+        request = self.state.request(task, entry, messages, model, prepared, ts)
+        if prepared.get("summary_due") and self.summaries is not None:
+            await self._condense(request, prepared.get("summary_prompt", ""), summarize)
+        return request
+
+    async def _condense(
+        self, request: Request, prompt: str, summarize: AsyncSummarize | None
+    ) -> None:
+        text: str | None = None
+        usage: Usage | None = None
+        failure: str | None = None
+        call = self._summary_call(request, prompt, summarize is not None)
+        if call is not None and summarize is not None:
+            try:
+                text, usage = await summarize(*call)
+            except Exception as exc:  # any failure of the summary call: the basic summary
+                failure = f"the summary request failed: {type(exc).__name__}"
+                log.warning("ctxwin summary request failed", exc_info=True)
+        handle = request.conversation.handle
+        result = await handle.condense(
+            request.messages, self.state.model(request.model), summary=text
+        )
+        self.state.condensed(request, result, usage, failure)
 
     async def send(self, request: Request, call: Callable[[list[Any]], Awaitable[R]]) -> R:
         """``await call(view)``; when refused as too long, compact and call once more."""
@@ -536,6 +715,8 @@ class WindowOptions:
         strategy: the strategy of every request (default ``auto``).
         pricing: the price sheet, or None for the model's or the provider's.
         ephemeral: keep the tasks in the daemon's memory only (nothing written).
+        summaries: ``model``, ``basic`` or None (see :class:`Window`).
+        summary_model: the model asked for summaries (default: the request's).
     """
 
     prefix: str
@@ -547,6 +728,8 @@ class WindowOptions:
     strategy: str = DEFAULT_STRATEGY
     pricing: Any = None
     ephemeral: bool = False
+    summaries: str | None = None
+    summary_model: str | None = None
 
     def _open(self, kind: type[Window] | type[AsyncWindow], owner: object) -> Window | AsyncWindow:
         window = kind(
@@ -559,6 +742,8 @@ class WindowOptions:
             strategy=self.strategy,
             pricing=self.pricing,
             ephemeral=self.ephemeral,
+            summaries=self.summaries,
+            summary_model=self.summary_model,
         )
         weakref.finalize(owner, window.close)
         return window

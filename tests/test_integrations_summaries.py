@@ -1,0 +1,179 @@
+"""Summaries through the SDK adapters: the real SDKs, the fake provider and a real daemon."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from ctxwin import engine
+from ctxwin.client.integrations import Turn
+from ctxwin.client.integrations import anthropic as ctxwin_anthropic
+from ctxwin.client.integrations import openai as ctxwin_openai
+from tests._conversation import read_file, start_daemon
+from tests._daemon import DaemonProcess
+from tests._fake_provider import CHAT, MESSAGES, RESPONSES, SUMMARY_ASK, FakeProvider, Recorded
+
+PATHS = tuple(f"src/mod{turn}.py" for turn in range(80))
+"""A new file every turn: the duplicate-read step saves nothing, so summaries fall due."""
+WINDOW = 8_000
+TOOL: Any = {"type": "object", "properties": {"path": {"type": "string"}}}
+
+
+@pytest.fixture(scope="module")
+def ctxwind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    yield from start_daemon(tmp_path_factory.mktemp("ctxwind"))
+
+
+def asks_summary(record: Recorded) -> bool:
+    return SUMMARY_ASK in json.dumps(record.history[-1:])
+
+
+def check_summaries(sent: list[Recorded], turns: list[Turn], text: str) -> None:
+    """Every request was valid and fit; each summary request starts with the messages of the
+    request before it; the answer (``text``) is in the next request once, marked."""
+    assert [] == [r.problems for r in sent if r.problems]
+    assert [200] * len(sent) == [r.status for r in sent]
+    asked = [index for index, record in enumerate(sent) if asks_summary(record)]
+    assert asked, "no summary was due"
+    for index in asked:
+        before, request, after = sent[index - 1], sent[index], sent[index + 1]
+        assert before.history == request.history[: len(before.history)]
+        assert len(request.history) > len(before.history)
+        body = json.dumps(after.body)
+        assert (1, 1) == (body.count(text), body.count(engine.SUMMARY_MARK))
+        assert after.tokens < request.tokens
+    summarised = [turn for turn in turns if turn.summary is not None]
+    assert len(asked) == len(summarised)
+    for turn in summarised:
+        assert turn.summary is not None
+        assert ("model", None) == (turn.summary["kind"], turn.summary["fallback"])
+        assert turn.summary_usage is not None
+        assert turn.summary_usage["tokens_in"] > 0
+        assert turn.range_updated
+
+
+def test_openai_chat_asks_the_model_for_a_summary_and_sends_it_next(
+    ctxwind: DaemonProcess,
+) -> None:
+    """A long tool-using chat crosses the trigger: the model is asked with the conversation
+    as it last saw it, the answer is stored and sent, the turn counts the summary's usage."""
+    turns: list[Turn] = []
+    with FakeProvider(limit=WINDOW, tool_turns=60, paths=PATHS) as provider:
+        client = ctxwin_openai.wrap(
+            openai.OpenAI(base_url=provider.openai_url, api_key="k", max_retries=0),
+            task="summary-chat",
+            context_window=WINDOW,
+            endpoint=ctxwind.endpoint,
+            on_turn=turns.append,
+            ephemeral=True,
+            summaries="model",
+        )
+        tools: Any = [{"type": "function", "function": {"name": "read_file", "parameters": TOOL}}]
+        history: list[Any] = [
+            {"role": "system", "content": "You fix bugs."},
+            {"role": "user", "content": "main() is wrong; fix it. Keep LIMIT=77."},
+        ]
+        for _ in range(40):
+            response = client.chat.completions.create(model="gpt-4o", messages=history, tools=tools)
+            message = response.choices[0].message
+            history.append(message)
+            for call in message.tool_calls or []:
+                path = json.loads(call.function.arguments)["path"]  # type: ignore[union-attr]
+                history.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": read_file(path)}
+                )
+        client.close()
+        sent = provider.sent(CHAT)
+    check_summaries(sent, turns, "FAKE SUMMARY")
+    summary_requests = [r for r in sent if asks_summary(r)]
+    assert all("none" == r.body["tool_choice"] for r in summary_requests)
+    assert all(r.body["tools"] == tools for r in summary_requests)  # the cached prefix
+
+
+def test_a_failing_anthropic_summary_falls_back_to_the_basic_one(ctxwind: DaemonProcess) -> None:
+    """When the summary request fails, ctxwin's basic summary is stored instead and the agent's
+    turn goes on: every turn answered, the view carries the basic summary."""
+    turns: list[Turn] = []
+    with FakeProvider(limit=WINDOW, tool_turns=60, paths=PATHS, summary_error=True) as provider:
+        client = ctxwin_anthropic.wrap(
+            anthropic.Anthropic(base_url=provider.url, api_key="k", max_retries=0),
+            task="summary-fails",
+            context_window=WINDOW,
+            endpoint=ctxwind.endpoint,
+            on_turn=turns.append,
+            ephemeral=True,
+            summaries="model",
+        )
+        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it. LIMIT=77."}]
+        options: Any = {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 100,
+            "system": "You fix bugs.",
+            "tools": [{"name": "read_file", "input_schema": TOOL}],
+        }
+        for _ in range(30):
+            content = client.messages.create(messages=history, **options).content
+            history.append({"role": "assistant", "content": content})
+            results = [
+                {"type": "tool_result", "tool_use_id": b.id, "content": read_file(b.input["path"])}
+                for b in content
+                if b.type == "tool_use"
+            ]
+            history.append({"role": "user", "content": results})
+        client.close()
+        sent = provider.sent(MESSAGES)
+    refused = [r for r in sent if asks_summary(r)]
+    assert refused
+    assert all(400 == r.status for r in refused)
+    main = [r for r in sent if not asks_summary(r)]
+    assert [200] * 30 == [r.status for r in main]
+    fallbacks = [turn.summary for turn in turns if turn.summary is not None]
+    assert len(refused) == len(fallbacks)
+    for summary in fallbacks:
+        assert summary is not None
+        assert ("basic", "the summary request failed: BadRequestError") == (
+            summary["kind"],
+            summary["fallback"],
+        )
+    after = json.dumps(main[-1].body)
+    assert 1 == after.count(engine.SUMMARY_MARK)
+    assert "LIMIT=77" in after  # the task, and the basic summary keeps every prompt verbatim
+
+
+@pytest.mark.anyio
+async def test_async_responses_asks_the_model_for_a_summary(ctxwind: DaemonProcess) -> None:
+    """AsyncOpenAI responses.create: the same summary flow on the asyncio twin."""
+    turns: list[Turn] = []
+    with FakeProvider(limit=WINDOW, tool_turns=60, paths=PATHS) as provider:
+        client = ctxwin_openai.wrap(
+            openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0),
+            task="summary-responses",
+            context_window=WINDOW,
+            endpoint=ctxwind.endpoint,
+            on_turn=turns.append,
+            ephemeral=True,
+            summaries="model",
+        )
+        tools: Any = [{"type": "function", "name": "read_file", "parameters": TOOL}]
+        items: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
+        for _ in range(40):
+            response = await client.responses.create(model="gpt-4o", input=items, tools=tools)
+            for item in response.output:
+                items.append(item.model_dump(exclude_none=True))
+                if item.type == "function_call":
+                    path = json.loads(item.arguments)["path"]
+                    items.append(
+                        {
+                            "type": "function_call_output",
+                            "call_id": item.call_id,
+                            "output": read_file(path),
+                        }
+                    )
+        await client.close()
+        sent = provider.sent(RESPONSES)
+    check_summaries(sent, turns, "FAKE SUMMARY")
