@@ -511,3 +511,33 @@ def test_inspect_of_a_task_that_does_not_exist_says_so_and_creates_nothing(
         client.prepare_request("made-now", conversation(), {"id": "m"})
         assert "exists" not in client.inspect("made-now")
     assert not (shared.state_dir / "tasks" / "never-made").exists()
+
+
+def test_replay_does_not_take_a_recorded_usage_far_below_the_estimate(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """A file recording ``prompt: 10`` on every turn: the replay says those are no usage of
+    the requests, uses the daemon's estimates, so the calibration stays and the window cuts,
+    and the peak is the estimate's, not 10."""
+    messages = _replay_material()
+    for message in messages:
+        if message["role"] == "assistant":
+            message["metrics"] = {"tokens": {"prompt": 10, "completion": 5, "cached": 0}}
+    history = _history_file(tmp_path, messages)
+    base = ("--endpoint", shared.endpoint, "replay", str(history), "--model-window", "8000")
+    code, out, err = run(*base, "--json")
+    assert 0 == code, err
+    report = json.loads(out)
+    recorded = [row["turn"] for row in report["per_turn"] if row["recorded"] is not None]
+    # The first two requests are short: 10 tokens may be theirs.
+    assert recorded[2:] == report["implausible"]
+    later = report["per_turn"][2:]
+    assert all(row["source"] in ("estimated", "none") for row in later)
+    assert all(row["reported"] is None for row in later)
+    assert report["per_turn"][-1]["calibration"] > 0.25
+    assert any(event["kind"] == "truncation" for event in report["events"])
+    assert report["peak_tokens"] > 1_000
+    code, out, _ = run(*base)
+    assert 0 == code
+    assert "the file's metrics.tokens are far below the estimate of the same request" in out
+    assert "turn 3: 10 recorded" in out

@@ -50,6 +50,10 @@ ctxwin's view is the recorded run's and the estimate after."""
 USAGE_MODES: tuple[UsageMode, ...] = ("auto", "recorded", "estimated")
 
 _NOTICE_EDIT = 0
+CALIBRATION_FLOOR = 0.25
+"""The lowest ratio of reported to estimated tokens the daemon's calibration takes: a
+recorded prompt under this share of the uncalibrated estimate of the same request counts
+something else (a file whose ``metrics.tokens`` are not the request's usage)."""
 _CUT_SIGN = 0.99
 """A recorded prompt under 99% of the one before, though the conversation only grew,
 means the recorded run cut its own view (provider counts do not shrink otherwise)."""
@@ -190,6 +194,7 @@ class ReplayReport:
     usage_mode: str = "recorded"
     estimated_from: int | None = None
     over_window: list[int] = field(default_factory=list)
+    implausible: list[int] = field(default_factory=list)
     differs: str | None = None
     views: list[ViewState] = field(default_factory=list)
     variants: list[Variant] = field(default_factory=list)
@@ -561,24 +566,31 @@ def replay(
         if previous is not None:
             # A counted usage is of ctxwin's own view; a recorded one of the recorded run's.
             of_this_view = row.source == "counted" or agrees
+            implausible = False
             if row.source == "recorded":
                 row.recorded = input_tokens(previous)
-                if agrees and 0 < row.recorded < last_recorded * _CUT_SIGN:
+                implausible = _implausible(row.recorded, estimated, calibration)
+                if implausible:
+                    # No count of a request this long: neither reported nor fed back.
+                    report.implausible.append(turn)
+                    of_this_view = False
+                elif agrees and 0 < row.recorded < last_recorded * _CUT_SIGN:
                     # The conversation only grew: the recorded run's view lost messages.
                     agrees = row.agrees = of_this_view = False
                     report.differs = (
                         f"from turn {turn} the recorded run sent less: its prompt fell "
                         f"from {last_recorded:,} to {row.recorded:,} tokens"
                     )
-                last_recorded = row.recorded or last_recorded
+                if not implausible:
+                    last_recorded = row.recorded or last_recorded
             if of_this_view:
                 row.reported = input_tokens(previous)
-            if usage == "estimated" or (usage == "auto" and not of_this_view):
+            if implausible or usage == "estimated" or (usage == "auto" and not of_this_view):
                 previous = _estimated_usage(
                     client, answer, previous, estimated, calibration, dialect
                 )
                 row.source = "estimated"
-                if report.estimated_from is None:
+                if report.estimated_from is None and not implausible:
                     report.estimated_from = turn
             row.usage = input_tokens(previous)
         view_tokens = row.reported if row.reported is not None else estimated
@@ -800,6 +812,13 @@ def _keeps_content(original: Mapping[str, Any], sent: Mapping[str, Any]) -> bool
     return all(block in after for block in before)
 
 
+def _implausible(recorded: int, estimated: int, calibration: float) -> bool:
+    """Whether a recorded prompt is far below the uncalibrated estimate of its request (see
+    :data:`CALIBRATION_FLOOR`)."""
+    raw = estimated / calibration if calibration > 0 else estimated
+    return recorded < raw * CALIBRATION_FLOOR
+
+
 def _estimated_usage(
     client: Client,
     answer: Mapping[str, Any] | None,
@@ -909,6 +928,31 @@ def input_tokens(usage: Usage) -> int:
 def usage_line(report: ReplayReport) -> str:
     """Where the usage handed to each turn came from, in a sentence."""
     mode = f"--usage {report.usage_mode}"
+    if not report.implausible:
+        return _usage_line(report, mode)
+    first = next(row for row in report.per_turn if row.turn == report.implausible[0])
+    why = (
+        f"far below the estimate of the same request (under {CALIBRATION_FLOOR:.0%} of it, "
+        f"the calibration's floor; turn {first.turn}: {first.recorded:,} recorded, "
+        f"{round(first.estimated / (first.calibration or 1.0)):,} estimated), so they are "
+        "not the requests' usage"
+    )
+    recorded = [row.turn for row in report.per_turn if row.recorded is not None]
+    if recorded == report.implausible:
+        return (
+            "usage: the daemon's estimate of ctxwin's own view on every turn: the file's "
+            f"metrics.tokens are {why} ({mode})"
+        )
+    shown = ", ".join(map(str, report.implausible[:8])) + (
+        ", ..." if len(report.implausible) > 8 else ""
+    )
+    return (
+        f"{_usage_line(report, mode)}; but on {len(report.implausible)} turn(s) ({shown}) the "
+        f"file's metrics.tokens are {why}: those turns use the daemon's estimate"
+    )
+
+
+def _usage_line(report: ReplayReport, mode: str) -> str:
     if report.usage_source == "count_tokens":
         if report.usage_mode == "estimated":
             return f"usage: the daemon's estimate of ctxwin's own view on every turn ({mode})"
