@@ -541,3 +541,73 @@ def test_replay_does_not_take_a_recorded_usage_far_below_the_estimate(
     assert 0 == code
     assert "the file's metrics.tokens are far below the estimate of the same request" in out
     assert "turn 3: 10 recorded" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            json.dumps([{"ts": 1, "type": "say", "say": "text", "text": "hi"}] * 3),
+            "this is Cline's ui_messages.json (the task's UI events, no model messages); "
+            "replay the api_conversation_history.json next to it",
+        ),
+        ("[1, 2, 3]", "messages[0] is int, not a message object"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "hi"}, None]}),
+            "messages[1] is null, not a message object",
+        ),
+        ("[]", "no model request in it"),
+        ('{"type": "user"}\n{"type": "user", "mess\n', "(line 2, column 18: Unterminated string"),
+    ],
+)
+def test_replay_refuses_a_file_it_cannot_replay_with_a_clear_error(
+    shared: DaemonProcess, tmp_path: Path, text: str, expected: str
+) -> None:
+    """Files that hold no conversation to replay: exit 2 and one line saying why (the Cline
+    UI file named as such, the message or line at fault by its own number), no traceback."""
+    path = tmp_path / "conversation.json"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = run("--endpoint", shared.endpoint, "replay", str(path))
+    assert (2, "") == (code, out)
+    assert expected in err
+    assert "Traceback" not in err
+    assert 1 == len(err.splitlines())
+
+
+def test_replay_names_the_message_a_dialect_cannot_carry_by_its_own_index(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """A call without an id in message 3 of an Anthropic file is named messages[3], not by
+    its place in a request of one message."""
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": [{"type": "tool_use"}]},
+        {"role": "user", "content": "d"},
+    ]
+    path = tmp_path / "messages.json"
+    path.write_text(json.dumps({"messages": messages}), encoding="utf-8")
+    code, _, err = run("--endpoint", shared.endpoint, "replay", str(path))
+    assert 1 == code
+    assert "messages[3].content[0]" in err
+
+
+def test_replay_leaves_out_the_last_line_of_a_log_being_written(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """A Claude Code log whose last line is cut short (no newline after it): the replay says
+    so on stderr and replays the lines before it."""
+    lines = [
+        {"type": "user", "message": {"role": "user", "content": "fix it"}},
+        {"type": "assistant", "message": {"id": "a1", "role": "assistant", "content": "ok"}},
+        {"type": "user", "message": {"role": "user", "content": "go on"}},
+    ]
+    text = "\n".join(json.dumps(line) for line in lines)
+    path = tmp_path / "session.jsonl"
+    path.write_text(text + '\n{"type": "assistant", "message": {"role": "assis', encoding="utf-8")
+    code, out, err = run("--endpoint", shared.endpoint, "--json", "replay", str(path))
+    assert 0 == code, err
+    assert (3, 2) == (json.loads(out)["messages"], json.loads(out)["turns"])
+    assert "the last line (line 4, column 43: Unterminated string" in err
+    assert "left out" in err

@@ -37,9 +37,11 @@ from ._replay import (
     load_history,
     message_chars,
     message_tokens,
+    no_request,
     parse_sources,
     parse_updates,
     replay,
+    request_points,
     text_of,
     usage_line,
     view_state,
@@ -332,7 +334,7 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         problem = page_problem(args.html) if args.messages else "--html needs --messages FILE"
         if problem is not None:
             raise UsageError(problem)
-    history, dialect = _inspect_history(args)
+    history, dialect = _inspect_history(args, err)
     result = client.inspect(args.task)
     if result.get("exists") is False:
         err.write(f"ctxwin: task {args.task} does not exist (nothing stored, not loaded)\n")
@@ -475,11 +477,13 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
     return EXIT_OK
 
 
-def _inspect_history(args: argparse.Namespace) -> tuple[list[dict[str, Any]] | None, str]:
+def _inspect_history(
+    args: argparse.Namespace, err: TextIO
+) -> tuple[list[dict[str, Any]] | None, str]:
     """``inspect --messages``: the history and its dialect (``--dialect``, else its shape)."""
     if not args.messages:
         return None, "cline"
-    history, detected = _load_conversation(args.messages)
+    history, detected = _load_conversation(args.messages, err)
     dialect = args.dialect or detected
     if dialect == "cline":
         return _load(args.messages), dialect  # SPEC.md's messages, checked as such
@@ -580,17 +584,21 @@ def _columns(stream: TextIO) -> int:
         return 80
 
 
-def _load_conversation(path: Path) -> tuple[list[dict[str, Any]], str]:
+def _load_conversation(path: Path, err: TextIO) -> tuple[list[dict[str, Any]], str]:
+    notes: list[str] = []
     try:
-        return load_conversation(path)
+        loaded = load_conversation(path, notes)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     except RecursionError:
         raise UsageError(f"cannot read {path}: JSON nested too deeply") from None
+    for note in notes:
+        err.write(f"ctxwin: {path}: {note}\n")
+    return loaded
 
 
 def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    history, detected = _load_conversation(args.file)
+    history, detected = _load_conversation(args.file, err)
     dialect = args.dialect or detected
     if args.plot is not None:
         problem = plot_problem(args.plot)  # before the replay, not after it
@@ -600,6 +608,8 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         problem = page_problem(args.html)
         if problem is not None:
             raise UsageError(problem)
+    if not request_points(history, dialect):
+        raise UsageError(f"cannot replay {args.file}: {no_request(dialect)}")
     model = default_model(history, args.model_window)
     if args.model:
         model["id"] = args.model

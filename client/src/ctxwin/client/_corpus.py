@@ -74,11 +74,63 @@ def detect_dialect(messages: Sequence[Any], hint: str = "") -> str:
     return "cline"
 
 
-def parse_conversation(text: str) -> tuple[list[dict[str, Any]], str]:
-    """The messages of a saved conversation and their dialect.
+def _jsonl(text: str, notes: list[str] | None) -> list[Any]:
+    """The lines of a JSONL file. A last line cut short with no newline after it (a log
+    being written) is left out, with a note; any other bad line is refused by its number."""
+    lines = text.splitlines()
+    last = max((number for number, line in enumerate(lines) if line.strip()), default=-1)
+    parsed: list[Any] = []
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            parsed.append(json.loads(line))
+        except ValueError as exc:
+            where = f"line {number + 1}"
+            if isinstance(exc, json.JSONDecodeError):
+                where += f", column {exc.colno}: {exc.msg}"
+            if number == last and not text.endswith("\n") and parsed:
+                if notes is not None:
+                    notes.append(
+                        f"the last line ({where}) is cut short (still being written?): left out"
+                    )
+                continue
+            raise ConversationFormatError(f"not JSON, nor a JSONL event log ({where})") from None
+    return parsed
+
+
+def _checked(messages: list[Any], key: str) -> list[dict[str, Any]]:
+    """``messages`` when each one is an object.
 
     Raises:
-        ConversationFormatError: the text holds no conversation in a known shape.
+        ConversationFormatError: naming the first that is not, or Cline's UI file.
+    """
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            shown = "null" if message is None else type(message).__name__
+            raise ConversationFormatError(f"{key}[{index}] is {shown}, not a message object")
+    if messages and all(
+        "role" not in message and message.get("type") in ("say", "ask") for message in messages
+    ):
+        raise ConversationFormatError(
+            "this is Cline's ui_messages.json (the task's UI events, no model messages); "
+            "replay the api_conversation_history.json next to it"
+        )
+    return messages
+
+
+def parse_conversation(
+    text: str, notes: list[str] | None = None
+) -> tuple[list[dict[str, Any]], str]:
+    """The messages of a saved conversation and their dialect.
+
+    Args:
+        text: the file's text.
+        notes: where to say what was left out (a JSONL log's last line cut short).
+
+    Raises:
+        ConversationFormatError: the text holds no conversation in a known shape (naming
+            the message or the line at fault).
     """
     stripped = text.lstrip()
     try:
@@ -88,21 +140,17 @@ def parse_conversation(text: str) -> tuple[list[dict[str, Any]], str]:
         if not stripped.startswith("{"):
             raise ConversationFormatError("not JSON, nor a JSONL event log") from None
     if data is None:
-        try:
-            lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except ValueError as exc:
-            raise ConversationFormatError(f"not JSON, nor a JSONL event log: {exc}") from None
-        messages = _claude_code_log(lines)
+        messages = _claude_code_log(_jsonl(text, notes))
         if not messages:
             raise ConversationFormatError("a JSONL file with no user or assistant lines")
         return messages, "anthropic"
     if isinstance(data, list):
-        return data, detect_dialect(data)
+        return _checked(data, "messages"), detect_dialect(data)
     if isinstance(data, dict):
         for key in ("messages", "input", "contents"):
             found = data.get(key)
             if isinstance(found, list):
-                return found, detect_dialect(found, key)
+                return _checked(found, key), detect_dialect(found, key)
         if isinstance(data.get("message"), dict):  # a JSONL log of one line
             return _claude_code_log([data]), "anthropic"
     raise ConversationFormatError(
@@ -111,14 +159,16 @@ def parse_conversation(text: str) -> tuple[list[dict[str, Any]], str]:
     )
 
 
-def load_conversation(path: Path) -> tuple[list[dict[str, Any]], str]:
+def load_conversation(
+    path: Path, notes: list[str] | None = None
+) -> tuple[list[dict[str, Any]], str]:
     """:func:`parse_conversation` of a file.
 
     Raises:
         OSError: the file cannot be read.
         ConversationFormatError: it holds no conversation in a known shape.
     """
-    return parse_conversation(path.read_text(encoding="utf-8"))
+    return parse_conversation(path.read_text(encoding="utf-8"), notes)
 
 
 def user_side(message: Mapping[str, Any], dialect: str) -> bool:

@@ -468,9 +468,15 @@ def replay(
 
     Raises:
         CtxwinError: from the daemon.
+        ValueError: ``history`` holds no model request.
     """
-    info = client.context_window_info(model)
     points = request_points(history, dialect)
+    if not points:
+        raise ValueError(no_request(dialect))
+    if history:
+        # The whole file first: a message the dialect cannot carry is named by its index.
+        _tokens(client, history, dialect)
+    info = client.context_window_info(model)
     has_metrics = any(isinstance(m.get("metrics"), Mapping) for m in history)
     report = ReplayReport(
         file=file,
@@ -603,6 +609,14 @@ def replay(
             progress(turn, len(points), deleted_range)
     report.final_range = deleted_range
     return report
+
+
+def no_request(dialect: str) -> str:
+    """Why a history without a model request cannot be replayed."""
+    return (
+        f"no model request in it: no message of the {dialect} dialect's user side "
+        "(a user message, tool results)"
+    )
 
 
 def view_state(
