@@ -99,7 +99,18 @@ class KeptHistory:
             messages: Any = mapped.internal
         else:
             messages = history.messages if history is not None else args["messages"]
-        result = run_task_op(state, op, {**args, "messages": messages}, context)
+        target = state
+        restarted = "deleted_range" not in args and self._restarted(state, history, mapped, args)
+        if restarted:
+            if op == "plan":
+                target = state.clone()  # plan changes nothing: it says what would happen
+            target.start_over()
+        revision = (target.revision, target.overlay.version)
+        result = run_task_op(target, op, {**args, "messages": messages}, context)
+        if target is state:
+            self._record_basis(state, revision, "deleted_range" in args, history, mapped, args)
+        if restarted:
+            result["restarted"] = True
         if op == "prepare_request" and context is not None:
             self._estimate = (result["estimated_tokens"], self.calibration.ratio)
         if mapped is not None:
@@ -118,6 +129,59 @@ class KeptHistory:
                 del result["messages"]
                 result["patch"] = patch
         return result
+
+    def _restarted(
+        self,
+        state: engine.TaskState,
+        history: engine.History | None,
+        mapped: engine.MappedHistory | None,
+        args: dict[str, Any],
+    ) -> bool:
+        """Whether the history is not the one the task's range and overlay were made on.
+
+        It is not when it is shorter than the prefix they were made on, or when
+        that prefix has another digest: the caller restarted or rewound the
+        conversation under the same task id.
+        """
+        basis = state.basis
+        messages: list[Any] = history.messages if history is not None else args["messages"]
+        if basis is None:
+            # Stored before bases were kept: only a range reaching the history's end shows it.
+            deleted = state.deleted_range
+            count = len(mapped.internal) if mapped is not None else len(messages)
+            return deleted is not None and deleted[1] + 1 >= count
+        length, digest = basis
+        if len(messages) < length:
+            return True
+        if history is not None:
+            return history.digest_of(length) != digest
+        return proto.DigestChain(messages[:length]).digest(length) != digest
+
+    def _record_basis(
+        self,
+        state: engine.TaskState,
+        revision: tuple[int, int],
+        explicit: bool,
+        history: engine.History | None,
+        mapped: engine.MappedHistory | None,
+        args: dict[str, Any],
+    ) -> None:
+        """Note the history prefix the task's range and overlay now refer to, when they changed
+        (or the caller set the range: it vouches for this history)."""
+        extent = state.extent
+        if extent == 0:
+            state.basis = None
+            return
+        unchanged = (state.revision, state.overlay.version) == revision
+        if state.basis is not None and unchanged and not explicit:
+            return  # checked against this history before the op, and unchanged by it
+        messages: list[Any] = history.messages if history is not None else args["messages"]
+        length = mapped.history_length(extent) if mapped is not None else min(extent, len(messages))
+        if history is not None:
+            digest = history.digest_of(length)
+        else:
+            digest = proto.DigestChain(messages[:length]).digest(length)
+        state.basis = (length, digest)
 
     def view_patch(
         self,

@@ -246,6 +246,9 @@ def _condense(state: engine.TaskState, args: Args, context: TaskContext | None) 
 
 
 def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+    # A checkpoint restore: the caller sets the task back to an earlier history, which the
+    # next history op is taken to be (unless the range reaches past it).
+    state.basis = None
     removed = state.rollback(args["ts"])
     if "deleted_range" in args:
         # The checkpoint's range, when the caller gives it, wins over the one a

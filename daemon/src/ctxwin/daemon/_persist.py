@@ -5,8 +5,10 @@ A task lives in ``<state_dir>/tasks/<task_id>/``:
 - ``ctxwin.json``: the authority, the task's whole state in one file, replaced
   atomically as a unit: ``{"format": 2, "dialect": ..., "deleted_range": ...,
   "calibration": {"ratio": ..., "samples": ...} | null, "read_tools"?: [...],
-  "summaries"?: [...], "updates": ...}``, where
-  ``updates`` is the overlay in the on-disk form of SPEC.md §1;
+  "summaries"?: [...], "basis"?: {"length": ..., "digest": ...}, "updates": ...}``,
+  where ``updates`` is the overlay in the on-disk form of SPEC.md §1 and
+  ``basis`` names the history prefix the range and the overlay were made on
+  (its length and chained digest, hex);
 - ``context_history.json``: the compatible export, exactly ``json.dumps`` of
   the engine's ``dump_updates()``, written after the authority. It is read only
   to import a task directory that has no ctxwin file, or an old one
@@ -90,6 +92,8 @@ class TaskRecord:
         read_tools: the task's own read tools in their wire form (``read_tools``).
         pricing: the task's price sheet in its wire form (docs/PRICING.md), or None.
         summaries: the task's summaries in their stored form, oldest first.
+        basis: ``(length, digest)`` of the history prefix the range and the
+            overlay were made on (``TaskState.basis``), or None.
     """
 
     updates: Any = None
@@ -99,6 +103,7 @@ class TaskRecord:
     read_tools: tuple[dict[str, Any], ...] = ()
     pricing: dict[str, Any] | None = None
     summaries: tuple[dict[str, Any], ...] = ()
+    basis: tuple[int, bytes] | None = None
 
     @property
     def empty(self) -> bool:
@@ -152,6 +157,8 @@ def encode_task(record: TaskRecord, fence: int | None = None) -> Encoded:
         head["pricing"] = record.pricing
     if record.summaries:
         head["summaries"] = list(record.summaries)
+    if record.basis is not None:
+        head["basis"] = {"length": record.basis[0], "digest": record.basis[1].hex()}
     if fence is not None:
         head["fence"] = fence
     prefix = json.dumps(head).encode("utf-8")
@@ -173,6 +180,24 @@ def _valid_calibration(value: object) -> bool:
         and not isinstance(samples, bool)
         and samples >= 0
     )
+
+
+def _basis_of(value: object) -> tuple[int, bytes] | None:
+    """A stored basis; None for none.
+
+    Raises:
+        ValueError: a basis of another shape.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"length", "digest"}:
+        raise ValueError("unexpected content")
+    length, digest = value["length"], value["digest"]
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        raise ValueError("unexpected content")
+    if not isinstance(digest, str) or len(digest) != 2 * proto.DIGEST_SIZE:
+        raise ValueError("unexpected content")
+    return length, bytes.fromhex(digest)
 
 
 def decode_record(value: object) -> tuple[TaskRecord, int | None]:
@@ -216,6 +241,7 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
         tuple(read_tools),
         pricing,
         tuple(summaries),
+        _basis_of(value.get("basis")),
     )
     return record, fence
 

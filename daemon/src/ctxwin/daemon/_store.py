@@ -140,6 +140,7 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
             notices,
             dialect=record.dialect,
             summaries=list(record.summaries),
+            basis=record.basis,
         )
     if record.pricing is not None:
         state.load_pricing(proto.sheet_from_wire(record.pricing))
@@ -161,6 +162,7 @@ def record_of(state: engine.TaskState, extras: TaskExtras) -> TaskRecord:
         extras.read_tools,
         None if state.pricing is None else state.pricing.wire(),
         tuple(state.dump_summaries()),
+        state.basis,
     )
 
 

@@ -475,6 +475,15 @@ class MappedHistory:
         internal.append({"role": role, "content": list(mapped.blocks)})
         return first
 
+    def history_length(self, count: int) -> int:
+        """How many first history messages the first ``count`` internal messages take (with
+        the kept-out messages among them)."""
+        members = self.members
+        for index in range(count, len(members)):
+            if members[index]:
+                return members[index][0]
+        return len(self.source)
+
     def history_index(self, internal_index: int) -> int:
         """The history index of an internal message's first member (-1 for an empty one)."""
         found = self.members[internal_index]
@@ -562,7 +571,7 @@ class MappedHistory:
         count = len(internal)
         start = keep_from(deleted_range) if count >= 2 else count
         spans = [(0, count)] if count < 2 else [(0, 2), (start, count)]
-        if len(view) != (count if count < 2 else 2 + count - start):
+        if len(view) != (count if count < 2 else 2 + max(count - start, 0)):
             raise ValueError(f"a view of {len(view)} messages is not one of this history")
         source = self.source
         systems = self.systems

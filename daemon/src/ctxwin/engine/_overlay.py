@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ctxwin.proto import (
@@ -141,6 +141,15 @@ class Overlay:
         if removed:
             self.version += 1
         return removed
+
+    def discard(self, keep: Callable[[int], bool]) -> int:
+        """Drop the edits of every message whose index ``keep`` refuses; returns how many."""
+        gone = [index for index in self.messages if not keep(index)]
+        for index in gone:
+            del self.messages[index]
+        if gone:
+            self.version += 1
+        return len(gone)
 
     def dump(self) -> list[Any]:
         """The on-disk form: ``[[index, [edit_type, [[block, [update, ...]], ...]]], ...]``."""

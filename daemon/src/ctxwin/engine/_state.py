@@ -244,6 +244,7 @@ class TaskState:
     """
 
     __slots__ = (
+        "_basis",
         "_deleted_range",
         "_dialect",
         "_pricing",
@@ -272,6 +273,8 @@ class TaskState:
         self._dialect = dialect
         self.overlay = Overlay()
         self._deleted_range: list[int] | None = None
+        # (length, digest) of the history prefix the range and the overlay were made on.
+        self._basis: tuple[int, bytes] | None = None
         self.revision = 0
         self._pricing: PriceSheet | None = None
         # The views returned and their cost (not stored: a restarted task starts a new ledger).
@@ -325,6 +328,7 @@ class TaskState:
         return (
             not self.overlay
             and self._deleted_range is None
+            and self._basis is None
             and self._dialect == "cline"
             and self._pricing is None
             and not self.summaries
@@ -354,6 +358,44 @@ class TaskState:
             self._deleted_range = new
             self.revision += 1
 
+    @property
+    def basis(self) -> tuple[int, bytes] | None:
+        """``(length, digest)`` of the history prefix the range and the overlay were made on.
+
+        ``length`` counts the caller's history messages (kept-out ones too),
+        ``digest`` is that prefix's chained digest (``ctxwin.proto.DigestChain``).
+        None when the task holds neither a range nor edits, or when it was
+        stored before bases were kept.
+        """
+        return self._basis
+
+    @basis.setter
+    def basis(self, value: tuple[int, bytes] | None) -> None:
+        if value != self._basis:
+            self._basis = value
+            self.revision += 1
+
+    @property
+    def extent(self) -> int:
+        """How many first messages (internal ones in a native dialect) the range and the
+        overlay refer to: a history shorter than that is not the one they were made on."""
+        end = self._deleted_range[1] + 1 if self._deleted_range else 0
+        indices = self.overlay.indices()
+        return max(end, indices[-1] + 1 if indices else 0)
+
+    def start_over(self) -> None:
+        """The history is not the one the range and the overlay were made on: a restart or a
+        rewind under the same task. The range, every edit and the summaries of what the range
+        removed go (which of the messages they were made on still stand is not known); the
+        next view is built afresh.
+        """
+        self._deleted_range = None
+        self._basis = None
+        self.summaries = []
+        if self.overlay:
+            self.overlay.discard(lambda index: False)
+        self.revision += 1
+
     @classmethod
     def load(
         cls,
@@ -363,6 +405,7 @@ class TaskState:
         reads: ReadRules | None = None,
         dialect: str = "cline",
         summaries: object = None,
+        basis: tuple[int, bytes] | None = None,
     ) -> TaskState:
         """Rebuild a state from its stored form.
 
@@ -371,6 +414,9 @@ class TaskState:
             deleted_range: the stored range, or None.
             notices: the notice texts to use from now on.
             summaries: the stored summaries (:meth:`dump_summaries`), or None.
+            reads: the read tools of a native dialect.
+            dialect: the task's dialect.
+            basis: the stored :attr:`basis`, or None.
 
         Raises:
             CorruptStateError: when a value does not have its stored shape.
@@ -386,6 +432,7 @@ class TaskState:
                 state.summaries = [Summary.load(item) for item in summaries]
             except ValueError as exc:
                 raise CorruptStateError(str(exc)) from None
+        state._basis = basis
         return state
 
     def dump_updates(self) -> list[Any]:
@@ -743,6 +790,7 @@ class TaskState:
         copy = TaskState(self.notices, self.reads, self._dialect)
         copy.overlay = self.overlay.copy()
         copy._deleted_range = self.deleted_range
+        copy._basis = self._basis
         copy.revision = self.revision
         copy._pricing = self._pricing
         copy.ledger = self.ledger.copy()

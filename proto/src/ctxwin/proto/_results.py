@@ -93,12 +93,16 @@ class PrepareRequestResult(TypedDict):
     known (``pricing``, the task's, or its model's): ``cache``, the view's
     ``cached_tokens``, ``written_tokens``, ``cost`` and ``keep_all_cost``
     (docs/PRICING.md); ``receipts`` of the edits this request made.
+    ``restarted`` (only when true): the history was not the one the task's
+    range and edits were made on (a restart or a rewind under the same task
+    id), so they were dropped and the task started over from this history.
     """
 
     deleted_range: DeletedRange
     range_updated: bool
     messages: list[Message]
     stalled: NotRequired[bool]
+    restarted: NotRequired[bool]
     estimated_tokens: NotRequired[int]
     fits: NotRequired[bool]
     largest: NotRequired[list[list[int]]]
@@ -127,12 +131,14 @@ class PlanResult(TypedDict):
     stalled: bool
     largest: list[list[int]] | None
     calibration: float
+    restarted: NotRequired[bool]
 
 
 class TruncatedMessagesResult(TypedDict):
     """``truncated_messages`` (SPEC.md §4)."""
 
     messages: list[Message]
+    restarted: NotRequired[bool]
 
 
 class OptimizeFileReadsResult(TypedDict):
@@ -141,6 +147,7 @@ class OptimizeFileReadsResult(TypedDict):
     changed: bool
     need_to_truncate: bool
     percent_saved: float
+    restarted: NotRequired[bool]
 
 
 class OptimizeFileReadsInMemoryResult(TypedDict):
@@ -149,6 +156,7 @@ class OptimizeFileReadsInMemoryResult(TypedDict):
     changed: bool
     need_to_truncate: bool
     messages: list[Message]
+    restarted: NotRequired[bool]
 
 
 class CompactSubagentResult(TypedDict):
@@ -157,12 +165,14 @@ class CompactSubagentResult(TypedDict):
     compacted: bool
     deleted_range: DeletedRange
     messages: list[Message]
+    restarted: NotRequired[bool]
 
 
 class ApplyTruncationNoticeResult(TypedDict):
     """``apply_truncation_notice`` (SPEC.md §5)."""
 
     changed: bool
+    restarted: NotRequired[bool]
 
 
 class CompactResult(TypedDict):
@@ -170,12 +180,14 @@ class CompactResult(TypedDict):
 
     deleted_range: DeletedRange
     changed: bool
+    restarted: NotRequired[bool]
 
 
 class CondensedResult(TypedDict):
     """``condensed`` (SPEC.md §8)."""
 
     deleted_range: DeletedRange
+    restarted: NotRequired[bool]
 
 
 class SummaryInfo(TypedDict):

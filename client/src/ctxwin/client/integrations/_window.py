@@ -88,6 +88,9 @@ class Turn:
             none was (docs/SUMMARIES.md).
         summary_usage: the usage of the request that asked the model for the
             summary (None when none was sent or it reported none).
+        restarted: the task held a range or edits made on another history (the
+            same conversation run again, or rewound): they were dropped and the
+            task started over from this one.
     """
 
     task: str
@@ -104,6 +107,7 @@ class Turn:
     cache: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     summary_usage: Usage | None = None
+    restarted: bool = False
 
 
 DEFAULT_STRATEGY = "auto"
@@ -308,6 +312,7 @@ class _Conversations:
             fits=prepared.get("fits"),
             stalled=bool(prepared.get("stalled", False)),
             cache=prepared.get("cache"),
+            restarted=bool(prepared.get("restarted", False)),
         )
         return Request(task, messages, view, model, ts, turn, entry)
 
