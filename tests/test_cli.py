@@ -611,3 +611,49 @@ def test_replay_leaves_out_the_last_line_of_a_log_being_written(
     assert (3, 2) == (json.loads(out)["messages"], json.loads(out)["turns"])
     assert "the last line (line 4, column 43: Unterminated string" in err
     assert "left out" in err
+
+
+def test_replay_uses_the_published_window_of_the_model_the_file_names(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """The window of the model a file names (a Claude Code log's ``message.model``, an
+    object's ``model``), said with where it came from; ``--model-window`` still wins; an
+    unknown model gets the daemon's default, said as such."""
+    lines = [
+        {"type": "user", "message": {"role": "user", "content": "fix it"}},
+        {
+            "type": "assistant",
+            "message": {"role": "assistant", "model": "<synthetic>", "content": "..."},
+        },
+        {
+            "type": "assistant",
+            "message": {
+                "id": "a",
+                "role": "assistant",
+                "model": "claude-opus-4-6",
+                "content": "ok",
+            },
+        },
+        {"type": "user", "message": {"role": "user", "content": "go on"}},
+    ]
+    log = tmp_path / "session.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    chat = tmp_path / "chat.json"
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
+    chat.write_text(json.dumps({"model": "gpt-4.1", "messages": messages}), encoding="utf-8")
+    base = ("--endpoint", shared.endpoint, "--json", "replay")
+    for path, model, window, source in (
+        (log, "claude-opus-4-6", 200_000, "published for claude-opus-4-6"),
+        (chat, "gpt-4.1", 1_047_576, "published for gpt-4.1"),
+    ):
+        code, out, err = run(*base, str(path))
+        assert 0 == code, err
+        report = json.loads(out)
+        assert (model, window) == (report["model"]["id"], report["context_window"])
+        assert report["window_source"].startswith(source)
+    code, out, _ = run(*base, str(log), "--model-window", "50000")
+    assert (0, 50_000) == (code, json.loads(out)["context_window"])
+    assert "given with --model-window" == json.loads(out)["window_source"]
+    code, out, _ = run("--endpoint", shared.endpoint, "replay", str(chat), "--model", "mine-1")
+    assert 0 == code
+    assert "model mine-1: window 128,000 (the daemon's default: the model is not a known" in out

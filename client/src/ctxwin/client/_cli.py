@@ -21,7 +21,7 @@ from ctxwin import proto
 
 from . import _autostart, _keys
 from ._core import DEFAULT_TIMEOUT
-from ._corpus import load_conversation
+from ._corpus import About, load_conversation
 from ._errors import AuthenticationError, CtxwinError, DaemonUnavailableError
 from ._page import inspect_page, page_problem, replay_page
 from ._plot import plot, plot_problem
@@ -33,10 +33,10 @@ from ._replay import (
     Variant,
     ViewState,
     chars_of,
-    default_model,
     load_history,
     message_chars,
     message_tokens,
+    model_for,
     no_request,
     parse_sources,
     parse_updates,
@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-window",
         type=_non_negative_int,
         metavar="N",
-        help="the model's context window in tokens (default: the daemon's, 128000)",
+        help="the model's context window in tokens (default: the one published for the "
+        "file's model, else the daemon's, 128000)",
     )
     play.add_argument("--model", metavar="ID", help="model id (default: from the file)")
     play.add_argument("--provider", help="provider id (default: from the file)")
@@ -584,21 +585,24 @@ def _columns(stream: TextIO) -> int:
         return 80
 
 
-def _load_conversation(path: Path, err: TextIO) -> tuple[list[dict[str, Any]], str]:
-    notes: list[str] = []
+def _load_conversation(
+    path: Path, err: TextIO, about: About | None = None
+) -> tuple[list[dict[str, Any]], str]:
+    about = about if about is not None else About()
     try:
-        loaded = load_conversation(path, notes)
+        loaded = load_conversation(path, about)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     except RecursionError:
         raise UsageError(f"cannot read {path}: JSON nested too deeply") from None
-    for note in notes:
+    for note in about.notes:
         err.write(f"ctxwin: {path}: {note}\n")
     return loaded
 
 
 def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    history, detected = _load_conversation(args.file, err)
+    about = About()
+    history, detected = _load_conversation(args.file, err, about)
     dialect = args.dialect or detected
     if args.plot is not None:
         problem = plot_problem(args.plot)  # before the replay, not after it
@@ -610,9 +614,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             raise UsageError(problem)
     if not request_points(history, dialect):
         raise UsageError(f"cannot replay {args.file}: {no_request(dialect)}")
-    model = default_model(history, args.model_window)
-    if args.model:
-        model["id"] = args.model
+    model, window_source = model_for(history, args.model_window, about.model, args.model)
     if args.provider:
         model["provider"] = args.provider
     task_id = args.task or f"replay-{os.getpid()}-{time.time_ns() // 1_000_000}"
@@ -637,6 +639,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             with contextlib.suppress(CtxwinError):
                 client.close_task(task_id, timeout=min(args.timeout, _PROBE_TIMEOUT))
         raise
+    report.window_source = window_source
     if not args.keep:
         client.close_task(task_id)
     if args.json:
@@ -718,7 +721,9 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
     out.write(
         f"replayed {report.turns} turns of {report.file} ({report.messages} messages) "
         f"as task {task_id}\n"
-        f"model {report.model.get('id')}: window {report.context_window:,}, "
+        f"model {report.model.get('id')}: window {report.context_window:,}"
+        + (f" ({report.window_source})" if report.window_source else "")
+        + ", "
         f"max allowed {report.max_allowed_size:,}; peak {report.peak_tokens:,} input tokens\n"
         f"{usage_line(report)}\n"
     )

@@ -13,16 +13,55 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["detect_dialect", "load_conversation", "parse_conversation", "user_side"]
+__all__ = ["About", "detect_dialect", "load_conversation", "parse_conversation", "user_side"]
 
 _CLAUDE_CODE_TYPES = ("user", "assistant")
 
 
 class ConversationFormatError(ValueError):
     """A file that holds no conversation in a known shape."""
+
+
+@dataclass(slots=True)
+class About:
+    """What a file says besides its messages.
+
+    Attributes:
+        model: the model it names (an object's ``model``, a Claude Code log's
+            ``message.model``, a Cline message's ``modelInfo.modelId``), or None.
+        notes: what was left out of it, for people (a JSONL log's last line cut short).
+    """
+
+    model: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _model_of(data: Mapping[str, Any], messages: Sequence[Any]) -> str | None:
+    """The model a file names: its own ``model``, else the first message's that names one."""
+    named = data.get("model")
+    if isinstance(named, str) and named:
+        return named
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        info = message.get("modelInfo")
+        if isinstance(info, Mapping) and isinstance(info.get("modelId"), str):
+            return str(info["modelId"])
+    return None
+
+
+def _log_model(lines: list[Any]) -> str | None:
+    """The model of a Claude Code log's first assistant line that names a real one."""
+    for line in lines:
+        message = line.get("message") if isinstance(line, dict) else None
+        model = message.get("model") if isinstance(message, dict) else None
+        if isinstance(model, str) and model and not model.startswith("<"):
+            return model  # "<synthetic>" marks lines the agent made up itself
+    return None
 
 
 def _claude_code_log(lines: list[Any]) -> list[dict[str, Any]]:
@@ -74,7 +113,7 @@ def detect_dialect(messages: Sequence[Any], hint: str = "") -> str:
     return "cline"
 
 
-def _jsonl(text: str, notes: list[str] | None) -> list[Any]:
+def _jsonl(text: str, about: About | None) -> list[Any]:
     """The lines of a JSONL file. A last line cut short with no newline after it (a log
     being written) is left out, with a note; any other bad line is refused by its number."""
     lines = text.splitlines()
@@ -90,8 +129,8 @@ def _jsonl(text: str, notes: list[str] | None) -> list[Any]:
             if isinstance(exc, json.JSONDecodeError):
                 where += f", column {exc.colno}: {exc.msg}"
             if number == last and not text.endswith("\n") and parsed:
-                if notes is not None:
-                    notes.append(
+                if about is not None:
+                    about.notes.append(
                         f"the last line ({where}) is cut short (still being written?): left out"
                     )
                 continue
@@ -119,14 +158,13 @@ def _checked(messages: list[Any], key: str) -> list[dict[str, Any]]:
     return messages
 
 
-def parse_conversation(
-    text: str, notes: list[str] | None = None
-) -> tuple[list[dict[str, Any]], str]:
+def parse_conversation(text: str, about: About | None = None) -> tuple[list[dict[str, Any]], str]:
     """The messages of a saved conversation and their dialect.
 
     Args:
         text: the file's text.
-        notes: where to say what was left out (a JSONL log's last line cut short).
+        about: filled in with what the file says besides (the model it names, what
+            was left out of it).
 
     Raises:
         ConversationFormatError: the text holds no conversation in a known shape (naming
@@ -139,19 +177,25 @@ def parse_conversation(
         data = None
         if not stripped.startswith("{"):
             raise ConversationFormatError("not JSON, nor a JSONL event log") from None
+    about = about if about is not None else About()
     if data is None:
-        messages = _claude_code_log(_jsonl(text, notes))
+        lines = _jsonl(text, about)
+        messages = _claude_code_log(lines)
         if not messages:
             raise ConversationFormatError("a JSONL file with no user or assistant lines")
+        about.model = _log_model(lines)
         return messages, "anthropic"
     if isinstance(data, list):
+        about.model = _model_of({}, data)
         return _checked(data, "messages"), detect_dialect(data)
     if isinstance(data, dict):
         for key in ("messages", "input", "contents"):
             found = data.get(key)
             if isinstance(found, list):
+                about.model = _model_of(data, found)
                 return _checked(found, key), detect_dialect(found, key)
         if isinstance(data.get("message"), dict):  # a JSONL log of one line
+            about.model = _log_model([data])
             return _claude_code_log([data]), "anthropic"
     raise ConversationFormatError(
         "expected a list of messages, an object with messages, input or contents, "
@@ -159,16 +203,14 @@ def parse_conversation(
     )
 
 
-def load_conversation(
-    path: Path, notes: list[str] | None = None
-) -> tuple[list[dict[str, Any]], str]:
+def load_conversation(path: Path, about: About | None = None) -> tuple[list[dict[str, Any]], str]:
     """:func:`parse_conversation` of a file.
 
     Raises:
         OSError: the file cannot be read.
         ConversationFormatError: it holds no conversation in a known shape.
     """
-    return parse_conversation(path.read_text(encoding="utf-8"), notes)
+    return parse_conversation(path.read_text(encoding="utf-8"), about)
 
 
 def user_side(message: Mapping[str, Any], dialect: str) -> bool:

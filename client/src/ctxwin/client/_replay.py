@@ -39,6 +39,7 @@ from ._errors import BadReplyError
 from ._sync import Client
 from ._task import Task
 from ._usage import usage_from_metrics
+from .integrations._models import known_context_window
 
 Progress = Callable[[int, int, DeletedRange], None]
 """Called after each turn with (turns done, turns in all, current range)."""
@@ -199,6 +200,7 @@ class ReplayReport:
     views: list[ViewState] = field(default_factory=list)
     variants: list[Variant] = field(default_factory=list)
     dialect: str = "cline"
+    window_source: str = ""
 
     def totals(self) -> dict[str, int]:
         """Counts and savings summed over the events."""
@@ -1009,6 +1011,38 @@ def default_model(history: Sequence[Mapping[str, Any]], window: int | None) -> M
     if window is not None:
         model["context_window"] = window
     return model
+
+
+def model_for(
+    history: Sequence[Mapping[str, Any]],
+    window: int | None,
+    named: str | None = None,
+    model_id: str | None = None,
+) -> tuple[Model, str]:
+    """The model a replay asks for, and where its window came from.
+
+    Args:
+        history: the conversation (a Cline message's ``modelInfo`` names its model).
+        window: the window given (``--model-window``): it wins.
+        named: the model the file names otherwise (:class:`~ctxwin.client._corpus.About`).
+        model_id: the model id given (``--model``), over the file's.
+
+    Returns:
+        The model (with ``context_window`` unless the daemon's default applies) and a
+        phrase saying where the window came from.
+    """
+    model = default_model(history, window)
+    if model_id:
+        model["id"] = model_id
+    elif model["id"] == "unknown" and named:
+        model["id"] = named
+    if window is not None:
+        return model, "given with --model-window"
+    known = known_context_window(model["id"])
+    if known is not None:
+        model["context_window"] = known
+        return model, f"published for {model['id']}; --model-window to change"
+    return model, "the daemon's default: the model is not a known one; --model-window to change"
 
 
 @dataclass(slots=True)
