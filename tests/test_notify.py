@@ -156,7 +156,9 @@ def test_watchdog_for_this_pid_is_honoured(receiver: Receiver) -> None:
     assert receiver.recv() == "WATCHDOG=1"
 
 
-@pytest.mark.parametrize("pid", [str(os.getpid() + 1), "0", "not-a-pid"])
+@pytest.mark.parametrize(
+    "pid", [str(os.getpid() + 1), "0", "not-a-pid"], ids=["next-pid", "zero", "not-a-pid"]
+)
 def test_watchdog_for_another_pid_is_ignored(receiver: Receiver, pid: str) -> None:
     """A ``WATCHDOG_PID`` naming another process turns the watchdog off but not the rest."""
     notifier = Notifier.from_environ(

@@ -7,6 +7,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,11 +86,19 @@ def _analyze(
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
 
 
-def _analyze_env(tmp_path: Path) -> dict[str, str]:
-    """An environment in which ``--user`` works without a running user manager."""
-    runtime_dir = tmp_path / "xdg-runtime"
-    runtime_dir.mkdir(mode=0o700, exist_ok=True)
-    return {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "SYSTEMD_LOG_COLOR": "0"}
+@pytest.fixture
+def analyze_env() -> Iterator[dict[str, str]]:
+    """An environment in which ``--user`` works without a running user manager.
+
+    Its runtime dir is short (not under tmp_path, whose name grows with the test's
+    and the worker's): other packages' user units name sockets in it (gpg-agent's,
+    for one), and a socket path must stay under 108 bytes or verify warns.
+    """
+    runtime_dir = Path(tempfile.mkdtemp(prefix="ctxwin-rt-"))
+    try:
+        yield {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "SYSTEMD_LOG_COLOR": "0"}
+    finally:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def test_the_expected_units_are_shipped() -> None:
@@ -125,9 +135,11 @@ def test_user_services_use_no_system_only_settings(service: Path) -> None:
 
 @needs_systemd_analyze
 @pytest.mark.parametrize("unit", UNITS, ids=_unit_id)
-def test_systemd_analyze_verify_accepts_every_unit(unit: Path, tmp_path: Path) -> None:
+def test_systemd_analyze_verify_accepts_every_unit(
+    unit: Path, tmp_path: Path, analyze_env: dict[str, str]
+) -> None:
     """``systemd-analyze verify`` exits 0 and warns about nothing, with ctxwind installed."""
-    env = _analyze_env(tmp_path)
+    env = dict(analyze_env)
     ctxwind = _installed_ctxwind()
     target = unit
     exec_start = _settings(unit).get("ExecStart", [""])[0].split()
@@ -157,12 +169,12 @@ def test_systemd_analyze_verify_accepts_every_unit(unit: Path, tmp_path: Path) -
 
 @needs_systemd_analyze
 @pytest.mark.parametrize("service", SERVICES, ids=_unit_id)
-def test_security_exposure_is_at_most_two(service: Path, tmp_path: Path) -> None:
+def test_security_exposure_is_at_most_two(service: Path, analyze_env: dict[str, str]) -> None:
     """``systemd-analyze security --offline=true`` rates each service 2.0 or lower."""
     result = _analyze(
         ["security", "--offline=true", str(service)],
         user=_is_user_unit(service),
-        env=_analyze_env(tmp_path),
+        env=analyze_env,
     )
 
     assert result.returncode == 0, result.stderr
