@@ -202,6 +202,20 @@ def setup(command: str = "setup") -> None:
     _say(f"{done} in {time.monotonic() - started:.0f} s")
 
 
+def _parallel(args: list[str]) -> list[str]:
+    """pytest-xdist options: a worker per CPU, each test file on one worker.
+
+    A file's tests stay together so that a daemon a module shares starts once.
+    Given ``-n``/``--numprocesses`` or ``-p no:xdist``, the caller decides.
+    """
+    if any(
+        a in {"-n", "--numprocesses", "no:xdist"} or a.startswith(("-n", "--numprocesses="))
+        for a in args
+    ):
+        return []
+    return ["-n", "auto", "--dist", "loadfile"]
+
+
 def test(args: list[str]) -> int:
     """Lint, type-check, then run the test suite; the first failure stops the run."""
     bin_dir = _bin(VENV)
@@ -209,7 +223,7 @@ def test(args: list[str]) -> int:
         [bin_dir / "ruff", "check", "."],
         [bin_dir / "ruff", "format", "--check", "."],
         [bin_dir / "mypy"],
-        [bin_dir / "python", "-m", "pytest", *args],
+        [bin_dir / "python", "-m", "pytest", *_parallel(args), *args],
     ]
     for step in steps:
         _say(
