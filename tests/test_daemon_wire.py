@@ -155,6 +155,7 @@ def test_stats_counts_tasks_actors_and_requests(peer: Peer) -> None:
         "calibrated_tasks",
         "calibration_median",
         "store",
+        "cache",
     } == set(stats)
     assert (1, 1, 0) == (stats["tasks"], stats["actors"], stats["write_failures"])
     assert "file" == stats["store"]["kind"]
