@@ -769,6 +769,14 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
             f"{_turn_list(report.over_window)}; "
             f"largest {worst.estimated:,} estimated tokens at turn {worst.turn}\n"
         )
+        cause = report.over_window_cause
+        if cause is not None:
+            out.write(
+                f"  turn {cause.turn}'s largest message: #{cause.index}, {cause.kind}, "
+                f"{cause.message_tokens:,} tokens"
+                + (", new in that request" if cause.new else "")
+                + f"; {cause.prevent}\n"
+            )
     if report.per_turn:
         every = 1 if per_turn else max(1, len(report.per_turn) // 20)
         out.write(

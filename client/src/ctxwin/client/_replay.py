@@ -177,6 +177,29 @@ class Variant:
 
 
 @dataclass(slots=True)
+class OverWindow:
+    """The largest message of the first request over the window, and what would prevent it.
+
+    Attributes:
+        turn: the request.
+        tokens: its input tokens.
+        index: the history index of its largest message.
+        kind: what that message is (role and content, for people).
+        message_tokens: that message's tokens.
+        new: the message arrived with this request (no earlier request sent it).
+        prevent: what would have kept the request inside the window.
+    """
+
+    turn: int
+    tokens: int
+    index: int
+    kind: str
+    message_tokens: int
+    new: bool
+    prevent: str
+
+
+@dataclass(slots=True)
 class ReplayReport:
     """What a replay did, for people (``format``) and machines (``as_dict``)."""
 
@@ -195,6 +218,7 @@ class ReplayReport:
     usage_mode: str = "recorded"
     estimated_from: int | None = None
     over_window: list[int] = field(default_factory=list)
+    over_window_cause: OverWindow | None = None
     implausible: list[int] = field(default_factory=list)
     differs: str | None = None
     views: list[ViewState] = field(default_factory=list)
@@ -219,9 +243,11 @@ class ReplayReport:
         data = {
             name: getattr(self, name)
             for name in self.__dataclass_fields__
-            if name not in ("events", "per_turn", "views", "variants")
+            if name not in ("events", "per_turn", "views", "variants", "over_window_cause")
         }
         data["events"] = [asdict(event) for event in self.events]
+        cause = self.over_window_cause
+        data["over_window_cause"] = None if cause is None else asdict(cause)
         data["per_turn"] = [asdict(turn) for turn in self.per_turn]
         data["views"] = [
             {"deleted_range": view.deleted_range, "altered": sorted(view.altered)}
@@ -577,7 +603,9 @@ def replay(
             implausible = False
             if row.source == "recorded":
                 row.recorded = input_tokens(previous)
-                implausible = _implausible(row.recorded, estimated, calibration)
+                implausible = (of_this_view or usage == "recorded") and _implausible(
+                    row.recorded, estimated, calibration
+                )
                 if implausible:
                     # No count of a request this long: neither reported nor fed back.
                     report.implausible.append(turn)
@@ -605,6 +633,10 @@ def replay(
         report.peak_tokens = max(report.peak_tokens, view_tokens)
         if view_tokens > report.context_window:
             report.over_window.append(turn)
+            if report.over_window_cause is None:  # the first: what the later ones follow
+                report.over_window_cause = _over_window_cause(
+                    history, sent.get("largest"), turn, points, view_tokens, report, dialect
+                )
         report.per_turn.append(row)
         report.last_request_messages = len(view)
         if progress is not None:
@@ -826,6 +858,66 @@ def _keeps_content(original: Mapping[str, Any], sent: Mapping[str, Any]) -> bool
     if not isinstance(before, list) or not isinstance(after, list):
         return before == after
     return all(block in after for block in before)
+
+
+def _over_window_cause(
+    history: Sequence[Mapping[str, Any]],
+    largest: object,
+    turn: int,
+    points: Sequence[int],
+    tokens: int,
+    report: ReplayReport,
+    dialect: str,
+) -> OverWindow | None:
+    """What made a request go over the window: its largest message (the daemon's
+    ``largest``), and what would have prevented it."""
+    if not isinstance(largest, list) or not largest or not isinstance(largest[0], list):
+        return None
+    index, size = largest[0][0], largest[0][1]
+    if not isinstance(index, int) or not isinstance(size, int) or not 0 <= index < len(history):
+        return None
+    new = turn == 1 or index >= points[turn - 2]
+    over = tokens - report.context_window
+    if new and size > over:
+        prevent = (
+            f"no cut removes the newest messages, and the cline strategy cuts only after a "
+            f"request reports its usage: keeping that message under {size - over:,} tokens "
+            f"(capping the tool's output), a window of at least {tokens:,} tokens, or "
+            'strategy "auto" (which shortens a message too large for the budget) would have '
+            "prevented it"
+        )
+    else:
+        prevent = (
+            'the cut kept more than the window holds: a deeper cut (strategy "fit" or '
+            f'"auto", cutting to the estimate) or a window of at least {tokens:,} tokens '
+            "would have prevented it"
+        )
+    return OverWindow(turn, tokens, index, describe(history[index], dialect), size, new, prevent)
+
+
+def describe(message: Mapping[str, Any], dialect: str = "cline") -> str:
+    """What a message is, for people: its role (or item type) and the kinds of its content
+    (a Cline result sent back as text named as such, with its head)."""
+    role = str(message.get("role") or message.get("type") or "message")
+    content = message.get("parts" if dialect == "gemini" else "content")
+    if isinstance(content, str) or content is None:
+        kinds = ["text"] if isinstance(content, str) else []
+        head = content or ""
+    else:
+        kinds, head = [], ""
+        for block in content if isinstance(content, list) else []:
+            kind = (
+                str(block.get("type") or next(iter(block), "part"))
+                if isinstance(block, Mapping)
+                else "part"
+            )
+            text = block.get("text") if isinstance(block, Mapping) else None
+            if isinstance(text, str) and text.startswith("[") and "] Result:" in text[:300]:
+                kind, head = "tool result as text", head or text[: text.index("] Result:") + 1]
+            if kind not in kinds:
+                kinds.append(kind)
+    described = f"{role} message" + (f": {', '.join(kinds)}" if kinds else "")
+    return described + (f" ({head})" if head and len(head) <= 120 else "")
 
 
 def _implausible(recorded: int, estimated: int, calibration: float) -> bool:
