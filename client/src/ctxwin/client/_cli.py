@@ -228,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-turn", action="store_true", help="list every turn's estimate, not a sample"
     )
     play.add_argument(
+        "--summaries",
+        choices=("basic",),
+        help="cut by summary as an auto-condensing agent does: when a summary is due, "
+        "condense with ctxwin's basic summary (listed with its size)",
+    )
+    play.add_argument(
         "--usage",
         choices=USAGE_MODES,
         default="auto",
@@ -631,6 +637,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             progress=bar,
             usage=args.usage,
             dialect=dialect,
+            summaries=args.summaries,
         )
     except BaseException:  # Ctrl-C included
         if bar is not None:
@@ -750,6 +757,23 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
         out.write("no truncation or optimisation happened\n")
     if negative:
         out.write("* negative: the notice is longer than the text it replaced\n")
+    if report.summaries:
+        _table(
+            [
+                (
+                    item["turn"],
+                    "stored" if item["condensed"] else f"refused: {item['reason']}",
+                    _range(item["range"]) if item["range"] else "-",
+                    "-" if item["chars"] is None else f"{item['chars']:,}",
+                    "-" if item["tokens"] is None else f"{item['tokens']:,}",
+                    f"{item['tokens_before']:,}",
+                    f"{item['tokens_after']:,}",
+                )
+                for item in report.summaries
+            ],
+            ("turn", "summary", "range", "chars", "tokens", "view before", "view after"),
+            out,
+        )
     out.write(
         f"{totals['truncations']} truncation(s) removing {totals['messages_removed']} messages, "
         f"{totals['optimisations']} optimisation(s); saved {_saved(totals['chars_saved'])} "

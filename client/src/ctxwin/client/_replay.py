@@ -225,6 +225,7 @@ class ReplayReport:
     variants: list[Variant] = field(default_factory=list)
     dialect: str = "cline"
     window_source: str = ""
+    summaries: list[dict[str, Any]] = field(default_factory=list)
 
     def totals(self) -> dict[str, int]:
         """Counts and savings summed over the events."""
@@ -462,6 +463,7 @@ def replay(
     progress: Progress | None = None,
     usage: UsageMode = "auto",
     dialect: str = "cline",
+    summaries: str | None = None,
 ) -> ReplayReport:
     """Send ``history`` to the daemon turn by turn and record what changed.
 
@@ -490,6 +492,12 @@ def replay(
             the texts it gives (a block without a source, its history no
             longer held by the daemon, is left out);
             each view is mapped back to the history by :class:`NativeViews`.
+        summaries: ``basic``: cut by summary as an auto-condensing agent does
+            (docs/SUMMARIES.md): each request asks ``use_auto_condense``, and
+            when a summary is due the task is condensed with ctxwin's basic
+            summary and its view sent; each attempt is listed in
+            :attr:`ReplayReport.summaries` (turn, condensed, reason, range,
+            chars, tokens of the summary, tokens before and after).
 
     Returns:
         The report.
@@ -529,7 +537,15 @@ def replay(
     agrees = True
     last_recorded = 0
     for turn, end in enumerate(points, start=1):
-        sent = task.prepare_request(history[:end], model, previous_request=previous, estimate=True)
+        sent: Any = task.prepare_request(
+            history[:end],
+            model,
+            previous_request=previous,
+            estimate=True,
+            use_auto_condense=True if summaries is not None else None,
+        )
+        if summaries is not None and sent.get("summary_due"):
+            sent = _condensed(client, task, history[:end], model, sent, turn, report, dialect)
         view = sent["messages"]
         new_range = sent["deleted_range"]
         inspected = task.inspect()
@@ -651,6 +667,41 @@ def no_request(dialect: str) -> str:
         f"no model request in it: no message of the {dialect} dialect's user side "
         "(a user message, tool results)"
     )
+
+
+def _condensed(
+    client: Client,
+    task: Task,
+    history: Sequence[Mapping[str, Any]],
+    model: Model,
+    sent: dict[str, Any],
+    turn: int,
+    report: ReplayReport,
+    dialect: str,
+) -> dict[str, Any]:
+    """The request after a basic condense (``sent`` itself when it was refused), recorded."""
+    done: Any = task.condense(history, model)
+    stored = done["summary"]
+    report.summaries.append(
+        {
+            "turn": turn,
+            "condensed": done["condensed"],
+            "reason": done["reason"],
+            "range": None if stored is None else stored["range"],
+            "chars": None if stored is None else stored["chars"],
+            "tokens": None if stored is None else _text_tokens(client, stored["text"]),
+            "tokens_before": done["tokens_before"],
+            "tokens_after": done["tokens_after"],
+        }
+    )
+    if not done["condensed"]:
+        return sent
+    return {
+        **sent,
+        "messages": done["messages"],
+        "deleted_range": done["deleted_range"],
+        "estimated_tokens": done["tokens_after"],
+    }
 
 
 def view_state(

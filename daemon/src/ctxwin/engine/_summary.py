@@ -48,6 +48,7 @@ _READ_WORDS = ("read", "view", "open", "cat", "show", "get_file")
 _CLINE_WRITES = ("write_to_file", "replace_in_file")
 _ASSISTANT_CAP = 600
 _ERROR_CAP = 300
+_PATHS_CAP = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,15 +323,18 @@ def basic_summary(
         start = previous.end + 1
     facts = _facts(messages, start, end)
     spent = count("\n".join(head))
-    # User prompts first (verbatim, the newest kept when over half the budget), then
-    # the files and errors (short), then the assistant's conclusions with what is left.
-    prompt_budget = max(budget // 2, budget - 2 * spent)
+    # User prompts first (verbatim, the newest kept when over their share of the budget),
+    # then the files and errors (short), then the assistant's conclusions with what is left.
+    prompt_budget = max(budget * 6 // 10 - spent, budget // 4)
     prompts: list[str] = []
     used = 0
     for _, text in reversed(facts.prompts):
         line = f"- {text.strip()}"
         cost = count(line)
-        if used + cost > prompt_budget and prompts:
+        if used + cost > prompt_budget:
+            if not prompts:  # the newest alone is over: its beginning, marked as cut
+                keep = max(int(len(line) * prompt_budget / cost * 0.9), 0)
+                prompts.append(line[:keep] + " [... cut for length]")
             break
         prompts.append(line)
         used += cost
@@ -343,9 +347,9 @@ def basic_summary(
             lines.append(f"- ({dropped} older user messages left out for length)")
         lines.extend(prompts)
     if facts.written:
-        lines.append("Files written: " + ", ".join(facts.written))
+        lines.append("Files written: " + _listed(facts.written))
     if facts.read:
-        lines.append("Files read: " + ", ".join(facts.read))
+        lines.append("Files read: " + _listed(facts.read))
     if facts.errors:
         lines.append("Tool errors:")
         lines.extend(f"- {error}" for error in facts.errors[-10:])
@@ -364,6 +368,13 @@ def basic_summary(
         finals.reverse()
         text += "\nAssistant, at the end of each turn:\n" + "\n".join(finals)
     return text.strip() or "(the removed turns held no text)"
+
+
+def _listed(paths: list[str]) -> str:
+    """Paths, the newest :data:`_PATHS_CAP` when there are more."""
+    if len(paths) <= _PATHS_CAP:
+        return ", ".join(paths)
+    return f"({len(paths) - _PATHS_CAP} earlier left out) " + ", ".join(paths[-_PATHS_CAP:])
 
 
 def summary_prompt(previous: Summary | None, instruction: str = SUMMARY_PROMPT) -> str:
