@@ -310,6 +310,29 @@ def test_replay_reports_events_with_estimated_usage(shared: DaemonProcess, tmp_p
     assert "final range [2, " in out
 
 
+def test_replay_with_basic_summaries_condenses_and_lists_each_summary(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """--summaries basic cuts by summary only: each condense is listed with its size, the
+    view after it is under half the trigger, and the text report shows them."""
+    history = _history_file(tmp_path, _replay_material())
+    base = ("--endpoint", shared.endpoint, "replay", str(history), "--model-window", "8000")
+    code, out, err = run(*base, "--summaries", "basic", "--json")
+    assert 0 == code, err
+    report = json.loads(out)
+    stored = [item for item in report["summaries"] if item["condensed"]]
+    assert stored
+    for item in stored:
+        assert 0 < item["tokens"] < item["chars"]
+        assert item["tokens_after"] <= 6000 / 2 < item["tokens_before"]  # 0.75 of 8000
+    truncations = [event for event in report["events"] if event["kind"] == "truncation"]
+    assert [item["range"] for item in stored] == [e["deleted_range"] for e in truncations]
+    code, out, _ = run(*base, "--summaries", "basic")
+    assert 0 == code
+    assert "view after" in out
+    assert "stored" in out
+
+
 @pytest.mark.skipif(not CORPUS.exists(), reason="the shared corpus is not next to the checkout")
 def test_replay_of_the_real_corpus_estimates_once_the_views_differ(
     shared: DaemonProcess, tmp_path: Path
