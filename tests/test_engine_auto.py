@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -175,7 +176,9 @@ def test_the_latest_read_of_a_file_is_never_masked() -> None:
     steps += [("Bash", {"command": f"make {n}"}, 1500) for n in range(14)]
     messages = conversation(steps)
     state = native()
+    state.policy = replace(DEFAULT_POLICY, ceiling=1.0)  # masking alone, nothing cut
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
+    assert state.deleted_range is None
     assert result.messages[4] == messages[4]
     assert text_of(result.messages[6]["content"][0]).startswith("[ctxwin] The result of Bash")  # type: ignore[union-attr]
 
@@ -288,3 +291,25 @@ def test_price_sheets_by_name_multipliers_and_model() -> None:
         assert proto.pricing_error(bad) is not None
         with pytest.raises(ValueError, match="pricing"):
             proto.sheet_from_wire(bad)
+
+
+def test_once_a_view_outgrew_the_budget_later_views_stay_under_the_ceiling() -> None:
+    """A long conversation is kept small (cheaper cache reads); before, nothing is cut."""
+    messages = [user("task"), {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    for number in range(60):
+        messages.append(user(f"question {number} " + "q" * 700))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 300}]})
+    state = native()
+    ceiling = BUDGET * DEFAULT_POLICY.ceiling
+    first_over = None
+    for end in range(3, len(messages) + 1, 2):
+        result = state.prepare_request(messages[:end], None, MODEL, budgeting=auto(), ts=TS + end)
+        assert result.estimated_tokens is not None
+        if first_over is None and state.auto_overflowed:
+            first_over = end
+        if first_over is not None:
+            assert result.estimated_tokens <= ceiling
+        else:
+            assert state.deleted_range is None  # nothing is cut while everything fits
+        assert not view_problems(result.messages)
+    assert first_over is not None

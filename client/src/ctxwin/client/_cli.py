@@ -261,7 +261,48 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="progress bar on stderr (default: when stderr is a terminal)",
     )
+    play.add_argument(
+        "--strategy",
+        type=_strategies,
+        default=["default"],
+        metavar="NAME[,NAME...]",
+        help="the strategy of every request: default (SPEC.md), fit or auto; several, "
+        "comma-separated, replay the conversation under each and compare them "
+        "(docs/STRATEGIES.md)",
+    )
+    play.add_argument(
+        "--pricing",
+        type=_pricing,
+        metavar="SHEET|JSON",
+        help="the price sheet each turn's cache figures use: "
+        + ", ".join(proto.PRICE_SHEETS)
+        + ', or \'{"input": 1, "cache_write": 1.25, "cache_read": 0.1}\' '
+        "(default: the model's; docs/PRICING.md)",
+    )
     return parser
+
+
+def _strategies(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in proto.STRATEGY_VALUES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"strategies are {', '.join(proto.STRATEGY_VALUES)} (got {value!r})"
+        )
+    return names
+
+
+def _pricing(value: str) -> Any:
+    parsed: Any = value
+    if value.lstrip().startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    problem = proto.pricing_error(parsed)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"pricing {problem}")
+    return parsed
 
 
 def _print_json(data: Any, out: TextIO) -> None:
@@ -623,6 +664,8 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     model, window_source = model_for(history, args.model_window, about.model, args.model)
     if args.provider:
         model["provider"] = args.provider
+    if len(args.strategy) > 1:
+        return _compare(client, args, history, model, dialect, out, err)
     task_id = args.task or f"replay-{os.getpid()}-{time.time_ns() // 1_000_000}"
     show = args.progress if args.progress is not None else err.isatty()
     bar = _Bar(err) if show else None
@@ -638,6 +681,8 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             usage=args.usage,
             dialect=dialect,
             summaries=args.summaries,
+            strategy=args.strategy[0],
+            pricing=args.pricing,
         )
     except BaseException:  # Ctrl-C included
         if bar is not None:
@@ -670,6 +715,76 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             return EXIT_USAGE
         if not args.json:
             out.write(f"plot written to {args.plot}\n")
+    return EXIT_OK
+
+
+def _compare(
+    client: Client,
+    args: argparse.Namespace,
+    history: list[dict[str, Any]],
+    model: proto.Model,
+    dialect: str,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Replay under each strategy of ``--strategy`` (fresh ephemeral tasks) and compare them."""
+    if args.task or args.keep or args.html is not None or args.plot is not None:
+        raise UsageError(
+            "several strategies compare in fresh tasks: no --task, --keep, --html, --plot"
+        )
+    reports: list[tuple[str, ReplayReport]] = []
+    for strategy in args.strategy:
+        task_id = f"replay-{strategy}-{os.getpid()}-{time.time_ns() // 1_000_000}"
+        show = args.progress if args.progress is not None else err.isatty()
+        bar = _Bar(err) if show else None
+        try:
+            report = replay(
+                client,
+                history,
+                model,
+                task_id=task_id,
+                file=str(args.file),
+                progress=bar,
+                usage=args.usage,
+                dialect=dialect,
+                strategy=strategy,
+                pricing=args.pricing,
+            )
+        finally:
+            if bar is not None:
+                bar.clear()
+            with contextlib.suppress(CtxwinError):
+                client.close_task(task_id, timeout=min(args.timeout, _PROBE_TIMEOUT))
+        reports.append((strategy, report))
+    if args.json:
+        _print_json([{"strategy": name, **report.as_dict()} for name, report in reports], out)
+        return EXIT_OK
+    rows = []
+    for name, report in reports:
+        cost = report.cost()
+        totals = report.totals()
+        rows.append(
+            (
+                name,
+                totals["truncations"],
+                len(report.over_window),
+                f"{report.peak_tokens:,}",
+                "-" if cost is None else f"{cost['cached_tokens']:,}",
+                "-" if cost is None else f"{cost['written_tokens']:,}",
+                "-" if cost is None else f"{cost['cost']:,.0f}",
+                "-"
+                if cost is None or not cost["keep_all_cost"]
+                else f"{cost['cost'] / cost['keep_all_cost']:.3f}",
+            )
+        )
+    out.write(
+        f"{args.file}: {reports[0][1].turns} turns, window {reports[0][1].context_window:,}\n"
+    )
+    _table(
+        rows,
+        ("strategy", "cuts", "over window", "peak", "cached", "written", "cost", "vs all"),
+        out,
+    )
     return EXIT_OK
 
 
@@ -734,6 +849,14 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
         f"max allowed {report.max_allowed_size:,}; peak {report.peak_tokens:,} input tokens\n"
         f"{usage_line(report)}\n"
     )
+    cost = report.cost()
+    if cost is not None:
+        ratio = cost["cost"] / cost["keep_all_cost"] if cost["keep_all_cost"] else 0.0
+        out.write(
+            f"strategy {report.strategy}: {cost['cached_tokens']:,} tokens read from the "
+            f"cache, {cost['written_tokens']:,} written; cost {cost['cost']:,.0f} "
+            f"(sending everything: {cost['keep_all_cost']:,.0f}, {ratio:.3f}x)\n"
+        )
     negative = False
     if report.events:
         rows = []

@@ -117,6 +117,9 @@ class ReplayTurn:
             recorded block still agrees).
         view: the index of this turn's view in :attr:`ReplayReport.views`.
         messages: the history's length at this request (what the view was made of).
+        cache: the view's ``cached_tokens``, ``written_tokens``, ``cost`` and
+            ``keep_all_cost`` under the task's price sheet, when one is known
+            (docs/PRICING.md).
     """
 
     turn: int
@@ -130,6 +133,7 @@ class ReplayTurn:
     agrees: bool = True
     view: int = 0
     messages: int = 0
+    cache: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -226,6 +230,20 @@ class ReplayReport:
     dialect: str = "cline"
     window_source: str = ""
     summaries: list[dict[str, Any]] = field(default_factory=list)
+    strategy: str = "default"
+    pricing: Any = None
+
+    def cost(self) -> dict[str, Any] | None:
+        """The cache figures summed over the turns, when the daemon priced them."""
+        priced = [turn.cache for turn in self.per_turn if turn.cache is not None]
+        if not priced:
+            return None
+        return {
+            "cached_tokens": sum(cache["cached_tokens"] for cache in priced),
+            "written_tokens": sum(cache["written_tokens"] for cache in priced),
+            "cost": round(sum(cache["cost"] for cache in priced), 3),
+            "keep_all_cost": round(sum(cache["keep_all_cost"] for cache in priced), 3),
+        }
 
     def totals(self) -> dict[str, int]:
         """Counts and savings summed over the events."""
@@ -262,6 +280,7 @@ class ReplayReport:
                     if number is not None and self.variants[number].added
                 )
         data["totals"] = self.totals()
+        data["cache"] = self.cost()
         return data
 
     def view_of(self, turn: ReplayTurn) -> ViewState:
@@ -464,6 +483,8 @@ def replay(
     usage: UsageMode = "auto",
     dialect: str = "cline",
     summaries: str | None = None,
+    strategy: str = "default",
+    pricing: Any = None,
 ) -> ReplayReport:
     """Send ``history`` to the daemon turn by turn and record what changed.
 
@@ -498,6 +519,9 @@ def replay(
             summary and its view sent; each attempt is listed in
             :attr:`ReplayReport.summaries` (turn, condensed, reason, range,
             chars, tokens of the summary, tokens before and after).
+        strategy: the strategy of every request (docs/STRATEGIES.md).
+        pricing: the price sheet (a name or multipliers), or None for the
+            model's (docs/PRICING.md); each turn then records its cache figures.
 
     Returns:
         The report.
@@ -524,6 +548,8 @@ def replay(
         usage_source="metrics.tokens" if has_metrics else "count_tokens",
         usage_mode=usage,
         dialect=dialect,
+        strategy=strategy,
+        pricing=pricing,
     )
     native = dialect != "cline"
     mapper = NativeViews(history, report.variants)
@@ -536,13 +562,18 @@ def replay(
     previous: Usage | None = None
     agrees = True
     last_recorded = 0
+    options: dict[str, Any] = {"estimate": True}
+    if strategy != "default":
+        options["strategy"] = strategy
+    if pricing is not None:
+        options["pricing"] = pricing
     for turn, end in enumerate(points, start=1):
         sent: Any = task.prepare_request(
             history[:end],
             model,
             previous_request=previous,
-            estimate=True,
             use_auto_condense=True if summaries is not None else None,
+            **options,
         )
         if summaries is not None and sent.get("summary_due"):
             sent = _condensed(client, task, history[:end], model, sent, turn, report, dialect)
@@ -610,6 +641,7 @@ def replay(
             agrees=agrees,
             view=len(report.views) - 1,
             messages=end,
+            cache=sent.get("cache"),
         )
         answer = history[end] if end < len(history) else None
         previous, row.source = _usage_after(client, answer, view, clock + turn, dialect)

@@ -11,10 +11,12 @@ the last request's usage alone:
    tool results older than the last ``keep_calls`` calls, or larger than
    ``large_result`` tokens, which become a stub naming the tool, its
    arguments and its size (observation masking). Never the latest read of a
-   file, never a result of the last ``recent_turns`` turns.
+   file, never a result of the last ``recent_turns`` turns. Once a view did
+   not fit, later views count as not fitting above ``ceiling`` of the budget.
 3. A batch is applied whole when the view does not fit, or when it saves at
    least ``min_batch`` tokens and what it saves each turn, over the expected
-   remaining turns, exceeds what rewriting the cache after its first edit costs.
+   remaining turns (over ``margin``), exceeds what rewriting the cache after its
+   first edit costs.
 4. When masking is not enough, whole turns are cut, down to ``low_water`` of
    the budget so that cuts do not recur every few turns.
 5. A message too large for the budget is shortened, with a notice saying so.
@@ -68,19 +70,24 @@ class AutoPolicy:
         big_message: a message above this share of the budget is shortened to
             ``shortened`` of the budget before anything is cut for it.
         shortened: see ``big_message``.
+        ceiling: once a view did not fit the budget, the share of the budget
+            above which later views count as not fitting (below 1, they stay
+            smaller than the window allows: cheaper to read from the cache each
+            turn, at the cost of what is cut).
     """
 
     reserve: int = 2048
     recent_turns: int = 2
-    keep_calls: int = 6
-    large_result: int = 4000
+    keep_calls: int = 2
+    large_result: int = 1000
     min_batch: int = 2000
-    margin: float = 1.0
+    margin: float = 2.0
     horizon: tuple[int, int] = (20, 200)
     high_water: float = 0.9
-    low_water: float = 0.6
+    low_water: float = 0.45
     big_message: float = 0.5
     shortened: float = 0.25
+    ceiling: float = 0.4
 
 
 DEFAULT_POLICY = AutoPolicy()
@@ -457,17 +464,32 @@ def run_auto(
     if len(messages) < 3:
         return outcome
     planner = _Planner(state, messages, budgeting, sheet, policy, ts)
+    hard = budget
     estimate = planner.view_tokens()
-    candidates = planner.candidates()
+    if estimate > hard:
+        state.auto_overflowed = True
+    if state.auto_overflowed:
+        # A conversation that outgrew the window once will again: keep its views
+        # under the ceiling, where reading them from the cache each turn costs less.
+        budget = budget * policy.ceiling
     if estimate <= budget:
+        # A batch that did not pay back at the last look can only do so once new
+        # messages have added candidates (or turns): look again every half batch.
+        if estimate - state.auto_checked < policy.min_batch // 2 and estimate >= state.auto_checked:
+            return outcome
+        state.auto_checked = estimate
+        candidates = planner.candidates()
         if candidates and planner.pays_back(candidates):
             outcome.receipts.append(planner.apply(candidates))
+            state.auto_checked = planner.view_tokens()
         return outcome
+    candidates = planner.candidates()
     # Over the budget: a message too large for it is shortened first, then the batch.
     outcome.receipts.extend(planner.shorten(budget * policy.big_message, budget * policy.shortened))
     if candidates:
         outcome.receipts.append(planner.apply(candidates))
     estimate = planner.view_tokens()
+    state.auto_checked = estimate
     if estimate <= budget * policy.high_water:
         return outcome
     # Not enough: cut whole turns to the low-water mark. (A summary of what the
@@ -476,11 +498,11 @@ def run_auto(
     if receipt is not None:
         outcome.range_updated = True
         outcome.receipts.append(receipt)
-    if not fits or planner.view_tokens() > budget:
+    if not fits or planner.view_tokens() > hard:
         # What is left is too large even so: shorten down to the budget.
         outcome.receipts.extend(
             planner.shorten(budget * policy.shortened, budget * policy.shortened)
         )
-        if planner.view_tokens() > budget:
+        if planner.view_tokens() > hard:
             outcome.stalled = receipt is None
     return outcome

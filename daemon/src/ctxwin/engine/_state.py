@@ -248,6 +248,8 @@ class TaskState:
         "_deleted_range",
         "_dialect",
         "_pricing",
+        "auto_checked",
+        "auto_overflowed",
         "block_tokens",
         "ledger",
         "max_out",
@@ -288,6 +290,9 @@ class TaskState:
         # Every summary stored and not rolled back, oldest first: the newest is the one
         # the view carries; the older ones come back when a rollback removes it.
         self.summaries: list[Summary] = []
+        # The view's tokens when ``auto`` last looked for a batch that pays back.
+        self.auto_checked = 0
+        self.auto_overflowed = False
 
     @property
     def dialect(self) -> str:
@@ -799,6 +804,8 @@ class TaskState:
         copy.block_tokens = self.block_tokens
         copy.stub_tokens = self.stub_tokens
         copy.summaries = list(self.summaries)  # summaries are never changed in place
+        copy.auto_checked = self.auto_checked
+        copy.auto_overflowed = self.auto_overflowed
         return copy
 
     def _new_file_reads(
