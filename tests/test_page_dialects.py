@@ -340,3 +340,78 @@ def test_chromium_shows_a_rebuilt_message_and_an_equal_one_under_their_own_indic
     assert list(range(7)) == [index for index, _ in dom.shown]
     assert [4] == [index for index, variant in dom.shown if variant is not None]
     assert dom.fold_hidden
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        (
+            "chat",
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "deep_tool", "arguments": "[" * 5000 + "]" * 5000},
+                    }
+                ],
+            },
+        ),
+        (
+            "anthropic",
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "c1", "name": "deep_tool", "input": 0}],
+            },
+        ),
+    ],
+)
+def test_a_page_of_deeply_nested_arguments_is_written_private_and_shown_in_chromium(
+    browser: str, page_daemon: DaemonProcess, tmp_path: Path, name: str, call: dict[str, Any]
+) -> None:
+    """Arguments nested 5,000 deep (a Chat call's JSON string) or 900 deep (an Anthropic
+    input, about as deep as the file's JSON can be read): the replay writes its page, which
+    Chromium shows with the call; the page replaces an older one atomically, readable by its
+    owner only (it holds the whole conversation), and leaves no other file."""
+    if name == "anthropic":
+        call["content"][0]["input"] = _nested(900)
+        result: dict[str, Any] = {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "ok"}],
+        }
+    else:
+        result = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+    messages = [
+        {"role": "user", "content": "do it"},
+        call,
+        result,
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "more"},
+    ]
+    source = tmp_path / "conversation.json"
+    source.write_text(json.dumps({"messages": messages}), encoding="utf-8")
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    page = pages / "deep.html"
+    page.write_text("an older page", encoding="utf-8")
+    page.chmod(0o644)
+    code, _, err = run(
+        "--endpoint", page_daemon.endpoint, "replay", str(source), "--dialect",
+        "openai-chat" if name == "chat" else "anthropic", "--html", str(page),
+    )  # fmt: skip
+    assert 0 == code, err
+    assert 0o600 == page.stat().st_mode & 0o777
+    assert ["deep.html"] == [path.name for path in pages.iterdir()]
+    text = page.read_text(encoding="utf-8")
+    assert "deep_tool" in text
+    dom = _dom(_browse(browser, tmp_path / "profile", page.as_uri(), "--dump-dom"))
+    assert list(range(5)) == [index for index, _ in dom.shown]

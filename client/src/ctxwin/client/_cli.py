@@ -23,7 +23,7 @@ from . import _autostart, _keys
 from ._core import DEFAULT_TIMEOUT
 from ._corpus import About, load_conversation
 from ._errors import AuthenticationError, CtxwinError, DaemonUnavailableError
-from ._page import inspect_page, page_problem, replay_page
+from ._page import inspect_page, page_problem, replay_page, write_page
 from ._plot import plot, plot_problem
 from ._replay import (
     USAGE_MODES,
@@ -467,7 +467,7 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         counts = message_tokens(client, history, variants, dialect)
         page = inspect_page(args.task, history, state, variants, counts, rows, dialect)
         try:
-            args.html.write_text(page, encoding="utf-8")
+            write_page(args.html, page)
         except OSError as exc:
             raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
         if not args.json:
@@ -701,7 +701,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     if args.html is not None:
         counts = message_tokens(client, history, report.variants, dialect)
         try:
-            args.html.write_text(replay_page(report, history, counts), encoding="utf-8")
+            write_page(args.html, replay_page(report, history, counts))
         except OSError as exc:
             err.write(f"ctxwin: --html: cannot write {args.html}: {exc}\n")
             return EXIT_USAGE

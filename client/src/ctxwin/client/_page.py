@@ -11,8 +11,11 @@ The last turn is rendered as the page loads, so it reads without JavaScript.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +34,7 @@ from ._replay import (
     usage_line,
 )
 
-__all__ = ["PageTurn", "inspect_page", "page_problem", "replay_page"]
+__all__ = ["PageTurn", "inspect_page", "page_problem", "replay_page", "write_page"]
 
 _PREVIEW = 140
 _BADGES = {NOTICE: "notice", FILE_READ: "read", REPAIRED: "repair"}
@@ -44,6 +47,29 @@ def page_problem(path: Path) -> str | None:
     if path.is_dir():
         return f"--html: {path} is a directory"
     return None
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write a page readable by its owner only (0600, as the daemon's state files: it holds
+    whole conversations), atomically: a reader sees the old page or the new one, whole.
+
+    The page goes to a new file in the same directory (created 0600), made durable, then
+    renamed over ``path``; a failure leaves ``path`` as it was and no file behind.
+
+    Raises:
+        OSError: the page cannot be written.
+    """
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 @dataclass(slots=True)
@@ -358,9 +384,18 @@ def _short(tokens: float) -> str:
 
 
 def _text(value: Any) -> str:
+    """A value as text: a string as it is, anything else as indented JSON (compact when
+    nested too deeply to indent, a note when too deeply even for that)."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, indent=1)
+    try:
+        return json.dumps(value, ensure_ascii=False, indent=1)
+    except RecursionError:
+        pass
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except RecursionError:
+        return "(nested too deeply to show)"
 
 
 def _body(content: Any) -> str:
@@ -454,7 +489,7 @@ def _arguments(value: Any) -> str:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse here
             return _pre(value)
     return _pre(value)
 

@@ -304,14 +304,19 @@ def load_history(path: Path) -> list[dict[str, Any]]:
 
 
 def chars_of(value: Any) -> int:
-    """Characters of every string inside a message's content (keys excluded)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(chars_of(item) for key, item in value.items() if key != "type")
-    if isinstance(value, list):
-        return sum(chars_of(item) for item in value)
-    return 0
+    """Characters of every string inside a message's content (keys excluded; the values
+    of ``type`` left out). Walked with a stack: any depth the file's JSON had."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, Mapping):
+            stack.extend(inner for key, inner in item.items() if key != "type")
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def text_of(block: Any) -> str | None:
@@ -788,18 +793,20 @@ def message_chars(message: Mapping[str, Any], dialect: str = "cline") -> int:
 
 
 def _leaves(value: Any, ids: set[str], texts: set[str], key: str = "") -> None:
-    """Collect the ids (:data:`_ID_KEYS`) and the other content strings inside ``value``."""
-    if isinstance(value, str):
-        if key in _ID_KEYS:
-            ids.add(value)
-        elif key not in _PLAIN_KEYS and value:
-            texts.add(value)
-    elif isinstance(value, Mapping):
-        for name, item in value.items():
-            _leaves(item, ids, texts, str(name))
-    elif isinstance(value, list):
-        for item in value:
-            _leaves(item, ids, texts, key)
+    """Collect the ids (:data:`_ID_KEYS`) and the other content strings inside ``value``
+    (walked with a stack: any depth)."""
+    stack: list[tuple[Any, str]] = [(value, key)]
+    while stack:
+        item, name = stack.pop()
+        if isinstance(item, str):
+            if name in _ID_KEYS:
+                ids.add(item)
+            elif name not in _PLAIN_KEYS and item:
+                texts.add(item)
+        elif isinstance(item, Mapping):
+            stack.extend((inner, str(field)) for field, inner in item.items())
+        elif isinstance(item, list):
+            stack.extend((inner, name) for inner in item)
 
 
 class NativeViews:
