@@ -47,18 +47,32 @@ def _shell_blocks(text: str) -> list[list[str]]:
     return [block.splitlines() for block in blocks]
 
 
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n")
+    following = re.search(r"^## ", text[start + len(heading) :], flags=re.M)
+    return text[start : start + len(heading) + following.start()] if following else text[start:]
+
+
 def test_readme_commands_name_programs_that_exist_where_they_are_run() -> None:
-    """No bare ``python`` (a checkout's is .venv/bin/python); ``ctxwin`` only once .venv is on PATH.
+    """No bare ``python`` (a checkout's is .venv/bin/python); where ``ctxwin`` is, is said first.
 
     A fresh checkout has python3 but maybe no ``python``, and ``ctxwin`` is
-    installed in .venv/bin, not on the PATH: a block that runs a bare
-    ``ctxwin`` activates .venv first.
+    installed in .venv/bin, not on the PATH: the README says so before its
+    first bare ``ctxwin`` command, and the command-line section's blocks
+    activate .venv before they run one.
     """
-    blocks = _shell_blocks(README.read_text())
-    lines = [line for block in blocks for line in block]
+    text = README.read_text()
+    lines = [line for block in _shell_blocks(text) for line in block]
     assert [] == [line for line in lines if re.match(r"(sudo )?python\s", line)]
+    commands = [
+        block.start(1) + line.start()
+        for block in re.finditer(r"^```sh\n(.*?)^```$", text, flags=re.M | re.S)
+        for line in re.finditer(r"^ctxwin ", block.group(1), flags=re.M)
+    ]
+    assert commands
+    assert text.index("`.venv/bin/ctxwin`") < min(commands)
     bare = []
-    for block in blocks:
+    for block in _shell_blocks(_section(text, "## Command line")):
         activated = False
         for line in block:
             activated = activated or line.startswith(". .venv/bin/activate")
