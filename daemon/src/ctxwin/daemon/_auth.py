@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 SERVER_SECRET = "server.key_secret"
 ALLOWED_DIR = "allowed"
 _ZAP_VERSION = b"1.0"
+_REFUSAL_LOG_S = 10.0
+_REFUSAL_PEERS = 1024
 
 
 class KeysError(RuntimeError):
@@ -142,6 +145,8 @@ class Authenticator:
         self.allowed: dict[bytes, str] = {}
         self._seen: tuple[int, int] | None = None
         self.refused = 0
+        # (address, key) -> (when last logged, refusals not logged since)
+        self._refusals: dict[tuple[str, str | None], tuple[float, int]] = {}
         self.socket: zmq.Socket[bytes] = context.socket(zmq.REP)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(ZAP_ENDPOINT)
@@ -184,6 +189,23 @@ class Authenticator:
             self.allowed = read_allowed(self.keys.allowed_dir)
             _log.info("allow_list_read", clients=sorted(self.allowed.values()))
 
+    def _log_refusal(self, address: str, key: str | None, reason: str) -> None:
+        """Log a refusal: the first from a peer and key, then at most one per 10 s with a count.
+
+        A client that retries (libzmq reconnects every 100 ms) cannot flood the log.
+        """
+        self.refused += 1
+        now = time.monotonic()
+        seen = (address, key)
+        last, repeats = self._refusals.get(seen, (-_REFUSAL_LOG_S, 0))
+        if now - last < _REFUSAL_LOG_S:
+            self._refusals[seen] = (last, repeats + 1)
+            return
+        if len(self._refusals) >= _REFUSAL_PEERS:
+            self._refusals.clear()
+        self._refusals[seen] = (now, 0)
+        _log.info("client_refused", address=address, key=key, reason=reason, repeats=repeats)
+
     def _on_readable(self) -> None:
         sock = self.socket
         # REP: one request, one reply. EVENTS re-arms the edge-triggered FD when nothing is left.
@@ -205,15 +227,13 @@ class Authenticator:
         request_id, address, mechanism = request[1], request[3], request[5]
         peer = address.decode(errors="replace")
         if mechanism != b"CURVE" or len(request) < 7 or len(request[6]) != 32:
-            self.refused += 1
-            _log.info("client_refused", address=peer, reason=f"mechanism {mechanism.decode()}")
+            self._log_refusal(peer, None, f"mechanism {mechanism.decode(errors='replace')}")
             return [_ZAP_VERSION, request_id, b"400", b"CURVE only", b"", b""]
         self._reload()
         key = z85.encode(request[6])
         name = self.allowed.get(key)
         if name is None:
-            self.refused += 1
-            _log.info("client_refused", address=peer, key=key.decode(), reason="key not allowed")
+            self._log_refusal(peer, key.decode(), "key not allowed")
             return [_ZAP_VERSION, request_id, b"400", b"key not allowed", b"", b""]
         _log.info("client_allowed", address=peer, client=name, tasks=self.bindings.get(name))
         return [_ZAP_VERSION, request_id, b"200", b"OK", name.encode(), b""]
