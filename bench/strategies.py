@@ -27,8 +27,12 @@ cost under the Anthropic (1.25 written + 0.1 cached) and OpenAI (1.0
 written + 0.1 cached) units relative to keep-all, latest file read kept,
 edits (overlay updates and cuts), and the median time of a turn.
 
+With ``--wire`` instead: the per-turn time of ``cline`` and ``auto`` through
+one real daemon (delta sync, views as patches), the two in lockstep.
+
 Usage: ``.venv/bin/python -m bench.strategies [--windows 64000,128000,200000]
-[--strategies keep-all,cline,fit,auto,trim,clear-lc,clear-anthropic] [--only NAME] [--json]``.
+[--strategies keep-all,cline,fit,auto,trim,clear-lc,clear-anthropic] [--only NAME]
+[--policy name=value,...] [--json]``, or ``... --wire [--repeat N]``.
 """
 
 from __future__ import annotations
@@ -533,6 +537,75 @@ def kept_share(view: Sequence[Message], latest: dict[str, tuple[int, int, str]])
     return kept / len(latest)
 
 
+def wire(windows: list[int], only: str, repeat: int) -> None:
+    """Per-turn time of ``cline`` and ``auto`` through one real daemon, in lockstep.
+
+    Each conversation is sent as a client would: the caller's own dialect,
+    delta sync, views as patches rebuilt on the caller's list; one sample is
+    one ``prepare_request`` from the client's side. The two strategies take
+    turns (a turn of each in turn), so machine noise falls on both alike.
+    """
+    import tempfile
+
+    from ctxwin.client import Client
+    from tests._daemon import DaemonProcess
+
+    with (
+        tempfile.TemporaryDirectory() as root,
+        DaemonProcess(Path(root)) as daemon,
+        Client(daemon.endpoint, timeout=120) as client,
+    ):
+        for file in CONVERSATIONS:
+            if only and only not in file:
+                continue
+            source, dialect = load_conversation(CORPUS / file)
+            starts = [
+                t
+                for t in range(1, len(source))
+                if source[t].get("role") == "assistant" and source[t - 1].get("role") != "assistant"
+            ]
+            for window in windows:
+                model: proto.Model = {"id": "bench-model", "context_window": window}
+                times: dict[str, list[float]] = {"cline": [], "auto": []}
+                for attempt in range(repeat):
+                    tasks = {
+                        name: client.task(
+                            f"wire-{name}-{window}-{attempt}-{time.time_ns()}",
+                            ephemeral=True,
+                            dialect=None if dialect == "cline" else dialect,
+                        )
+                        for name in times
+                    }
+                    usage: dict[str, Any] = {}
+                    for t in starts:
+                        for name, task in tasks.items():
+                            strategy = "default" if name == "cline" else "auto"
+                            started = time.perf_counter()
+                            result = task.prepare_request(
+                                source[:t],
+                                model,
+                                previous_request=usage.get(name),
+                                strategy=strategy,  # type: ignore[arg-type]
+                                pricing="anthropic",
+                            )
+                            times[name].append(time.perf_counter() - started)
+                            usage[name] = {
+                                "ts": START_TS + t,
+                                "tokens_in": result.get("estimated_tokens", 0),
+                                "tokens_out": 500,
+                            }
+                    for task in tasks.values():
+                        client.close_task(task.id)
+                cline = statistics.median(times["cline"]) * 1000
+                auto = statistics.median(times["auto"]) * 1000
+                print(
+                    f"{file.split('.')[0][:24]:<24} {window // 1000:>3}k through the daemon: "
+                    f"cline {cline:.2f} ms, auto {auto:.2f} ms per turn (median of "
+                    f"{len(times['auto'])}), auto/cline {auto / cline:.2f}",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", default=",".join(map(str, WINDOWS)))
@@ -542,6 +615,10 @@ def main() -> None:
     parser.add_argument(
         "--policy", default="", help="auto's settings to change, as name=value,name=value"
     )
+    parser.add_argument(
+        "--wire", action="store_true", help="time cline and auto through a real daemon instead"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="--wire: replays of each")
     args = parser.parse_args()
     global POLICY
     for item in filter(None, args.policy.split(",")):
@@ -549,6 +626,9 @@ def main() -> None:
         kind = type(getattr(DEFAULT_POLICY, name))
         POLICY = dataclasses.replace(POLICY, **{name: kind(value)})
     windows = [int(w) for w in args.windows.split(",")]
+    if args.wire:
+        wire(windows, args.only, args.repeat)
+        return
     names = args.strategies.split(",")
     counter = Counter()
     results: list[dict[str, Any]] = []

@@ -744,6 +744,12 @@ def test_replay_compares_strategies_by_their_cost(
     )
     assert 0 == code
     assert "strategy auto: " in out
+    page = tmp_path / "auto.html"
+    code, _, _ = run(*base, "--strategy", "auto", "--pricing", "anthropic", "--html", str(page))
+    assert 0 == code
+    shown = page.read_text()
+    assert "cost vs sending everything" in shown
+    assert re.search(r"cached, [\d,]+ written; cost so far [\d,]+ \(sending everything", shown)
     capsys.readouterr()
     code, _, _ = run(*base, "--strategy", "auto,cheapest")
     assert 2 == code

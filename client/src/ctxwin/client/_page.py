@@ -100,6 +100,24 @@ class _Page:
     dialect: str = "cline"
 
 
+def _cost_cards(report: ReplayReport) -> list[tuple[str, str]]:
+    """The replay's cost under its price sheet against sending everything, when priced."""
+    cost = report.cost()
+    if cost is None:
+        return []
+    ratio = cost["cost"] / cost["keep_all_cost"] if cost["keep_all_cost"] else 0.0
+    return [
+        (
+            "cached share",
+            f"{cost['cached_tokens'] / max(cost['cached_tokens'] + cost['written_tokens'], 1):.1%}",
+        ),
+        (
+            "cost vs sending everything",
+            f"{cost['cost']:,.0f} / {cost['keep_all_cost']:,.0f} ({ratio:.2f}x)",
+        ),
+    ]
+
+
 def replay_page(
     report: ReplayReport, history: Sequence[Mapping[str, Any]], counts: TokenCounts
 ) -> str:
@@ -172,6 +190,7 @@ def replay_page(
             ("peak input", f"{report.peak_tokens:,}"),
             ("over the window", f"{len(report.over_window)}"),
             ("messages in the last request", f"{report.last_request_messages} / {report.messages}"),
+            *_cost_cards(report),
         ],
         chart=_chart(report),
         events=events,
@@ -352,7 +371,16 @@ def _chart(report: ReplayReport) -> str:
         f'y1="{_TOP}" y2="{_TOP + height}"/>'
     )
     slot = width / max(count - 1, 1)
+    spent = everything = 0.0
     for row in rows:
+        cache = ""
+        if row.cache is not None:
+            spent += row.cache["cost"]
+            everything += row.cache["keep_all_cost"]
+            cache = (
+                f"; {row.cache['cached_tokens']:,} cached, {row.cache['written_tokens']:,} "
+                f"written; cost so far {spent:,.0f} (sending everything {everything:,.0f})"
+            )
         parts.append(
             f'<rect class="hit" data-turn="{row.turn}" x="{x(row.turn) - slot / 2:.1f}" '
             f'y="{_TOP}" width="{slot:.2f}" height="{height}"><title>turn {row.turn}: '
@@ -363,6 +391,7 @@ def _chart(report: ReplayReport) -> str:
                 if row.recorded is None or row.reported is not None
                 else f", recorded (another view) {row.recorded:,}"
             )
+            + html.escape(cache)
             + "</title></rect>"
         )
     parts.append("</svg>")
