@@ -100,9 +100,16 @@ def _arguments(call: Call) -> str:
 
 
 def render_chat(turns: list[Turn]) -> list[Message]:
-    """OpenAI Chat Completions messages."""
+    """OpenAI Chat Completions messages.
+
+    A split turn with several calls is one assistant message per call (as logs
+    converted from other agents have it), and when its results are split too,
+    the first call's result stands before the last call (so the results of the
+    calls before that one come after it).
+    """
     out: list[Message] = []
-    for turn in turns:
+    early: set[str] = set()  # results already put between a split turn's calls
+    for number, turn in enumerate(turns):
         if turn.kind == "system":
             out.append({"role": "system", "content": turn.text})
         elif turn.kind == "user":
@@ -120,7 +127,20 @@ def render_chat(turns: list[Turn]) -> list[Message]:
                 }
                 for c in turn.calls
             ]
-            if turn.split and turn.text and calls:
+            if turn.split and len(calls) > 1:
+                if turn.text:
+                    out.append(message)
+                after = turns[number + 1] if number + 1 < len(turns) else None
+                for place, call in enumerate(calls):
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                    if place == len(calls) - 2 and after is not None and after.split:
+                        for call_id, text in after.results:
+                            if call_id == calls[0]["id"] and after.kind == "results":
+                                out.append(
+                                    {"role": "tool", "tool_call_id": call_id, "content": text}
+                                )
+                                early.add(call_id)
+            elif turn.split and turn.text and calls:
                 out.append(message)
                 out.append({"role": "assistant", "content": None, "tool_calls": calls})
             else:
@@ -131,7 +151,8 @@ def render_chat(turns: list[Turn]) -> list[Message]:
                 out.append(message)
         else:
             for call_id, text in turn.results:
-                out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+                if call_id not in early:
+                    out.append({"role": "tool", "tool_call_id": call_id, "content": text})
             if turn.note:
                 out.append({"role": "user", "content": turn.note})
     return out

@@ -16,8 +16,9 @@ def _fail(where: str, what: str) -> None:
 
 
 def check_chat(view: Sequence[Message]) -> None:
-    """OpenAI Chat: every call answered by the tool messages right after it (after the run of
-    assistant messages with calls it is in), and no stray result."""
+    """OpenAI Chat: every assistant message's calls answered by the tool messages right after
+    it (the API refuses calls followed by another message first, another assistant message
+    with calls included), and no stray result."""
     open_ids: set[str] = set()
     between = ""
     for index, message in enumerate(view):
@@ -35,10 +36,7 @@ def check_chat(view: Sequence[Message]) -> None:
             between = where  # fine only if nothing but kept-out messages follows
             continue
         calls = message.get("tool_calls") or [] if role == "assistant" else []
-        before = [m.get("role") for m in view[:index] if m.get("role") not in KEPT_OUT]
-        # A run of assistant messages with calls goes on (past the caller's own kept-out ones).
-        run_goes_on = calls and before and before[-1] == "assistant"
-        if open_ids and not run_goes_on:
+        if open_ids:
             _fail(between or where, f"calls {sorted(open_ids)} are not answered before this")
         if role == "assistant":
             if message.get("content") is None and not calls:

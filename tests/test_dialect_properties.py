@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ctxwin.engine import TaskState
+from ctxwin.engine import TaskState, keep_from
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
@@ -110,9 +110,47 @@ def _without_results(dialect: str, message: dict[str, Any]) -> Any:
     return {**message, key: kept}
 
 
+def _results_by_call(dialect: str, message: Any) -> dict[str, str]:
+    """The results a message holds: call id -> its text as JSON (Chat, Anthropic, Responses)."""
+    if not isinstance(message, dict):
+        return {}
+    if dialect == "openai-chat" and message.get("role") == "tool":
+        return {message["tool_call_id"]: json.dumps(message.get("content"))}
+    if dialect == "openai-responses" and str(message.get("type", "")).endswith("_call_output"):
+        return {message["call_id"]: json.dumps(message.get("output"))}
+    content = message.get("content")
+    if dialect == "anthropic" and message.get("role") == "user" and isinstance(content, list):
+        return {
+            block["tool_use_id"]: json.dumps(block.get("content"))
+            for block in content
+            if isinstance(block, dict) and block.get("type") == "tool_result"
+        }
+    return {}
+
+
+def check_results_kept(run: Run, messages: list[dict[str, Any]], view: list[Any]) -> None:
+    """A call the view sends is answered by its real result wherever the history holds it
+    (outside the deleted range), never by the missing-result text."""
+    missing = run.state.notices.missing_result
+    history = run.history
+    start = keep_from(run.state.deleted_range)
+    real: dict[str, int] = {}
+    for internal, members in enumerate(history.members):
+        if 2 <= internal < start:
+            continue
+        for member in members:
+            for call, text in _results_by_call(run.dialect, messages[member]).items():
+                if missing not in text:
+                    real.setdefault(call, member)
+    for message in view:
+        for call, text in _results_by_call(run.dialect, message).items():
+            assert not (missing in text and call in real), (call, real[call])
+
+
 def check_view(run: Run, messages: list[dict[str, Any]], view: list[dict[str, Any]]) -> None:
     """Every property a view of ``messages`` must have."""
     CHECKS[run.dialect](view)
+    check_results_kept(run, messages, view)
     VALIDATORS[run.dialect](view)
     # A read's notice stands in its result only, never in a text of the conversation.
     notice = run.state.notices.duplicate_file_read
@@ -130,12 +168,15 @@ def check_view(run: Run, messages: list[dict[str, Any]], view: list[dict[str, An
     history = run.history
     if history.members and 0 not in run.state.overlay:
         assert id(messages[history.members[0][0]]) in held
-    # Internal messages the engine did not touch come back as the caller's own objects.
+    # Internal messages the engine did not touch come back as the caller's own objects,
+    # but for calls split over consecutive messages, which OpenAI Chat sends as one message.
     # (The op's own view: building another would make the next op's view start afresh.)
     for message in run.internal_view:
         if any(message is m for m in history.internal):
             index = next(i for i, m in enumerate(history.internal) if m is message)
             for member in history.members[index]:
+                if index in history.merges and messages[member].get("tool_calls"):
+                    continue
                 assert id(messages[member]) in held, (index, member)
 
 

@@ -73,6 +73,9 @@ class Dialect:
         field: the request field its history is named by in errors.
         calls_end_turn: a message with calls must be answered by the next
             message (OpenAI Chat, Gemini), so it ends its internal message.
+        merges_calls: calls split over consecutive messages of one turn are sent
+            as one message (OpenAI Chat: each message's calls must be answered
+            right after it).
         new_inside: blocks the view adds (a missing result, a notice) go inside
             the neighbouring message (Anthropic, Gemini) rather than into
             messages of their own (OpenAI Chat, Responses).
@@ -82,6 +85,7 @@ class Dialect:
     field = "messages"
     calls_end_turn = False
     new_inside = False
+    merges_calls = False
 
     def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
         """The internal form of history message ``index``.
@@ -104,6 +108,11 @@ class Dialect:
     def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
         """Messages for blocks the view added (missing results, a notice)."""
         raise NotImplementedError
+
+    def merged(self, out: list[tuple[int | None, Message]]) -> list[tuple[int | None, Message]]:
+        """A rebuilt internal message's messages with the calls of consecutive ones in one
+        (``merges_calls``): each keeps its history index, a merged one the first's."""
+        return out
 
     def holds_results(self, message: Message) -> bool:
         """Whether ``message`` answers calls (no kept-out message may come before it)."""
@@ -301,6 +310,7 @@ class MappedHistory:
     """
 
     __slots__ = (
+        "_call_at",
         "_fresh",
         "_last",
         "_marks",
@@ -315,6 +325,7 @@ class MappedHistory:
         "internal",
         "mapped",
         "members",
+        "merges",
         "source",
         "systems",
     )
@@ -328,6 +339,10 @@ class MappedHistory:
         self.systems: list[int] = []  # history indices of kept-out messages
         # Tool call id -> (name, history index), for dialects whose results need the name.
         self.calls: dict[str, tuple[str, int]] = {}
+        self._call_at: dict[Any, int] = {}  # tool call id -> internal index of its message
+        # Internal messages holding calls of several history messages, ascending: sent as
+        # one message in a dialect that answers each message's calls right after it.
+        self.merges: list[int] = []
         # id(changed internal view message) -> (it, its rebuilt messages): a view built
         # on the last one shares its changed messages, so they are rebuilt once.
         self._rebuilds: dict[int, tuple[Message, list[tuple[int | None, Message]]]] = {}
@@ -400,9 +415,28 @@ class MappedHistory:
                 changed = place(index, taken)
                 if changed < dirty:
                     dirty = changed
+                if taken.role is not None:
+                    dirty = min(dirty, self._note_calls(taken))
         finally:
             self._fresh = _NEVER
             self._settle(dirty)  # what was mapped stands, up to a message that failed
+
+    def _note_calls(self, taken: Mapped) -> int:
+        """Note where the calls of a message just placed stand; for results that answer a
+        call of an earlier turn than the one before them, the first internal message whose
+        view that changes (the call's answer takes them), else ``_NEVER``."""
+        here = len(self.internal) - 1
+        call_at = self._call_at
+        first = _NEVER
+        for item in taken.blocks:
+            kind = item.get("type")
+            if kind == "tool_use":
+                call_at[item.get("id")] = here
+            elif kind == "tool_result":
+                turn = call_at.get(item.get("tool_use_id"))
+                if turn is not None and turn < here - 1:
+                    first = min(first, turn + 1)
+        return first
 
     def _settle(self, dirty: int) -> None:
         """Tell the internal list that messages from ``dirty`` on changed."""
@@ -437,6 +471,9 @@ class MappedHistory:
         again = [index for index in members[group] if index < length] if group < count else []
         del self.internal[group:]
         del members[group:]
+        while self.merges and self.merges[-1] >= group:
+            self.merges.pop()
+        self._call_at = {key: at for key, at in self._call_at.items() if at < group}
         if self.calls and len(self.source) > length:
             self.calls = {key: call for key, call in self.calls.items() if call[1] < length}
         del self.source[length:]
@@ -446,6 +483,7 @@ class MappedHistory:
             systems.pop()
         for index in again:
             self._place(index, self.mapped[index])
+            self._note_calls(self.mapped[index])
         return group
 
     def _place(self, index: int, mapped: Mapped) -> int:
@@ -461,8 +499,13 @@ class MappedHistory:
         first = last + 1
         held = internal[last] if last >= 0 else None
         if held is not None and held["role"] == role and members[last]:
-            if self.dialect.joins(self.mapped[members[last][-1]], mapped):
+            previous = self.mapped[members[last][-1]]
+            if self.dialect.joins(previous, mapped):
                 members[last].append(index)
+                if self.dialect.merges_calls and previous.calls and mapped.calls:
+                    merges = self.merges
+                    if not merges or merges[-1] != last:
+                        merges.append(last)
                 if last >= self._fresh:
                     held["content"].extend(mapped.blocks)
                 else:  # a message views may hold: replaced, never changed
@@ -633,6 +676,10 @@ class MappedHistory:
             kept_at = internal[resume] if resume < 2 else internal[resume - 2 + start]
             if view[resume] is not kept_at:
                 changed.insert(0, resume)
+        if self.merges:
+            # Messages whose calls the dialect sends as one message are rebuilt, changed or not.
+            merged = [k if k < 2 else k - start + 2 for k in self.merges if k < 2 or k >= start]
+            changed = sorted({*changed, *(p for p in merged if resume <= p < len(view))})
 
         def flush(before: int) -> None:
             nonlocal waiting
@@ -732,4 +779,4 @@ class MappedHistory:
                 continue
             rebuilt = self.dialect.rebuild(self.source[index], index, role, blocks, self)
             out.extend((index, item) for item in rebuilt)
-        return out
+        return self.dialect.merged(out) if self.dialect.merges_calls else out

@@ -101,6 +101,7 @@ class ChatDialect(Dialect):
 
     name = "openai-chat"
     calls_end_turn = True
+    merges_calls = True
 
     def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
         if not isinstance(message, dict):
@@ -173,6 +174,18 @@ class ChatDialect(Dialect):
     def holds_results(self, message: Message) -> bool:
         return message.get("role") == "tool"
 
+    def merged(self, out: list[tuple[int | None, Message]]) -> list[tuple[int | None, Message]]:
+        # The API answers an assistant message's calls with the tool messages right after
+        # it: calls split over consecutive assistant messages go out as one message.
+        joined: list[tuple[int | None, Message]] = []
+        for index, message in out:
+            if joined and _calls_of(message) and _calls_of(joined[-1][1]):
+                first, held = joined[-1]
+                joined[-1] = (first, _joined(held, message))
+            else:
+                joined.append((index, message))
+        return joined
+
     def joins(self, previous: Mapped, mapped: Mapped) -> bool:
         # Calls split over consecutive assistant messages (as logs converted from
         # other agents have them) are one turn, answered by the tool messages
@@ -221,6 +234,38 @@ class ChatDialect(Dialect):
             else:
                 out.append({"role": role, "content": item.get("text", "")})
         return out
+
+
+def _calls_of(message: Message) -> bool:
+    return message.get("role") == ASSISTANT and bool(message.get("tool_calls"))
+
+
+def _joined(first: Message, second: Message) -> Message:
+    """Two assistant messages with calls as one: contents and reasoning joined, calls in order."""
+    joined = {**first, "tool_calls": [*first["tool_calls"], *second["tool_calls"]]}
+    content = _joined_content(first.get("content"), second.get("content"))
+    if content is not None or "content" in first:
+        joined["content"] = content
+    reasoning = [m.get(REASONING) for m in (first, second) if isinstance(m.get(REASONING), str)]
+    if reasoning:
+        joined[REASONING] = "\n\n".join(text for text in reasoning if text)
+    return joined
+
+
+def _joined_content(first: object, second: object) -> object:
+    if first is None or first == "" or first == []:
+        return second
+    if second is None or second == "" or second == []:
+        return first
+    if isinstance(first, str) and isinstance(second, str):
+        return first + "\n\n" + second
+    parts: list[Any] = []
+    for content in (first, second):
+        if isinstance(content, str):
+            parts.append({"type": "text", "text": content})
+        elif isinstance(content, list):
+            parts.extend(content)
+    return parts
 
 
 def _inner(mapped: dict[object, Block]) -> list[Block]:

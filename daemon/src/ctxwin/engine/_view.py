@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._blocks import Block, Message, with_text
@@ -81,10 +82,19 @@ def _result_id(block: Block) -> str | None:
     return tool_use_id if isinstance(tool_use_id, str) and tool_use_id else None
 
 
-def repair_tool_results(ids: list[str], message: Message, notices: Notices) -> Message:
+def repair_tool_results(
+    ids: list[str],
+    message: Message,
+    notices: Notices,
+    elsewhere: Mapping[str, Block] | None = None,
+) -> Message:
     """The user message after a tool_use turn, with its results first and in order.
 
-    Returns ``message`` itself when it already pairs (SPEC.md §4 step 5).
+    ``elsewhere`` (every dialect but Cline's): results of these calls that the
+    view holds in other messages, where they answer nothing and are dropped;
+    a call this message does not answer takes its result from there rather
+    than the missing-result text. Returns ``message`` itself when it already
+    pairs (SPEC.md §4 step 5).
     """
     content = message.get("content")
     blocks: list[Block] = content if isinstance(content, list) else []
@@ -108,8 +118,10 @@ def repair_tool_results(ids: list[str], message: Message, notices: Notices) -> M
             in_order = False
     if isinstance(content, list) and in_order and matched == len(ids) and result_count == matched:
         return message
+    found = elsewhere or {}
     ordered: list[Block] = [
         results.get(tool_id)
+        or found.get(tool_id)
         or {"type": "tool_result", "tool_use_id": tool_id, "content": notices.missing_result}
         for tool_id in ids
     ]
@@ -323,7 +335,51 @@ def _finish_view(
         positions: Iterable[int] = sorted(p for p in changed if p < len(view) - 1)
     else:
         positions = range(len(view) - 1)
+    elsewhere: dict[str, Block] | None = None
     for position in positions:
         ids = _tool_use_ids(view[position])
-        if (ids or strict) and view[position + 1].get("role") == "user":
-            view[position + 1] = repair_tool_results(ids, view[position + 1], notices)
+        following = view[position + 1]
+        if (ids or strict) and following.get("role") == "user":
+            found = None
+            if strict and ids and _lacks_results(ids, following):
+                if elsewhere is None:
+                    elsewhere = _stray_results(messages, start, overlay)
+                found = elsewhere
+            view[position + 1] = repair_tool_results(ids, following, notices, found)
+
+
+def _lacks_results(ids: list[str], message: Message) -> bool:
+    """Whether ``message`` holds no result for some of the calls ``ids``."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return True
+    held = {_result_id(block) for block in content}
+    return any(tool_id not in held for tool_id in ids)
+
+
+def _stray_results(
+    messages: Sequence[Message], start: int, overlay: Overlay | None
+) -> dict[str, Block]:
+    """Results the view holds where they answer no call of the message before, by call id.
+
+    Histories converted from logs put a call's result after the next message
+    with calls, or before its own call; such a result is an orphan where it
+    stands (the repair drops it there) but is the real result of a call the
+    view sends. Blocks are taken as the view has them (with the overlay's edits).
+    """
+    found: dict[str, Block] = {}
+    indices = itertools.chain(range(min(2, len(messages))), range(start, len(messages)))
+    previous: Message | None = None
+    for index in indices:
+        message = messages[index]
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, list):
+            answered = set(_tool_use_ids(previous)) if previous is not None else set()
+            entry = overlay.get(index) if overlay else None
+            blocks = content if entry is None else apply_overlay(message, entry)["content"]
+            for block in blocks:
+                call = _result_id(block)
+                if call is not None and call not in answered:
+                    found.setdefault(call, block)
+        previous = message
+    return found
