@@ -93,10 +93,11 @@ def start_echo(endpoint: str, mode: str = "--echo") -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "bench.wire", mode, endpoint])
 
 
-def start_daemon(endpoint: str, state_dir: Path) -> subprocess.Popen[bytes]:
-    """ctxwind in its own process, logging only warnings."""
+def start_daemon(endpoint: str, state_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """ctxwind in its own process, logging only warnings; ``extra``: more flags."""
     argv = [sys.executable, "-m", "ctxwin.daemon", "--endpoint", endpoint]
     argv += ["--state-dir", str(state_dir), "--log-format", "json", "--log-level", "warning"]
+    argv += extra
     return subprocess.Popen(argv)
 
 

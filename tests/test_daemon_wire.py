@@ -741,3 +741,38 @@ def test_messages_per_request_and_tasks_per_daemon_are_bounded(tmp_path: Path) -
             10,
             "a new task is taken once one is closed",
         )
+
+
+def test_large_requests_are_decoded_in_slices_with_the_same_outcome(tmp_path: Path) -> None:
+    """Bodies past 1 MiB: the same result, too many messages refused, a bad one's exact error."""
+    from ctxwin.daemon._decode import SLICED_DECODE_BYTES
+
+    text = "x" * 200
+    messages = [
+        {"role": "user" if index % 2 == 0 else "assistant", "content": text}
+        for index in range(8000)
+    ]
+    assert len(proto.pack(messages)) > SLICED_DECODE_BYTES
+    with DaemonProcess(tmp_path, "--max-messages", "10000") as daemon:
+        args = {"task": "big", "messages": messages, "deleted_range": [2, 7001]}
+        view = ok(daemon.call("truncated_messages", args))["messages"]
+        assert view == messages[:2] + messages[7002:]
+        refused = daemon.call("truncated_messages", {"task": "big", "messages": messages * 2})
+        assert (refused.ok, refused.code) == (False, "too_large")
+        assert "16000 messages in one request; at most 10000" in (refused.message or "")
+        bad = daemon.call("truncated_messages", {"task": "big", "messages": messages, "x": 1})
+        assert (bad.ok, bad.code) == (False, "bad_request")
+        assert "unknown argument(s) ['x']" in (bad.message or "")
+        body = msgpack.packb({"v": 1, "id": 9, "op": "ping", "args": {1: messages}})
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(daemon.endpoint)
+        try:
+            sock.send(body)
+            assert sock.poll(10_000)
+            reply = proto.decode_reply(sock.recv())
+        finally:
+            sock.close(linger=0)
+        assert (reply.ok, reply.code) == (False, "bad_request")  # an int key: not valid msgpack
+        assert ok(daemon.call("inspect", {"task": "big"}))["deleted_range"] == [2, 7001]

@@ -429,3 +429,28 @@ def test_a_timeout_of_no_time_is_a_timeout_on_every_path(tmp_path: Path, timeout
             client.ping(timeout=timeout)
         with pytest.raises(RequestTimeoutError):
             client.task("no-time").truncated_messages(conversation(1), timeout=timeout)
+
+
+def test_the_cap_counts_what_a_history_holds_not_its_encoding(tmp_path: Path) -> None:
+    """1,000 two-character messages: 25 KB encoded, about 1 MiB held; a 1 MiB cap keeps one.
+
+    Counted by encoding (as before), both histories fitted a 1 MiB cap and
+    a million such messages took 50 times the cap (bench/memory.py).
+    """
+    messages = [
+        {"role": "user" if index % 2 == 0 else "assistant", "content": "ok"}
+        for index in range(1000)
+    ]
+    assert sum(len(proto.pack(message)) for message in messages) < 30_000
+    with (
+        DaemonProcess(tmp_path, "--history-cache-mb", "1") as daemon,
+        Client(daemon.endpoint) as client,
+    ):
+        first, second = client.task("held-a"), client.task("held-b")
+        first.truncated_messages(messages)
+        held = client.stats()["history_bytes"]
+        assert held >= 800 * len(messages)  # a share per message, besides the bytes
+        second.truncated_messages(messages)
+        assert first.inspect()["history"] is None  # evicted: both do not fit
+        assert second.inspect()["history"] == len(messages)
+        assert client.stats()["history_bytes"] == held

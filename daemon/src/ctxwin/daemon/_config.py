@@ -85,7 +85,8 @@ class Config:
             delta's ``append``; ``too_large`` past it).
         max_tasks: most tasks (actors) one daemon holds at once; a request for
             another task past it is answered ``busy`` until idle ones stop.
-        history_cache_mb: MiB of task histories kept for delta sync (encoded size);
+        history_cache_mb: MiB of task histories kept for delta sync (estimated
+            resident size, see ``_kept.resident_size``);
             the least recently used go first, and their callers resend once.
         encoding: tiktoken encoding name, or a path to a ``.tiktoken`` file.
         allow_remote: allow TCP endpoints on non-loopback addresses (they also need keys).

@@ -530,14 +530,40 @@ def _with_prepend(patch: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
     return patch
 
 
+RESIDENT_PER_BYTE = 5
+"""Resident bytes a kept history takes per byte of its encoding (bench/memory.py)."""
+
+RESIDENT_PER_MESSAGE = 800
+"""Resident bytes per kept message of the Cline dialect beyond its encoding (bench/memory.py)."""
+
+RESIDENT_PER_NATIVE_MESSAGE = 1800
+"""The same for a native dialect, whose internal form is kept beside the history."""
+
+
+def resident_size(kept: KeptHistory) -> int:
+    """What keeping ``kept``'s history costs in resident memory, as measured.
+
+    bench/memory.py (bench/RESULTS.md, "memory"): the daemon's RSS grew by 4.9
+    times the encoded size for a real conversation and by 27.9 times for
+    200,000 two-character messages (61.5 times in a native dialect), the cost of
+    Python objects per message and block. Charging a share per byte and one per
+    message charges every measured shape 0.98 to 1.35 times its real cost.
+    """
+    history = kept.history
+    if history is None:
+        return 0
+    per_message = RESIDENT_PER_MESSAGE if kept.dialect is None else RESIDENT_PER_NATIVE_MESSAGE
+    return RESIDENT_PER_BYTE * history.size + per_message * len(history.messages)
+
+
 class HistoryCache:
     """Least recently used accounting of the histories actors keep, under a byte cap.
 
-    Sizes are the histories' canonical encodings (their digest chains know
-    them); the objects in memory take a few times more.
+    Each history is charged its estimated resident size (:func:`resident_size`),
+    not its encoded size, which is a fifth to a sixtieth of what it holds.
 
     Args:
-        cap: total bytes of kept histories before the least recently used go.
+        cap: total resident bytes of kept histories before the least recently used go.
     """
 
     def __init__(self, cap: int) -> None:
@@ -550,7 +576,7 @@ class HistoryCache:
         self.total -= self._sizes.pop(kept, 0)
         if kept.history is None:
             return
-        size = kept.history.size
+        size = resident_size(kept)
         self._sizes[kept] = size
         self.total += size
         while self.total > self.cap and len(self._sizes) > 1:

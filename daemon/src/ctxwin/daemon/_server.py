@@ -47,6 +47,7 @@ from ._accept import FD_RESERVE, MIN_CLIENTS, AcceptGate, soft_open_files_limit
 from ._actors import ActorStoppedError, ActorSystem, BusyError, Counters
 from ._auth import Authenticator, KeysError, ServerKeys, load_server_keys
 from ._config import Config
+from ._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices
 from ._fleet import RedisStateStore
 from ._ops import run_free_op
 from ._redis import RedisStore, redis_available
@@ -104,7 +105,7 @@ class DaemonStatistics:
         write_failures: task writes that failed.
         uptime_s: seconds since start.
         histories: task histories kept for delta sync.
-        history_bytes: their encoded size (the cap is ``--history-cache-mb``).
+        history_bytes: their estimated resident size (the cap is ``--history-cache-mb``).
         calibrated_tasks: running tasks whose estimates have been calibrated.
         calibration_median: the median of their ratios (reported/estimated).
         store: the state store: ``kind`` (file or redis) and what it shows of itself.
@@ -525,13 +526,60 @@ class Server:
                 ),
             )
             return
+        if len(body) > SLICED_DECODE_BYTES:
+            user = self._user
+            self.spawn(lambda: self._handle_large(envelope, body, user))
+            return
         request_id: int | None = None
         op = "?"
-        task: str | None = None
         try:
             request_id, op, args = _decode_request(body, self.limits)
-            if self.bindings and self._user is not None:  # before the args say anything
-                self._check_binding(self._user, op, args.get("task"))
+        except Exception as exc:
+            self.log_failure(exc, request_id, op, None)
+            self.send(envelope, _error_reply(exc, request_id, op))
+            return
+        self._dispatch(envelope, request_id, op, args, self._user)
+
+    async def _handle_large(self, envelope: list[bytes], body: bytes, user: str | None) -> None:
+        """A large request: decoded in slices (``_decode.py``) so others are answered meanwhile.
+
+        Requests that arrive while it is decoded may be answered before it.
+        """
+        self.in_flight += 1  # the shutdown waits for its reply
+        try:
+            try:
+                request_id, op, args = await decode_in_slices(
+                    body, self.limits, self.config.max_messages
+                )
+            except TooManyMessages as exc:
+                peeked = proto.peek_request_id(body)
+                error = proto.ProtocolError(
+                    proto.ErrorCode.TOO_LARGE, self._too_many(exc.field, exc.count), peeked
+                )
+                self.log_failure(error, peeked, "?", None)
+                self.send(envelope, _error_reply(error, peeked, "?"))
+                return
+            except Exception as exc:
+                self.log_failure(exc, None, "?", None)
+                self.send(envelope, _error_reply(exc, None, "?"))
+                return
+            self._dispatch(envelope, request_id, op, args, user)
+        finally:
+            self.reply_done()
+
+    def _dispatch(
+        self,
+        envelope: list[bytes],
+        request_id: int,
+        op: str,
+        args: dict[str, Any],
+        user: str | None,
+    ) -> None:
+        """Check a decoded request and route it (the reply is sent now or by its actor)."""
+        task: str | None = None
+        try:
+            if self.bindings and user is not None:  # before the args say anything
+                self._check_binding(user, op, args.get("task"))
             proto.validate_args(op, args)
             self._check_message_count(op, args)
             task = args.get("task")
@@ -545,13 +593,14 @@ class Server:
     def _check_message_count(self, op: str, args: dict[str, Any]) -> None:
         """Refuse a request of more than ``max_messages`` messages (``too_large``)."""
         count = len(args.get("messages") or ()) + len(args.get("append") or ())
-        limit = self.config.max_messages
-        if count > limit:
-            raise proto.ProtocolError(
-                proto.ErrorCode.TOO_LARGE,
-                f"{op}: {count} messages in one request; at most {limit} (max_messages): "
-                "send the history of a task this long as a delta (base, append)",
-            )
+        if count > self.config.max_messages:
+            raise proto.ProtocolError(proto.ErrorCode.TOO_LARGE, self._too_many(op, count))
+
+    def _too_many(self, where: str, count: int) -> str:
+        return (
+            f"{where}: {count} messages in one request; at most {self.config.max_messages} "
+            "(max_messages): send the history of a task this long as a delta (base, append)"
+        )
 
     def _check_binding(self, user: str, op: str, task: object) -> None:
         """Refuse a bound client's request for a task outside its prefixes (``forbidden``)."""

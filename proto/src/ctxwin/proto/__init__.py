@@ -17,6 +17,7 @@ from ._codec import (
     encode_result,
     pack,
     peek_request_id,
+    request_from_value,
     result_encoder,
     unpack,
 )
@@ -217,6 +218,7 @@ __all__ = [
     "read_key_file",
     "read_overlay",
     "read_public_key",
+    "request_from_value",
     "resolve_endpoint",
     "result_encoder",
     "runs_overlap",

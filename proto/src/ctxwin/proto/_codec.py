@@ -81,7 +81,15 @@ def decode_request(body: bytes, limits: Limits | None = None) -> Request:
     Raises:
         ProtocolError: with the request id when it could be read.
     """
-    value = unpack(body, limits)
+    return request_from_value(unpack(body, limits))
+
+
+def request_from_value(value: object) -> Request:
+    """Check a decoded request envelope ``{v, id, op, args}`` (see :func:`decode_request`).
+
+    Raises:
+        ProtocolError: with the request id when it could be read.
+    """
     if not isinstance(value, dict):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "request body must be a map")
     request_id = value.get("id")
