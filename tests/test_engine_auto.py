@@ -313,3 +313,14 @@ def test_once_a_view_outgrew_the_budget_later_views_stay_under_the_ceiling() -> 
             assert state.deleted_range is None  # nothing is cut while everything fits
         assert not view_problems(result.messages)
     assert first_over is not None
+
+
+def test_plan_keeps_the_sheet_it_names_and_changes_nothing_else() -> None:
+    steps = [("Bash", {"command": f"make test{n}"}, 1500) for n in range(14)]
+    messages = conversation(steps)
+    state = native()
+    plan = state.plan(messages, None, MODEL, auto("openai"), ts=TS)
+    assert plan.tokens_after < plan.tokens_before  # it would mask
+    assert not state.overlay
+    assert state.ledger.requests == 0
+    assert state.pricing == proto.PRICE_SHEETS["openai"]

@@ -770,7 +770,12 @@ class TaskState:
         use_auto_condense: bool = False,
         ts: int | None = None,
     ) -> PlanResult:
-        """What :meth:`prepare_request` would do now; this state is left unchanged."""
+        """What :meth:`prepare_request` would do now; this state is left unchanged.
+
+        Only a ``pricing`` the request names is kept as the task's sheet.
+        """
+        if budgeting.pricing is not None:
+            self.pricing = budgeting.pricing
         before = budgeting.view_tokens(self.truncated_messages(messages))
         probe = self.clone()
         outcome = probe.prepare_request(
