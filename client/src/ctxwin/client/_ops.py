@@ -210,6 +210,7 @@ def prepare_request(
     *,
     previous_request: Usage | None = None,
     use_auto_condense: bool | None = None,
+    summaries: bool | None = None,
     threshold: float | None = None,
     deleted_range: RangeArg = UNSET,
     ephemeral: bool | None = None,
@@ -228,9 +229,10 @@ def prepare_request(
     docs/PRICING.md) opt into token estimates and the cache ledger (see
     :class:`~ctxwin.proto.PrepareRequestResult`); without them the daemon
     follows SPEC.md exactly. With ``use_auto_condense=True`` nothing
-    is cut here; when the last request crossed ``threshold`` of the window
-    (0.75 by default) and the duplicate-read step is not enough, the result
-    says ``summary_due`` and carries the ``summary_prompt`` to send (then call
+    is cut here; adding ``summaries=True``, when the last request crossed
+    ``threshold`` of the window (0.75 by default) the daemon runs the
+    duplicate-read step and, when that is not enough, the result says
+    ``summary_due`` and carries the ``summary_prompt`` to send (then call
     :func:`condense`).
     """
     return build(
@@ -239,6 +241,7 @@ def prepare_request(
         timeout,
         previous_request=None if previous_request is None else dict(previous_request),
         use_auto_condense=use_auto_condense,
+        summaries=summaries,
         threshold=threshold,
         deleted_range=deleted_range,
         ephemeral=ephemeral,

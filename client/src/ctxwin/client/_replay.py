@@ -578,6 +578,7 @@ def replay(
             model,
             previous_request=previous,
             use_auto_condense=True if summaries is not None else None,
+            summaries=True if summaries is not None else None,
             **options,
         )
         if summaries is not None and sent.get("summary_due"):

@@ -174,8 +174,12 @@ def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext |
 
 
 def _summary_due(state: engine.TaskState, args: Args) -> bool:
-    """Whether an auto-condensing caller should have a summary written (SPEC.md §8)."""
-    return bool(args.get("use_auto_condense")) and state.summary_due(
+    """Whether an auto-condensing caller should have a summary written (SPEC.md §8).
+
+    Only when asked (``summaries``): the check runs the duplicate-read step,
+    which SPEC.md leaves to the caller of a plain ``use_auto_condense`` request.
+    """
+    return bool(args.get("use_auto_condense") and args.get("summaries")) and state.summary_due(
         args["messages"],
         args.get("previous_request"),
         args["model"],

@@ -304,6 +304,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "ts": _check_ts,
     "threshold": _check_threshold,
     "use_auto_condense": _check_bool,
+    "summaries": _check_bool,
     "text": _check_str,
     "ephemeral": _check_bool,
     "dialect": _one_of(DIALECTS),
@@ -385,7 +386,14 @@ OPS: dict[str, OpSpec] = {
         _history_op(
             "prepare_request",
             ("task", "model"),
-            ("previous_request", "use_auto_condense", "threshold", "deleted_range", *_BUDGETING),
+            (
+                "previous_request",
+                "use_auto_condense",
+                "summaries",
+                "threshold",
+                "deleted_range",
+                *_BUDGETING,
+            ),
         ),
         _history_op(
             "plan",

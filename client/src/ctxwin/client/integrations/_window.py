@@ -439,6 +439,7 @@ class _Shared:
         if self.summaries is not None:
             # Cut by summary: prepare_request says when one is due (docs/SUMMARIES.md).
             args["use_auto_condense"] = True
+            args["summaries"] = True
         return args
 
     def _summary_call(
