@@ -122,6 +122,48 @@ def test_a_patch_receiver_keeps_overrides_between_patches() -> None:
         receiver.apply(history, second)
 
 
+def test_a_patch_receiver_gives_each_view_message_its_origin_across_reused_patches() -> None:
+    """A list override stands for its index by its last message unless the patch's
+    ``origins`` say otherwise; held origins stand while their override is reused, and go
+    with it when it is dropped or sent again."""
+    history = [{"role": "user", "content": str(index)} for index in range(6)]
+    receiver = proto.PatchReceiver()
+    assert receiver.origins() is None
+    first = {
+        "length": 6,
+        "keep_from": 0,
+        "order": [[0, 2], [4, 6]],
+        "overrides": [[1, ["added", "one"]], [4, [history[4], "added", "rebuilt 3"]]],
+        "origins": [[4, [4, None, 3]]],
+        "token": b"1",
+    }
+    view = receiver.apply(history, first)
+    assert [history[0], "added", "one", history[4], "added", "rebuilt 3", history[5]] == view
+    assert [0, None, 1, 4, None, 3, 5] == receiver.origins()
+    reused = {
+        "length": 6,
+        "keep_from": 0,
+        "order": [[0, 2], [4, 6]],
+        "overrides": [[5, "five"]],
+        "reuse": True,
+        "base": b"1",
+        "dropped": [1],
+        "token": b"2",
+    }
+    receiver.apply(history, reused)
+    assert [0, 1, 4, None, 3, 5] == receiver.origins()
+    again = {**reused, "overrides": [[4, ["added", "four"]]], "dropped": [], "token": b"3"}
+    receiver.apply(history, {**again, "base": b"2"})
+    assert [0, 1, None, 4, 5] == receiver.origins()
+    with pytest.raises(ValueError, match="origins must be"):
+        receiver.apply(history, {**first, "origins": [[4, ["x"]]]})
+    receiver.apply(history, {**first, "origins": [[4, [4, None]]]})
+    with pytest.raises(ValueError, match="do not match"):
+        receiver.origins()
+    receiver.took_whole()
+    assert receiver.origins() is None
+
+
 def test_reuse_applies_against_the_patch_it_names_in_any_order() -> None:
     """Replies to concurrent calls may be read out of order: each reuses its own base."""
     history = [{"role": "user", "content": str(index)} for index in range(6)]
