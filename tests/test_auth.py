@@ -441,6 +441,13 @@ def test_a_referral_without_keys_is_followed_only_to_trusted_endpoints(
                     client.truncated_messages("victim", MESSAGES)
                 assert caught.value.owner == rogue.endpoint
                 assert client.endpoint == daemon.endpoint
+
+            async def asynchronous() -> None:
+                async with AsyncClient(daemon.endpoint, timeout=5) as client:
+                    await client.inspect("victim")
+
+            with pytest.raises(OwnedElsewhereError, match="not followed"):
+                asyncio.run(asynchronous())
             assert not rogue.received()
             if os.getuid() == 0:  # a socket of another user's, in a directory of its own
                 other = tmp_path / "other"
@@ -547,3 +554,23 @@ def test_a_refused_client_that_keeps_trying_does_not_flood_the_log(setup: Setup)
     lines = [line for line in setup.daemon.log().splitlines() if public.decode() in line]
     assert len(lines) == 1, lines
     assert json.loads(lines[0])["event"] == "client_refused"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "loopback"),
+    [
+        ("tcp://127.0.0.1:7878", True),
+        ("tcp://127.0.0.2:7878", True),
+        ("tcp://[::1]:7878", True),
+        ("tcp://localhost:7878", True),
+        ("tcp://0.0.0.0:7878", False),
+        ("tcp://*:7878", False),
+        ("tcp://[::]:7878", False),
+        ("tcp://10.0.0.1:7878", False),
+        ("tcp://eth0:7878", False),
+        ("tcp://127.0.0.1;10.0.0.1:7878", False),
+        ("ipc:///tmp/x.sock", False),
+    ],
+)
+def test_which_endpoints_are_loopback(endpoint: str, loopback: bool) -> None:
+    assert proto.is_loopback(endpoint) is loopback
