@@ -357,9 +357,20 @@ def with_overlay(message: Mapping[str, Any], index: int, overlay: Overlay) -> di
     if not isinstance(content, list):
         return copy
     blocks = list(content)
+    added = None
     for (at, block), (_, texts) in overlay.items():
-        if at == index and texts and block < len(blocks) and isinstance(blocks[block], Mapping):
+        if at == index and texts and block < 0:
+            added = {"type": "text", "text": texts[-1]}  # a notice the view puts in a new block
+        elif at == index and texts and block < len(blocks) and isinstance(blocks[block], Mapping):
             blocks[block] = set_text(blocks[block], texts[-1])
+    if added is not None:
+        place = 0
+        while place < len(blocks) and blocks[place].get("type") in (
+            "thinking",
+            "redacted_thinking",
+        ):
+            place += 1
+        blocks.insert(place, added)
     copy["content"] = blocks
     return copy
 

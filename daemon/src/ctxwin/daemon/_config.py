@@ -22,6 +22,7 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
     duplicate_file_read = "..."
     first_user = "..."
     missing_result = "..."
+    result_as_text = "..."
 
     [[read_tools]]              # more tools whose calls read a file (docs/DIALECTS.md)
     name = "cat_file"
@@ -56,6 +57,7 @@ NOTICE_ENV = {
     "duplicate_file_read": "CTXWIN_DUPLICATE_FILE_READ_NOTICE",
     "first_user": "CTXWIN_FIRST_USER_NOTICE",
     "missing_result": "CTXWIN_MISSING_RESULT",
+    "result_as_text": "CTXWIN_RESULT_AS_TEXT_NOTICE",
 }
 """Environment variable of each notice text (SPEC.md §5)."""
 

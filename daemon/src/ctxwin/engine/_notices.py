@@ -14,6 +14,9 @@ class Notices:
         duplicate_file_read: stands in for a file's content that a later read supersedes.
         first_user: replaces the first user message's first text block after a compaction.
         missing_result: the content of a tool result that the view had to invent.
+        result_as_text: the content of a tool result the view had to invent for a call
+            whose result the next user message gives as text (Cline's
+            ``[tool for 'x'] Result:``).
     """
 
     truncation: str = (
@@ -27,6 +30,7 @@ class Notices:
     )
     first_user: str = "[ctxwin] Please continue helping the user with the task."
     missing_result: str = "[ctxwin] The result of this tool call is missing from the conversation."
+    result_as_text: str = "[ctxwin] The result of this tool call follows as text in this message."
 
 
 DEFAULT_NOTICES = Notices()

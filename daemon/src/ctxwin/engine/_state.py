@@ -224,6 +224,12 @@ def _facts_of(messages: Sequence[Message]) -> MessageFacts | None:
     return messages.facts if isinstance(messages, KnownPairs) else None
 
 
+def _no_text_first(message: Message) -> bool:
+    """Whether a message's content is a list whose block 0 holds no text to replace."""
+    content = message.get("content")
+    return isinstance(content, list) and bool(content) and text_of(content[0]) is None
+
+
 def _first_text_block(message: Message) -> int:
     """The index of the first text block, or :data:`NEW_TEXT_BLOCK` when there is none."""
     content = message.get("content")
@@ -488,12 +494,15 @@ class TaskState:
 
         In a native dialect the notice replaces message 1's first text block,
         or is added as a new text block when it has none (never into an
-        opaque part, docs/DIALECTS.md); the Cline dialect edits block 0.
+        opaque part, docs/DIALECTS.md). The Cline dialect edits block 0 as
+        SPEC.md §5 says, unless block 0 holds no text (a ``tool_use``), where
+        the edit would change nothing and the model would never read it: then
+        the first text block, or a new one put first.
         """
         if 1 in self.overlay:
             return False
         block = 0
-        if self.reads is not None and len(messages) > 1:
+        if len(messages) > 1 and (self.reads is not None or _no_text_first(messages[1])):
             block = _first_text_block(messages[1])
         self.overlay.append(1, EDIT_UNDEFINED, block, [ts, "text", [self.notices.truncation], []])
         return True

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._blocks import Block, Message, with_text
+from ._blocks import Block, Message, text_of, with_text
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import MessageFacts
 from ._overlay import Overlay
 from ._summary import Summary, place_summary
 
 FIRST_REMOVABLE = 2
+_LEADING = ("opaque", "thinking", "redacted_thinking")
+"""Blocks a new text block goes after (reasoning stays first in its message)."""
 NEW_TEXT_BLOCK = -1
 """The block index of an update that adds a text block (for a message with no text to edit)."""
 
@@ -54,7 +57,7 @@ def apply_overlay(message: Message, overlay_entry: Any) -> Message:
         # After the leading opaque parts (reasoning), which must stay first.
         blocks = list(content) if blocks is None else blocks
         place = 0
-        while place < len(blocks) and blocks[place].get("type") == "opaque":
+        while place < len(blocks) and blocks[place].get("type") in _LEADING:
             place += 1
         blocks.insert(place, added)
     if blocks is None:
@@ -87,6 +90,7 @@ def repair_tool_results(
     message: Message,
     notices: Notices,
     elsewhere: Mapping[str, Block] | None = None,
+    as_text: Iterable[str] = (),
 ) -> Message:
     """The user message after a tool_use turn, with its results first and in order.
 
@@ -94,7 +98,8 @@ def repair_tool_results(
     view holds in other messages, where they answer nothing and are dropped;
     a call this message does not answer takes its result from there rather
     than the missing-result text. Returns ``message`` itself when it already
-    pairs (SPEC.md §4 step 5).
+    pairs (SPEC.md §4 step 5). A call in ``as_text`` (whose result this
+    message gives as text, the Cline dialect's way) is filled in saying so.
     """
     content = message.get("content")
     blocks: list[Block] = content if isinstance(content, list) else []
@@ -119,10 +124,15 @@ def repair_tool_results(
     if isinstance(content, list) and in_order and matched == len(ids) and result_count == matched:
         return message
     found = elsewhere or {}
+    in_text = set(as_text)
     ordered: list[Block] = [
         results.get(tool_id)
         or found.get(tool_id)
-        or {"type": "tool_result", "tool_use_id": tool_id, "content": notices.missing_result}
+        or {
+            "type": "tool_result",
+            "tool_use_id": tool_id,
+            "content": notices.result_as_text if tool_id in in_text else notices.missing_result,
+        }
         for tool_id in ids
     ]
     return {**message, "content": ordered + others}
@@ -345,7 +355,48 @@ def _finish_view(
                 if elsewhere is None:
                     elsewhere = _stray_results(messages, start, overlay)
                 found = elsewhere
-            view[position + 1] = repair_tool_results(ids, following, notices, found)
+            # Across a cut (message 1, then the first message after the range) a text
+            # result answers a removed call, not this one.
+            across = position == 1 and start > FIRST_REMOVABLE
+            as_text = () if strict or across else _answered_in_text(view[position], following)
+            view[position + 1] = repair_tool_results(ids, following, notices, found, as_text)
+
+
+def _answered_in_text(assistant: Message, user: Message) -> set[str]:
+    """The calls of ``assistant`` whose result ``user`` gives as text: a text block opening
+    with the Cline dialect's header naming the call's tool and one of its arguments
+    (``[read_file for 'a.py'] Result:``), or the tool alone (``[plan_mode_respond] Result:``)."""
+    content = user.get("content")
+    texts = [text_of(block) for block in content] if isinstance(content, list) else [content]
+    headers: set[tuple[str, str | None]] = set()
+    for text in texts:
+        match = _TEXT_RESULT.match(text) if isinstance(text, str) else None
+        if match is not None:
+            argument = match.group(2)
+            # A long argument (a question, a command) may come back shortened or escaped.
+            headers.add((match.group(1), argument if argument is None else argument[:_SAME]))
+    if not headers:
+        return set()
+    found: set[str] = set()
+    for block in assistant.get("content") or ():
+        if block.get("type") != "tool_use":
+            continue
+        name = block.get("name")
+        arguments = block.get("input")
+        values = (
+            [value[:_SAME] for value in arguments.values() if isinstance(value, str)]
+            if isinstance(arguments, dict)
+            else []
+        )
+        if (name, None) in headers or any((name, value) in headers for value in values):
+            found.add(block.get("id"))
+    return found
+
+
+_SAME = 40
+"""How many first characters of a header's argument must be the call's."""
+_TEXT_RESULT = re.compile(r"\[([^\s\]]+)(?: for '([\s\S]*?)')?\] Result:")
+"""A tool result given as text, and the tool's name (the Cline dialect's header)."""
 
 
 def _lacks_results(ids: list[str], message: Message) -> bool:
