@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -9,11 +10,20 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from langchain.agents import create_agent
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from pydantic_ai import Agent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import UsageLimits
 
 from ctxwin import engine
 from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
+from ctxwin.client.integrations.langchain import ContextWindowMiddleware
+from ctxwin.client.integrations.pydantic_ai import ContextWindow
 from tests._conversation import read_file, start_daemon
 from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, SUMMARY_ASK, FakeProvider, Recorded
@@ -177,3 +187,85 @@ async def test_async_responses_asks_the_model_for_a_summary(ctxwind: DaemonProce
         await client.close()
         sent = provider.sent(RESPONSES)
     check_summaries(sent, turns, "FAKE SUMMARY")
+
+
+@tool("read_file")
+def lc_read_file(path: str) -> str:
+    """Read a file of the project."""
+    return read_file(path)
+
+
+def test_the_langchain_middleware_asks_the_agents_model_for_a_summary(
+    ctxwind: DaemonProcess,
+) -> None:
+    """A LangChain agent's long run: the middleware asks the agent's own model for summaries
+    (the system prompt, the messages it last saw, the instruction) and the agent finishes."""
+    turns: list[Turn] = []
+    with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
+        model = ChatOpenAI(
+            model="gpt-4o",
+            base_url=provider.openai_url,
+            api_key="k",  # type: ignore[arg-type]
+            max_retries=0,
+        )
+        middleware = ContextWindowMiddleware(
+            task="summary-langchain",
+            context_window=WINDOW,
+            endpoint=ctxwind.endpoint,
+            on_turn=turns.append,
+            ephemeral=True,
+            summaries="model",
+        )
+        agent = create_agent(
+            model, tools=[lc_read_file], system_prompt="You fix bugs.", middleware=[middleware]
+        )
+        state = agent.invoke(
+            {"messages": [{"role": "user", "content": "main() is wrong; fix it."}]},
+            {"recursion_limit": 400},
+        )
+        sent = provider.sent(CHAT)
+    assert 1 + 40 * 2 + 1 == len(state["messages"])  # the agent's state keeps every message
+    check_summaries(sent, turns, "FAKE SUMMARY")
+    assert all("system" == r.history[0]["role"] for r in sent if asks_summary(r))
+
+
+def test_the_pydantic_ai_capability_keeps_a_basic_summary(ctxwind: DaemonProcess) -> None:
+    """A Pydantic AI agent with summaries="basic": once a summary is due the views carry
+    ctxwin's basic summary (once, with the task's words) and the run finishes."""
+    turns: list[Turn] = []
+    with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
+        client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
+        model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+        capability = ContextWindow(
+            task="summary-pydantic",
+            context_window=WINDOW,
+            endpoint=ctxwind.endpoint,
+            on_turn=turns.append,
+            ephemeral=True,
+            summaries="basic",
+        )
+        agent = Agent(model, system_prompt="You fix bugs.", capabilities=[capability])
+
+        @agent.tool_plain(name="read_file")
+        def read_project_file(path: str) -> str:
+            """Read a file of the project."""
+            return read_file(path)
+
+        async def run() -> Any:
+            async with client:
+                return await agent.run(
+                    "main() is wrong; fix it. LIMIT=77.",
+                    usage_limits=UsageLimits(request_limit=200),
+                )
+
+        result = asyncio.run(run())
+        sent = provider.sent(CHAT)
+    assert 1 + 40 * 2 + 1 == len(result.all_messages())
+    assert [200] * len(sent) == [r.status for r in sent]
+    assert not any(asks_summary(r) for r in sent)  # basic: no model request for it
+    stored = [turn.summary for turn in turns if turn.summary is not None]
+    assert stored
+    assert all(summary is not None and "basic" == summary["kind"] for summary in stored)
+    body = json.dumps(sent[-1].body)
+    assert 1 == body.count(engine.SUMMARY_MARK)
+    assert max(r.tokens for r in sent) <= WINDOW

@@ -99,6 +99,9 @@ class ContextWindowFilter:
             each model call (on the next call when no usage arrived).
         ephemeral: keep the tasks in the daemon's memory only: nothing is
             written, and a task left idle is dropped (examples, one-off runs).
+        summaries: ``"basic"``: when a summary is due, ctxwin writes one of the
+            turns a cut removes and the view carries it (docs/SUMMARIES.md);
+            None: cut without one. (A model's summary is not asked for here.)
     """
 
     def __init__(
@@ -109,9 +112,19 @@ class ContextWindowFilter:
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
         ephemeral: bool = False,
+        summaries: str | None = None,
     ) -> None:
+        if summaries not in (None, "basic"):
+            raise ValueError("summaries must be 'basic' or None here")
         options = WindowOptions(
-            PREFIX, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+            PREFIX,
+            DIALECT,
+            task,
+            context_window,
+            endpoint,
+            on_turn,
+            ephemeral=ephemeral,
+            summaries=summaries,
         )
         self._ctxwin_window = options.async_window(self)
         self._plain = Plain()

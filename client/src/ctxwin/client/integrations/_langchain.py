@@ -163,6 +163,25 @@ def _thread(request: ModelRequest[Any]) -> str | None:
     return str(thread) if thread is not None else None
 
 
+def _summary_messages(
+    request: ModelRequest[Any], view: list[Any], converted: Converted[BaseMessage]
+) -> list[BaseMessage]:
+    """A summary request's messages: the system prompt, then the view with the instruction."""
+    messages: list[BaseMessage] = list(from_openai_chat(view, converted))
+    system = request.system_message
+    return [system, *messages] if system is not None else messages
+
+
+def _summary(answer: Any) -> tuple[str | None, Usage | None]:
+    """The text and usage of the model's answer to a summary request."""
+    content = getattr(answer, "content", None)
+    if isinstance(content, list):
+        content = "".join(
+            part.get("text", "") if isinstance(part, Mapping) else str(part) for part in content
+        )
+    return (content if isinstance(content, str) else None), usage_from_langchain(answer)
+
+
 class ContextWindowMiddleware(AgentMiddleware):
     """Sends ctxwin's view of the agent's messages to the model, and retries once when too long.
 
@@ -184,6 +203,11 @@ class ContextWindowMiddleware(AgentMiddleware):
             each model call.
         ephemeral: keep the tasks in the daemon's memory only: nothing is
             written, and a task left idle is dropped (examples, one-off runs).
+        summaries: ``"model"``: when a summary is due, the request's own model
+            is asked for one (the system prompt, the messages it last saw and
+            an instruction) and ctxwin cuts the turns it stands for;
+            ``"basic"``: ctxwin writes the summary itself; None: cut without
+            one (docs/SUMMARIES.md).
     """
 
     def __init__(
@@ -194,10 +218,18 @@ class ContextWindowMiddleware(AgentMiddleware):
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
         ephemeral: bool = False,
+        summaries: str | None = None,
     ) -> None:
         super().__init__()
         self._options = WindowOptions(
-            PREFIX, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+            PREFIX,
+            DIALECT,
+            task,
+            context_window,
+            endpoint,
+            on_turn,
+            ephemeral=ephemeral,
+            summaries=summaries,
         )
         self._sync: Window | None = None
         self._async: AsyncWindow | None = None
@@ -250,7 +282,11 @@ class ContextWindowMiddleware(AgentMiddleware):
         """Call the model with the view; on a context-window error compact and call once more."""
         window = self._window()
         converted, head = self._convert(request)
-        pending: Request = window.begin(converted.messages, _model_id(request), head)
+
+        def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            return _summary(request.model.invoke(_summary_messages(request, view, converted)))
+
+        pending: Request = window.begin(converted.messages, _model_id(request), head, summarize)
 
         def call(view: list[Any]) -> ModelResponse[Any]:
             return handler(request.override(messages=from_openai_chat(view, converted)))
@@ -267,7 +303,12 @@ class ContextWindowMiddleware(AgentMiddleware):
         """The asyncio twin of :meth:`wrap_model_call`."""
         window = self._async_window()
         converted, head = self._convert(request)
-        pending = await window.begin(converted.messages, _model_id(request), head)
+
+        async def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
+            messages = _summary_messages(request, view, converted)
+            return _summary(await request.model.ainvoke(messages))
+
+        pending = await window.begin(converted.messages, _model_id(request), head, summarize)
 
         async def call(view: list[Any]) -> ModelResponse[Any]:
             return await handler(request.override(messages=from_openai_chat(view, converted)))

@@ -262,6 +262,9 @@ class ContextWindow(AbstractCapability[Any]):
             each model request.
         ephemeral: keep the tasks in the daemon's memory only: nothing is
             written, and a task left idle is dropped (examples, one-off runs).
+        summaries: ``"basic"``: when a summary is due, ctxwin writes one of the
+            turns a cut removes and the view carries it (docs/SUMMARIES.md);
+            None: cut without one. (A model's summary is not asked for here.)
     """
 
     def __init__(
@@ -272,9 +275,19 @@ class ContextWindow(AbstractCapability[Any]):
         endpoint: str | None = None,
         on_turn: Callable[[Turn], None] | None = None,
         ephemeral: bool = False,
+        summaries: str | None = None,
     ) -> None:
+        if summaries not in (None, "basic"):
+            raise ValueError("summaries must be 'basic' or None here")
         options = WindowOptions(
-            PREFIX, DIALECT, task, context_window, endpoint, on_turn, ephemeral=ephemeral
+            PREFIX,
+            DIALECT,
+            task,
+            context_window,
+            endpoint,
+            on_turn,
+            ephemeral=ephemeral,
+            summaries=summaries,
         )
         self._ctxwin_window = options.async_window(self)
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}
