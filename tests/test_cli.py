@@ -327,10 +327,27 @@ def test_replay_with_basic_summaries_condenses_and_lists_each_summary(
         assert item["tokens_after"] <= 6000 / 2 < item["tokens_before"]  # 0.75 of 8000
     truncations = [event for event in report["events"] if event["kind"] == "truncation"]
     assert [item["range"] for item in stored] == [e["deleted_range"] for e in truncations]
-    code, out, _ = run(*base, "--summaries", "basic")
+    page = tmp_path / "page.html"
+    code, out, _ = run(*base, "--summaries", "basic", "--html", str(page))
     assert 0 == code
     assert "view after" in out
     assert "stored" in out
+    assert '<span class="badge summary">summary</span>' in page.read_text()
+
+
+def test_inspect_shows_the_summary_a_task_view_carries(shared: DaemonProcess) -> None:
+    """inspect prints the summary of a condensed task: kind, range, size and its first lines."""
+    history = _replay_material()
+    with Client(shared.endpoint) as client:
+        done: Any = client.task("inspected-summary").condense(
+            history, {"id": "m", "context_window": 8000}, summary="Goal: fix main().\nNext: test."
+        )
+    assert done["condensed"], done["reason"]
+    code, out, _ = run("--endpoint", shared.endpoint, "inspect", "inspected-summary")
+    assert 0 == code
+    end = done["deleted_range"][1]
+    assert f"summary (model, 1 stored): stands for messages [2, {end}], 29 chars" in out
+    assert "  Goal: fix main()." in out
 
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the shared corpus is not next to the checkout")

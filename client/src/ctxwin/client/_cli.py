@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -473,6 +473,7 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
         if not args.json:
             out.write(f"page written to {args.html}\n")
     if args.json:
+        # The daemon's "summary" (the one the view carries) is the last of "summaries".
         _print_json({**result, "summary": summary, "blocks": rows}, out)
         return EXIT_OK
     out.write(
@@ -499,6 +500,7 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
                 else "no kept history\n"
             )
         )
+    _write_summaries(result, out)
     if not rows:
         out.write("overlay: empty\n")
         return EXIT_OK
@@ -523,6 +525,26 @@ def _inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO)
     else:
         out.write("(give --messages FILE to compute what the overlay saves)\n")
     return EXIT_OK
+
+
+def _write_summaries(result: Mapping[str, Any], out: TextIO) -> None:
+    """The summary the task's view carries, and how many are stored (docs/SUMMARIES.md)."""
+    stored = result.get("summaries") or []
+    if not stored:
+        return
+    shown = result.get("summary")
+    if shown is None:
+        out.write(f"summaries: {len(stored)} stored, none in the view (the range is below)\n")
+        return
+    out.write(
+        f"summary ({shown['kind']}, {len(stored)} stored): stands for messages "
+        f"{_range(shown['range'])}, {shown['chars']:,} chars, stored at ts {shown['ts']}\n"
+    )
+    for line in str(shown["text"]).splitlines()[:_SUMMARY_LINES]:
+        out.write(f"  {line[:160]}\n")
+
+
+_SUMMARY_LINES = 12
 
 
 def _inspect_history(

@@ -25,6 +25,7 @@ from ._replay import (
     FILE_READ,
     NOTICE,
     REPAIRED,
+    SUMMARY,
     ReplayReport,
     TokenCounts,
     Variant,
@@ -37,7 +38,7 @@ from ._replay import (
 __all__ = ["PageTurn", "inspect_page", "page_problem", "replay_page", "write_page"]
 
 _PREVIEW = 140
-_BADGES = {NOTICE: "notice", FILE_READ: "read", REPAIRED: "repair"}
+_BADGES = {NOTICE: "notice", FILE_READ: "read", REPAIRED: "repair", SUMMARY: "summary"}
 
 
 def page_problem(path: Path) -> str | None:
@@ -1138,6 +1139,7 @@ text-align:right;flex:none}
 .badge.notice{background:#fef3c7;color:#92400e}
 .badge.read{background:#ede9fe;color:#5b21b6}
 .badge.repair{background:#fee2e2;color:#991b1b}
+.badge.summary{background:#dcfce7;color:#166534}
 li.fold{margin:6px 0;padding:8px 12px;border:1px dashed #f59e0b;border-radius:6px;
 background:repeating-linear-gradient(135deg,#fffbeb,#fffbeb 8px,#fef3c7 8px,#fef3c7 16px);
 color:#92400e;font-weight:500}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxwin.proto import (
+    SUMMARY_MARK,
     DeletedRange,
     Model,
     OverlayFormatError,
@@ -62,6 +63,8 @@ means the recorded run cut its own view (provider counts do not shrink otherwise
 NOTICE = "notice"
 FILE_READ = "file read replaced"
 REPAIRED = "tool pair repaired"
+SUMMARY = "summary"
+"""A message the view carries a summary of removed turns in (docs/SUMMARIES.md)."""
 
 
 @dataclass(slots=True)
@@ -776,7 +779,10 @@ def view_state(
         edits = {edit for (at, _), (edit, texts) in overlay.items() if at == index and texts}
         if edits:
             kinds.append(NOTICE if _NOTICE_EDIT in edits else FILE_READ)
-        if not edits or with_overlay(original, index, overlay) != message:
+        bare = _without_summary(message)
+        if bare is not message:
+            kinds.append(SUMMARY)
+        if (not edits and bare is message) or with_overlay(original, index, overlay) != bare:
             kinds.append(REPAIRED)
         for number, variant in enumerate(variants):
             if variant.index == index and variant.message == message:
@@ -902,7 +908,7 @@ class NativeViews:
             ids, texts = _leaves_pair(message)
             if at is not None:
                 original_ids, original_texts = self._leaves_of(at)
-                kinds = _marked(texts - original_texts, marks, at)
+                kinds = _marked(texts - original_texts, marks, at) + _summary_kind(texts)
                 if not kinds or ids != original_ids:
                     kinds.append(REPAIRED)
                 number = self._variant(at, kinds, message, added=False)
@@ -911,7 +917,7 @@ class NativeViews:
                 continue
             calls = sorted(i for name in ids for i in self._holding(name) if i < end)
             stands = calls[0] if calls else _next_origin(origins, position)
-            kinds = _marked(texts, marks, None) or [REPAIRED]
+            kinds = _marked(texts, marks, None) + _summary_kind(texts) or [REPAIRED]
             state.order.append((stands, self._variant(stands, kinds, message, added=True)))
         return state
 
@@ -939,6 +945,26 @@ def _leaves_pair(message: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     texts: set[str] = set()
     _leaves(message, ids, texts)
     return ids, texts
+
+
+def _without_summary(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``message`` without the summary a view put into it (``message`` itself when none)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    kept = [block for block in content if not _is_summary(block)]
+    if len(kept) == len(content):
+        return message
+    return {**message, "content": kept}
+
+
+def _is_summary(block: Any) -> bool:
+    text = block.get("text") if isinstance(block, Mapping) else None
+    return isinstance(text, str) and text.startswith(SUMMARY_MARK)
+
+
+def _summary_kind(texts: set[str]) -> list[str]:
+    return [SUMMARY] if any(text.startswith(SUMMARY_MARK) for text in texts) else []
 
 
 def _marked(

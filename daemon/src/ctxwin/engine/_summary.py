@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from ctxwin.proto import SUMMARY_MARK
+
 from ._blocks import Block, Message, text_of
 from ._optimize import TOOL_HEADER
 
 SUMMARY_KINDS = ("basic", "model")
-SUMMARY_MARK = "[ctxwin summary]"
-"""Opens every summary the view carries, so a reader knows it stands for removed turns."""
 
 SUMMARY_PROMPT = (
     "Write a summary of this conversation so far, to replace its earlier turns: they will "

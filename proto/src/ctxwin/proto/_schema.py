@@ -30,6 +30,8 @@ STRATEGY_VALUES = ("default", "fit", "auto")
 DIALECTS = ("cline", "openai-chat", "anthropic", "openai-responses", "gemini")
 """A task's message dialects (docs/DIALECTS.md); ``cline`` (SPEC.md) is the default."""
 DEFAULT_DIALECT = "cline"
+SUMMARY_MARK = "[ctxwin summary]"
+"""Opens every summary a view carries (docs/SUMMARIES.md), so readers and pages can tell it."""
 DELTA_FIELDS = ("base", "base_digest", "append")
 """Sent instead of ``messages`` by a caller that syncs by delta (DESIGN.md, delta sync)."""
 
