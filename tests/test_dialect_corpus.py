@@ -88,3 +88,24 @@ def _calls(message: Any) -> set[str]:
     if isinstance(content, list):
         found |= {block["id"] for block in content if block.get("type") == "tool_use"}
     return found
+
+
+def test_a_result_in_the_first_message_is_dropped_as_an_orphan() -> None:
+    """Anthropic: a tool_result in the first user message answers no call and is not sent."""
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "lost", "content": "stray"},
+                {"type": "text", "text": "Fix the parser."},
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "Reading."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Go on."}]},
+    ]
+    state = engine.TaskState(reads=DEFAULT_READ_RULES, dialect="anthropic")
+    mapped = MappedHistory(engine.get_dialect("anthropic"), messages)  # type: ignore[arg-type]
+    view = mapped.view(state.truncated_messages(mapped.internal), state.deleted_range)
+    CHECKS["anthropic"](view)
+    assert [{"type": "text", "text": "Fix the parser."}] == view[0]["content"]
+    assert messages[1:] == view[1:]

@@ -300,6 +300,11 @@ def _build_view(
             entry = overlay.get(original)
             if entry is not None:
                 view[position] = apply_overlay(view[position], entry)
+    first = view[0]
+    content = first.get("content")
+    if strict and isinstance(content, list) and any(_result_id(b) for b in content):
+        # Results in the first message answer no call: orphans wherever they stand.
+        view[0] = {**first, "content": [b for b in content if _result_id(b) is None]}
     _finish_view(messages, view, start, start, changed, overlay, notices)
     if summary is not None:
         # After the repair: the results that answer message 1 stay first in view[2].
