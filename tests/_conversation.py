@@ -11,6 +11,8 @@ from tests._daemon import DaemonProcess
 from tests._fake_provider import FakeProvider, Recorded
 
 NOTICE = "[ctxwin-test] an earlier copy of this file was dropped; a later read holds it."
+STUB = "was removed to save context"
+"""In the stub ``auto`` leaves of a masked tool result."""
 """The daemon's duplicate-read notice in these tests, to find it in what the provider got."""
 
 PATHS = tuple("src/app.py" if turn % 4 == 0 else f"src/mod{turn}.py" for turn in range(60))
@@ -57,6 +59,8 @@ def assert_valid_and_shrinking(provider: FakeProvider, path: str, turns: int) ->
     assert any(later < earlier for earlier, later in itertools.pairwise(sizes)), sizes
     tokens = [r.tokens for r in sent]
     assert any(later < earlier for earlier, later in itertools.pairwise(tokens)), tokens
-    assert any(NOTICE in json.dumps(r.body) for r in sent)
+    # The adapters ask for auto: a superseded read becomes the notice in a batch with the
+    # stubs of masked results, and in these small windows a cut often follows at once.
+    assert any(NOTICE in json.dumps(r.body) or STUB in json.dumps(r.body) for r in sent)
     assert max(r.tokens for r in sent) <= provider.limit
     return sent

@@ -300,6 +300,7 @@ def test_once_a_view_outgrew_the_budget_later_views_stay_under_the_ceiling() -> 
         messages.append(user(f"question {number} " + "q" * 700))
         messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 300}]})
     state = native()
+    state.policy = replace(DEFAULT_POLICY, ceiling_floor=0)  # a small window: no floor
     ceiling = BUDGET * DEFAULT_POLICY.ceiling
     first_over = None
     for end in range(3, len(messages) + 1, 2):

@@ -74,6 +74,8 @@ class AutoPolicy:
             above which later views count as not fitting (below 1, they stay
             smaller than the window allows: cheaper to read from the cache each
             turn, at the cost of what is cut).
+        ceiling_floor: the ceiling never brings the limit below this many
+            tokens (in a small window the views stay as large as the budget).
     """
 
     reserve: int = 2048
@@ -88,6 +90,7 @@ class AutoPolicy:
     big_message: float = 0.5
     shortened: float = 0.25
     ceiling: float = 0.4
+    ceiling_floor: int = 16_000
 
 
 DEFAULT_POLICY = AutoPolicy()
@@ -471,7 +474,7 @@ def run_auto(
     if state.auto_overflowed:
         # A conversation that outgrew the window once will again: keep its views
         # under the ceiling, where reading them from the cache each turn costs less.
-        budget = budget * policy.ceiling
+        budget = max(budget * policy.ceiling, min(budget, policy.ceiling_floor))
     if estimate <= budget:
         # A batch that did not pay back at the last look can only do so once new
         # messages have added candidates (or turns): look again every half batch.
