@@ -9,7 +9,7 @@ socket decide who connects).
 libzmq asks a ZAP handler about every CURVE handshake (RFC 27, ZeroMQ's
 authentication protocol) on ``inproc://zeromq.zap.01`` of the socket's
 context. Ours is a REP socket watched by the daemon's event loop: it allows a
-client key found in ``allowed/`` (re-read when the directory changes, so
+client key found in ``allowed/`` (read again at every handshake, so
 ``ctxwin keys allow`` needs no restart) and names the client by the file's
 name, which libzmq attaches to each of its messages as ``User-Id``. Without a
 handler libzmq would let any CURVE client in, so the handler is bound before
@@ -106,22 +106,23 @@ def load_server_keys(keys_dir: Path) -> ServerKeys:
     return ServerKeys(pair.public, pair.secret, allowed)
 
 
-def read_allowed(directory: Path) -> dict[bytes, str]:
+def read_allowed(directory: Path) -> tuple[dict[bytes, str], dict[str, str]]:
     """The allowed client keys: public key -> name (the file's name less ``.key``).
 
     Files that are not ours, are writable by others or are not key files are
-    skipped with a warning.
+    skipped; the second map gives each one's reason, by path.
     """
     allowed: dict[bytes, str] = {}
+    skipped: dict[str, str] = {}
     for path in sorted(directory.glob("*.key")):
         try:
             _check_private(path, "allowed key")
             key = proto.read_key_file(path)
         except (KeysError, proto.KeyFileError) as exc:
-            _log.warning("allowed_key_skipped", path=str(path), reason=str(exc))
+            skipped[str(path)] = str(exc)
             continue
         allowed[key.public] = path.name[: -len(".key")]
-    return allowed
+    return allowed, skipped
 
 
 class Authenticator:
@@ -143,7 +144,7 @@ class Authenticator:
         self.bindings = bindings
         self.loop = asyncio.get_running_loop()
         self.allowed: dict[bytes, str] = {}
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[object, ...] | None = None
         self.refused = 0
         # (address, key) -> (when last logged, refusals not logged since)
         self._refusals: dict[tuple[str, str | None], tuple[float, int]] = {}
@@ -175,19 +176,26 @@ class Authenticator:
         self.socket.close(linger=0)
 
     def _reload(self) -> None:
-        """Re-read the allow-list when its directory changed (a key added or removed)."""
-        try:
-            info = self.keys.allowed_dir.stat()
-        except OSError as exc:
-            _log.error("allow_list_unreadable", path=str(self.keys.allowed_dir), error=str(exc))
+        """Read the allow-list again (at every handshake: a key added or removed counts at once).
+
+        A directory's modification time is too coarse to tell two changes
+        made within one clock tick apart; reading a few small files per new
+        connection costs less than trusting it.
+        """
+        if not self.keys.allowed_dir.is_dir():
+            if self.allowed or self._seen is None:
+                _log.error("allow_list_unreadable", path=str(self.keys.allowed_dir))
             self.allowed = {}
-            self._seen = None
+            self._seen = ()
             return
-        seen = (info.st_mtime_ns, info.st_ino)
-        if seen != self._seen:
+        allowed, skipped = read_allowed(self.keys.allowed_dir)
+        seen = (tuple(sorted(allowed.items())), tuple(sorted(skipped.items())))
+        if seen != self._seen:  # logged when it changes, not at every handshake
             self._seen = seen
-            self.allowed = read_allowed(self.keys.allowed_dir)
-            _log.info("allow_list_read", clients=sorted(self.allowed.values()))
+            for path, reason in skipped.items():
+                _log.warning("allowed_key_skipped", path=path, reason=reason)
+            _log.info("allow_list_read", clients=sorted(allowed.values()))
+        self.allowed = allowed
 
     def _log_refusal(self, address: str, key: str | None, reason: str) -> None:
         """Log a refusal: the first from a peer and key, then at most one per 10 s with a count.
