@@ -45,7 +45,12 @@ class PingResult(TypedDict):
 
 
 class StatsResult(TypedDict):
-    """``stats``: counters of the running daemon."""
+    """``stats``: counters of the running daemon.
+
+    ``histories`` and ``history_bytes``: the histories kept for delta sync and
+    the memory they are counted as holding (their estimated resident size,
+    which ``--history-cache-mb`` caps), not their encoded size.
+    """
 
     tasks: int
     actors: int
