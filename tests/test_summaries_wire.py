@@ -242,3 +242,32 @@ def test_a_summary_moves_with_its_task_to_another_daemon(
         moved = b.task("moving", dialect=dialect)
         assert dumped(view) == dumped(moved.truncated_messages(history)["messages"])
         assert 1 == len(moved.inspect()["summaries"])
+
+
+def test_the_kept_turns_keep_their_reasoning_whole(client: Client) -> None:
+    """Thinking blocks of the turns a condense keeps are sent as they are (signatures too)."""
+    turns = conversation(8)
+    for turn in turns:
+        if turn.kind == "assistant" and turn.calls:
+            turn.reasoning = True
+    history = with_prompt("anthropic", render("anthropic", turns), "Go on.")
+    result: Any = client.task("reasoning", dialect="anthropic").condense(history, MODEL, ts=1000)
+    assert result["condensed"], result["reason"]
+    view = result["messages"]
+    sent = [
+        block
+        for message in view[2:]
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if block["type"] == "thinking"
+    ]
+    assert sent
+    held = [
+        block
+        for message in history
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if block["type"] == "thinking"
+    ]
+    assert sent == held[len(held) - len(sent) :]
+    check_view("anthropic", view)
