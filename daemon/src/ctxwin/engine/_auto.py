@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwin.proto import PRICE_SHEETS, PriceSheet
 
-from ._blocks import Message, text_of
+from ._blocks import Message, text_of, tool_calls
 from ._budget import Budgeting, fit_range
 from ._ledger import Receipt, payback_turns
 from ._optimize import TOOL_HEADER
@@ -120,17 +120,6 @@ class AutoOutcome:
     range_updated: bool = False
     stalled: bool = False
     receipts: list[Receipt] = field(default_factory=list)
-
-
-def _calls_of(message: Message) -> dict[str, tuple[object, object]]:
-    content = message.get("content")
-    if message.get("role") != "assistant" or not isinstance(content, list):
-        return {}
-    return {
-        block["id"]: (block.get("name"), block.get("input"))
-        for block in content
-        if block.get("type") == "tool_use" and isinstance(block.get("id"), str)
-    }
 
 
 def _stub(notice_tool: object, arguments: object, tokens: int) -> str:
@@ -269,7 +258,7 @@ class _Planner:
                 if not body:
                     continue
                 if calls is None:
-                    calls = _calls_of(messages[index - 1]) if index else {}
+                    calls = tool_calls(messages[index - 1]) if index else {}
                 name, arguments = calls.get(item.get("tool_use_id", ""), ("tool", None))
                 found.append((index, block_index, name, arguments, reads.get(block_index), body))
         # The latest read of each file, anywhere in the history, is never replaced.

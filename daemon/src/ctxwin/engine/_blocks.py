@@ -46,6 +46,22 @@ def with_text(block: Block, text: str) -> Block:
     return block
 
 
+def tool_calls(message: Message) -> dict[str, tuple[object, object]]:
+    """An assistant message's tool calls: ``name`` and ``input`` by ``tool_use`` id.
+
+    Returns:
+        One entry per ``tool_use`` block with a string id; empty for any other message.
+    """
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, list):
+        return {}
+    return {
+        block["id"]: (block.get("name"), block.get("input"))
+        for block in content
+        if block.get("type") == "tool_use" and isinstance(block.get("id"), str)
+    }
+
+
 def utf16_len(text: str) -> int:
     """Length in UTF-16 code units: characters outside the BMP count 2 (SPEC.md §6)."""
     if text.isascii():

@@ -15,7 +15,7 @@ from typing import Any, Protocol, cast
 
 import re2
 
-from ._blocks import Message, text_of
+from ._blocks import Message, text_of, tool_calls
 
 MAX_PATTERN_CHARS = 1000
 """Longest read-tool pattern (a longer one is refused where the tool is built)."""
@@ -199,17 +199,6 @@ def read_tool_from_config(item: Mapping[str, Any]) -> ReadTool:
     return ReadTool(name, arg, tuple(sorted(when.items())), source)
 
 
-def _calls(message: Message) -> dict[str, tuple[object, object]]:
-    content = message.get("content")
-    if message.get("role") != "assistant" or not isinstance(content, list):
-        return {}
-    return {
-        block["id"]: (block.get("name"), block.get("input"))
-        for block in content
-        if block.get("type") == "tool_use" and isinstance(block.get("id"), str)
-    }
-
-
 def native_reads(
     messages: Sequence[Message], index: int, rules: ReadRules
 ) -> tuple[tuple[str, int], ...]:
@@ -228,7 +217,7 @@ def native_reads(
         if block.get("type") != "tool_result" or not text_of(block):
             continue
         if calls is None:
-            calls = _calls(messages[index - 1])
+            calls = tool_calls(messages[index - 1])
         call = calls.get(block.get("tool_use_id", ""))
         if call is None:
             continue
