@@ -316,16 +316,20 @@ class _Conversations:
         )
         return Request(task, messages, view, model, ts, turn, entry)
 
-    def compacted(self, request: Request, view: Sequence[Any], deleted: Any) -> None:
+    def _cut(self, request: Request, view: Sequence[Any], deleted: Any, **noted: Any) -> None:
+        """Take the view after a cut; the turn notes its size, the new range and ``noted``."""
         request.view = list(view)
-        request.retried = True
         request.turn = replace(
             request.turn,
             sent=len(request.view),
             deleted_range=list(deleted) if deleted is not None else None,
             range_updated=True,
-            retried=True,
+            **noted,
         )
+
+    def compacted(self, request: Request, view: Sequence[Any], deleted: Any) -> None:
+        request.retried = True
+        self._cut(request, view, deleted, retried=True)
 
     def condensed(
         self,
@@ -339,19 +343,16 @@ class _Conversations:
             usage["ts"] = request.ts
         stored = result.get("summary")
         if result.get("condensed") and stored is not None:
-            request.view = list(result["messages"])
-            deleted = result["deleted_range"]
             summary: dict[str, Any] = {
                 "kind": stored["kind"],
                 "range": stored["range"],
                 "chars": stored["chars"],
                 "fallback": failure or result.get("fallback"),
             }
-            request.turn = replace(
-                request.turn,
-                sent=len(request.view),
-                deleted_range=list(deleted) if deleted is not None else None,
-                range_updated=True,
+            self._cut(
+                request,
+                result["messages"],
+                result["deleted_range"],
                 summary=summary,
                 summary_usage=usage,
             )
