@@ -413,6 +413,17 @@ class _Shared:
     summary_model: str | None
     _dialect: str | None
 
+    def _settings(
+        self, strategy: str, pricing: Any, summaries: str | None, summary_model: str | None
+    ) -> None:
+        """Check and keep the request settings (before any client is made)."""
+        if summaries is not None and summaries not in SUMMARY_MODES:
+            raise ValueError(f"summaries must be one of {', '.join(SUMMARY_MODES)} or None")
+        self.strategy = strategy
+        self.pricing = pricing
+        self.summaries = summaries
+        self.summary_model = summary_model
+
     def _start(
         self,
         task: str | None,
@@ -502,12 +513,7 @@ class Window(_Shared):
         summaries: str | None = None,
         summary_model: str | None = None,
     ) -> None:
-        if summaries is not None and summaries not in SUMMARY_MODES:
-            raise ValueError(f"summaries must be one of {', '.join(SUMMARY_MODES)} or None")
-        self.strategy = strategy
-        self.pricing = pricing
-        self.summaries = summaries
-        self.summary_model = summary_model
+        self._settings(strategy, pricing, summaries, summary_model)
         self.client = client if client is not None else Client(endpoint)
         self._own_client = client is None
         self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
@@ -608,12 +614,7 @@ class AsyncWindow(_Shared):
         summaries: str | None = None,
         summary_model: str | None = None,
     ) -> None:
-        if summaries is not None and summaries not in SUMMARY_MODES:
-            raise ValueError(f"summaries must be one of {', '.join(SUMMARY_MODES)} or None")
-        self.strategy = strategy
-        self.pricing = pricing
-        self.summaries = summaries
-        self.summary_model = summary_model
+        self._settings(strategy, pricing, summaries, summary_model)
         self.client = client if client is not None else AsyncClient(endpoint)
         self._own_client = client is None
         self._start(task, prefix, dialect, context_window, on_turn, ephemeral, self._open)
