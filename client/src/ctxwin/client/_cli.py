@@ -669,6 +669,18 @@ def _load_conversation(
     return loaded
 
 
+def _progress(args: argparse.Namespace, err: TextIO) -> _Bar | None:
+    """A replay's progress bar: as ``--progress``/``--no-progress`` say, else on a terminal."""
+    show = args.progress if args.progress is not None else err.isatty()
+    return _Bar(err) if show else None
+
+
+def _drop_task(client: Client, task_id: str, timeout: float) -> None:
+    """Close a replay's task after a failure or a comparison, briefly and quietly."""
+    with contextlib.suppress(CtxwinError):
+        client.close_task(task_id, timeout=min(timeout, _PROBE_TIMEOUT))
+
+
 def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     about = About()
     history, detected = _load_conversation(args.file, err, about)
@@ -689,8 +701,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     if len(args.strategy) > 1:
         return _compare(client, args, history, model, dialect, out, err)
     task_id = args.task or f"replay-{os.getpid()}-{time.time_ns() // 1_000_000}"
-    show = args.progress if args.progress is not None else err.isatty()
-    bar = _Bar(err) if show else None
+    bar = _progress(args, err)
     try:
         report = replay(
             client,
@@ -710,8 +721,7 @@ def _replay(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         if bar is not None:
             bar.clear()
         if not args.keep:  # a failed replay leaves no task behind either
-            with contextlib.suppress(CtxwinError):
-                client.close_task(task_id, timeout=min(args.timeout, _PROBE_TIMEOUT))
+            _drop_task(client, task_id, args.timeout)
         raise
     report.window_source = window_source
     if not args.keep:
@@ -757,8 +767,7 @@ def _compare(
     reports: list[tuple[str, ReplayReport]] = []
     for strategy in args.strategy:
         task_id = f"replay-{strategy}-{os.getpid()}-{time.time_ns() // 1_000_000}"
-        show = args.progress if args.progress is not None else err.isatty()
-        bar = _Bar(err) if show else None
+        bar = _progress(args, err)
         try:
             report = replay(
                 client,
@@ -775,8 +784,7 @@ def _compare(
         finally:
             if bar is not None:
                 bar.clear()
-            with contextlib.suppress(CtxwinError):
-                client.close_task(task_id, timeout=min(args.timeout, _PROBE_TIMEOUT))
+            _drop_task(client, task_id, args.timeout)
         reports.append((strategy, report))
     if args.json:
         _print_json([{"strategy": name, **report.as_dict()} for name, report in reports], out)
