@@ -46,6 +46,7 @@ def replay(conversation: Conversation, window: int, counter: Counter) -> dict[st
         history = conversation.internal[:length]
         ts = START_TS + step * 17_000
         due = state.summary_due(history, previous, model)
+        state.fit_oversized(history, model, budgeting, ts)
         view = state.prepare_request(history, previous, model, True, budgeting, ts).messages
         if due:
             done = state.condense(history, model, ts, budgeting)

@@ -271,3 +271,51 @@ def test_the_kept_turns_keep_their_reasoning_whole(client: Client) -> None:
     ]
     assert sent == held[len(held) - len(sent) :]
     check_view("anthropic", view)
+
+
+SHORTENED = "shortened to fit the model's context window"
+
+
+def oversized(rounds: int) -> list[Turn]:
+    """A conversation whose newest message, a tool result, is larger than the whole window."""
+    read = Call("big", "read_file", {"path": "logs/build.log"})
+    body = "".join(f"entry {line}: step finished with status ok\n" for line in range(4000))
+    return [
+        *conversation(rounds),
+        Turn("user", "Read the build log."),
+        Turn("assistant", "Reading the log.", calls=[read]),
+        Turn("results", results=[(read.id, body)]),
+    ]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_message_larger_than_the_window_is_shortened_on_the_summaries_path(
+    client: Client, dialect: str
+) -> None:
+    """No cut or summary can fit a newest message larger than the window: prepare_request with
+    summaries and condense both shorten it, keeping its head and tail, with a notice saying so,
+    and the view fits the window less the response's room and keeps the provider's rules."""
+    history = render(dialect, oversized(2))
+    budget = MODEL["context_window"] - engine.DEFAULT_POLICY.reserve
+    assert client.count_tokens(history, dialect=dialect)["tokens"] > MODEL["context_window"]
+
+    task = client.task(f"oversized-{dialect}", dialect=dialect)
+    sent: Any = task.prepare_request(history, MODEL, use_auto_condense=True, summaries=True)
+    view = sent["messages"]
+    assert client.count_tokens(view, dialect=dialect)["tokens"] <= budget
+    assert 1 == dumped(view).count(SHORTENED)
+    assert "entry 0:" in dumped(view)
+    assert "entry 3999:" in dumped(view)
+    assert len(view) == len(history)
+    check_view(dialect, view)
+
+    condensed = client.task(f"oversized-condense-{dialect}", dialect=dialect)
+    history = render(dialect, oversized(8))
+    result: Any = condensed.condense(history, MODEL, ts=5000)
+    assert result["condensed"]
+    view = result["messages"]
+    assert client.count_tokens(view, dialect=dialect)["tokens"] <= budget
+    assert 1 == dumped(view).count(SHORTENED)
+    assert 1 == dumped(view).count(MARK)
+    check_view(dialect, view)
+    assert view == condensed.truncated_messages(history)["messages"]

@@ -111,7 +111,7 @@ class KeptHistory:
             self._record_basis(state, revision, "deleted_range" in args, history, mapped, args)
         if restarted:
             result["restarted"] = True
-        if op == "prepare_request" and context is not None:
+        if op == "prepare_request" and "estimated_tokens" in result:
             self._estimate = (result["estimated_tokens"], self.calibration.ratio)
         if mapped is not None:
             assert history is not None

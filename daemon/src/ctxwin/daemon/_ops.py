@@ -142,10 +142,15 @@ class TaskContext:
 
 
 def wants_budgeting(op: str, args: Args) -> bool:
-    """Whether a request asks for token estimates (``plan`` always does)."""
+    """Whether a request needs token estimates (``plan`` and ``condense`` always do)."""
     if op in ("plan", "condense"):
         return True
-    return op == "prepare_request" and (
+    return op == "prepare_request" and (_estimates(args) or bool(args.get("summaries")))
+
+
+def _estimates(args: Args) -> bool:
+    """Whether a ``prepare_request`` asks for estimates (``summaries`` measures without)."""
+    return (
         bool(args.get("estimate"))
         or bool(args.get("proactive"))
         or "strategy" in args
@@ -154,9 +159,14 @@ def wants_budgeting(op: str, args: Args) -> bool:
 
 
 def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    budgeting = context.budgeting(args) if context is not None else None
+    budgeting = context.budgeting(args) if _estimates(args) and context is not None else None
     # Before the view is built: the duplicate-read step it runs may change the view.
     due = _summary_due(state, args)
+    if args.get("summaries") and context is not None:
+        # A message larger than the window: no cut or summary can fit it.
+        state.fit_oversized(
+            args["messages"], args["model"], context.budgeting(args), proto.now_ms()
+        )
     result = state.prepare_request(
         args["messages"],
         args.get("previous_request"),
@@ -165,7 +175,7 @@ def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext |
         budgeting,
         proto.now_ms(),
     ).wire()
-    if context is not None:
+    if budgeting is not None and context is not None:
         result["calibration"] = context.calibration.ratio
     if due:
         result["summary_due"] = True

@@ -47,7 +47,7 @@ from ._view import apply_overlay, keep_from
 if TYPE_CHECKING:
     from ._state import TaskState
 
-__all__ = ["DEFAULT_POLICY", "AutoOutcome", "AutoPolicy", "run_auto"]
+__all__ = ["DEFAULT_POLICY", "AutoOutcome", "AutoPolicy", "run_auto", "shorten_oversized"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +431,31 @@ class _Planner:
                     )
                 )
         return receipts
+
+
+def shorten_oversized(
+    state: TaskState,
+    messages: Sequence[Message],
+    budgeting: Budgeting,
+    budget: float,
+    sheet: PriceSheet | None,
+    ts: int,
+    policy: AutoPolicy = DEFAULT_POLICY,
+) -> list[Receipt]:
+    """Shorten what no cut can fit: when the view is over ``budget``, each message
+    above ``big_message`` of it is shortened to ``shortened`` of it, with a notice
+    saying so (the step ``auto`` takes first; the summaries path takes it too, since a
+    cut and a summary both keep the newest turn whole).
+
+    Returns:
+        The receipts of the shortenings (none while the view fits).
+    """
+    if len(messages) < 3:
+        return []
+    planner = _Planner(state, messages, budgeting, sheet, policy, ts)
+    if planner.view_tokens() <= budget:
+        return []
+    return planner.shorten(budget * policy.big_message, budget * policy.shortened)
 
 
 def run_auto(

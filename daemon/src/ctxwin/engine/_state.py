@@ -9,7 +9,7 @@ from typing import Any
 
 from ctxwin.proto import PriceSheet, deleted_range_error, sheet_for_model
 
-from ._auto import DEFAULT_POLICY, AutoPolicy, run_auto
+from ._auto import DEFAULT_POLICY, AutoPolicy, run_auto, shorten_oversized
 from ._blocks import Message, text_of
 from ._budget import Budgeting, fit_range, largest_messages, view_origins
 from ._ledger import CacheEntry, CacheLedger, Receipt
@@ -897,7 +897,8 @@ class TaskState:
         blank or would not make the view smaller) ctxwin writes a basic one
         (docs/SUMMARIES.md). Nothing changes when the condense is refused: too
         soon after the last one, nothing left to remove, or no summary that
-        makes the view smaller.
+        makes the view smaller. Either way a view over the window has its
+        messages too large for it shortened first (:meth:`fit_oversized`).
 
         Args:
             messages: the task's full history (the internal form).
@@ -910,6 +911,8 @@ class TaskState:
         info = context_window_info(model)
         trigger = min(math.floor(info.context_window * threshold), info.max_allowed_size)
         target = trigger / 2
+        # A message larger than the window is shortened first: no cut removes it.
+        self.fit_oversized(messages, model, budgeting, ts)
         before_tokens = budgeting.view_tokens(self.truncated_messages(messages))
         newest = self.summaries[-1] if self.summaries else None
 
@@ -1003,6 +1006,35 @@ class TaskState:
             trigger,
             self.truncated_messages(messages),
         )
+
+    def fit_oversized(
+        self,
+        messages: Sequence[Message],
+        model: Mapping[str, Any],
+        budgeting: Budgeting,
+        ts: int,
+    ) -> tuple[Receipt, ...]:
+        """The summaries path's guard against a message larger than the window.
+
+        A cut and a summary both keep the newest turn whole, so a view over
+        ``auto``'s budget (the window less room for the response) has its
+        messages too large for it shortened as ``auto`` shortens them, with the
+        same notice (stamped ``ts``, rolled back like any edit); a view that
+        fits is left as it is.
+        """
+        before = self.overlay.version
+        receipts = shorten_oversized(
+            self,
+            messages,
+            budgeting,
+            self.auto_budget(model),
+            self.sheet_for(model, budgeting),
+            ts,
+            self.policy,
+        )
+        if self.overlay.version != before:
+            self._changed()
+        return tuple(receipts)
 
     def summary_due(
         self,
