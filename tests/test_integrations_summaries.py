@@ -269,3 +269,44 @@ def test_the_pydantic_ai_capability_keeps_a_basic_summary(ctxwind: DaemonProcess
     body = json.dumps(sent[-1].body)
     assert 1 == body.count(engine.SUMMARY_MARK)
     assert max(r.tokens for r in sent) <= WINDOW
+
+
+def test_the_pydantic_ai_capability_asks_the_runs_model_for_a_summary(
+    ctxwind: DaemonProcess,
+) -> None:
+    """A Pydantic AI agent with summaries="model": the capability asks the run's own model
+    (the messages it last saw, the instruction, no tools), stores the answer, sends it next,
+    and the turn counts the summary request's usage; the run finishes with every message."""
+    turns: list[Turn] = []
+    with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
+        client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
+        model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+        capability = ContextWindow(
+            task="summary-pydantic-model",
+            context_window=WINDOW,
+            endpoint=ctxwind.endpoint,
+            on_turn=turns.append,
+            ephemeral=True,
+            summaries="model",
+        )
+        agent = Agent(model, system_prompt="You fix bugs.", capabilities=[capability])
+
+        @agent.tool_plain(name="read_file")
+        def read_project_file(path: str) -> str:
+            """Read a file of the project."""
+            return read_file(path)
+
+        async def run() -> Any:
+            async with client:
+                return await agent.run(
+                    "main() is wrong; fix it. LIMIT=77.",
+                    usage_limits=UsageLimits(request_limit=200),
+                )
+
+        result = asyncio.run(run())
+        sent = provider.sent(CHAT)
+    assert 1 + 40 * 2 + 1 == len(result.all_messages())
+    check_summaries(sent, turns, "FAKE SUMMARY")
+    summary_requests = [r for r in sent if asks_summary(r)]
+    assert all("tools" not in r.body for r in summary_requests)
+    assert all("system" == r.history[0]["role"] for r in summary_requests)

@@ -34,7 +34,8 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
 
 from ctxwin.proto import Usage
 
@@ -262,9 +263,11 @@ class ContextWindow(AbstractCapability[Any]):
             each model request.
         ephemeral: keep the tasks in the daemon's memory only: nothing is
             written, and a task left idle is dropped (examples, one-off runs).
-        summaries: ``"basic"``: when a summary is due, ctxwin writes one of the
-            turns a cut removes and the view carries it (docs/SUMMARIES.md);
-            None: cut without one. (A model's summary is not asked for here.)
+        summaries: ``"model"``: when a summary is due, the request's own model
+            is asked for one (the messages it last saw, with the system
+            prompt, and an instruction; no tools), and ctxwin cuts the turns it
+            stands for; ``"basic"``: ctxwin writes the summary itself; None:
+            cut without one (docs/SUMMARIES.md).
     """
 
     def __init__(
@@ -277,8 +280,6 @@ class ContextWindow(AbstractCapability[Any]):
         ephemeral: bool = False,
         summaries: str | None = None,
     ) -> None:
-        if summaries not in (None, "basic"):
-            raise ValueError("summaries must be 'basic' or None here")
         options = WindowOptions(
             PREFIX,
             DIALECT,
@@ -314,14 +315,35 @@ class ContextWindow(AbstractCapability[Any]):
     def _key(self, ctx: RunContext[Any]) -> str:
         return ctx.run_id or ""
 
-    async def view(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> list[ModelMessage]:
-        """ctxwin's view of ``messages`` for the next request (it is recorded as pending)."""
+    async def view(
+        self,
+        ctx: RunContext[Any],
+        messages: list[ModelMessage],
+        model: Model | None = None,
+        settings: ModelSettings | None = None,
+    ) -> list[ModelMessage]:
+        """ctxwin's view of ``messages`` for the next request (it is recorded as pending).
+
+        A summary, when one is due and ``summaries="model"``, is asked of
+        ``model`` (default: the run's) with ``settings``.
+        """
         window = self._ctxwin_window
         converted, head = self._convert(ctx, messages)
         earlier = self._pending.pop(self._key(ctx), None)
         if earlier is not None:
             window.finish(earlier[0], None)
-        request = await window.begin(converted.messages, ctx.model.model_name, head)
+        asked = model if model is not None else ctx.model
+
+        async def summarize(view: list[Any], name: str) -> tuple[str | None, Usage | None]:
+            if not isinstance(asked, Model):
+                raise TypeError(f"{type(asked).__name__} cannot be sent a request")
+            response = await asked.request(
+                from_openai_chat(view, converted), settings, ModelRequestParameters()
+            )
+            texts = [part.content for part in response.parts if isinstance(part, TextPart)]
+            return "\n".join(texts), usage_from_pydantic_ai(response.usage)
+
+        request = await window.begin(converted.messages, asked.model_name, head, summarize)
         self._pending[self._key(ctx)] = (request, converted)
         return from_openai_chat(request.view, converted)
 
@@ -333,7 +355,12 @@ class ContextWindow(AbstractCapability[Any]):
         if request_context.attempt > 1 and pending is not None and pending[0].retried:
             messages = from_openai_chat(pending[0].view, pending[1])
         else:
-            messages = await self.view(ctx, list(request_context.messages))
+            messages = await self.view(
+                ctx,
+                list(request_context.messages),
+                request_context.model,
+                request_context.model_settings,
+            )
         return dataclasses.replace(request_context, messages=messages)
 
     async def after_model_request(
