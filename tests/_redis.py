@@ -121,12 +121,14 @@ class RedisServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def _reap(self) -> None:
+        # The reader first: it ends at the log's EOF, and a pipe closed under it
+        # would raise in its thread.
         if self.proc is not None:
             self.proc.wait()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
         if self._reader is not None:
             self._reader.join(5)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.proc = None
         self._reader = None
 

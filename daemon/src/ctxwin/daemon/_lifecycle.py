@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import structlog
 
@@ -135,9 +136,12 @@ def _locks(config: Config) -> Iterator[list[Path]]:
             os.close(fd)
 
 
-async def _watch_signals(stop: anyio.Event) -> None:
+async def _watch_signals(
+    stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
     first_at = 0.0
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()  # the handlers are in place: reading may begin
         async for signum in signals:
             name = signal.Signals(signum).name
             if not stop.is_set():
@@ -202,7 +206,9 @@ async def run_daemon(
             raise
         async with anyio.create_task_group() as task_group:
             server.task_group = task_group
-            task_group.start_soon(_watch_signals, stop)
+            # Before the first request is read: a client that has its answer may
+            # signal at once, and SIGTERM must then stop the daemon cleanly.
+            await task_group.start(_watch_signals, stop)
             task_group.start_soon(server.system.reap_idle)
             task_group.start_soon(MemoryRelease(server.system).run)
             task_group.start_soon(anyio.to_thread.run_sync, _preload, tokens)
