@@ -10,6 +10,9 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from agents import Agent as AgentsAgent
+from agents import OpenAIProvider as AgentsOpenAIProvider
+from agents import OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -22,6 +25,7 @@ from ctxwin import engine
 from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
+from ctxwin.client.integrations.agents import ContextWindowFilter
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 from ctxwin.client.integrations.pydantic_ai import ContextWindow
 from tests._conversation import read_file, start_daemon
@@ -310,3 +314,60 @@ def test_the_pydantic_ai_capability_asks_the_runs_model_for_a_summary(
     summary_requests = [r for r in sent if asks_summary(r)]
     assert all("tools" not in r.body for r in summary_requests)
     assert all("system" == r.history[0]["role"] for r in summary_requests)
+
+
+@function_tool(name_override="read_file")
+def agents_read_file(path: str) -> str:
+    """Read a file of the project."""
+    return read_file(path)
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_the_agents_filter_asks_the_agents_model_for_a_summary(
+    ctxwind: DaemonProcess, by_name: bool
+) -> None:
+    """An Agents SDK run with summaries="model": the filter asks the agent's own model (its
+    instructions, the items it last saw and the instruction message, no tools), stores the
+    answer, the next request carries it, and the turn counts the summary request's usage. A
+    model given by name is resolved with the provider given to run_config()."""
+    set_tracing_disabled(True)
+    turns: list[Turn] = []
+    with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
+        client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
+        ctxwin_filter = ContextWindowFilter(
+            task=f"summary-agents-{by_name}",
+            context_window=WINDOW,
+            endpoint=ctxwind.endpoint,
+            on_turn=turns.append,
+            ephemeral=True,
+            summaries="model",
+        )
+        agent = AgentsAgent(
+            name="fixer",
+            instructions="You fix bugs.",
+            model="gpt-4o" if by_name else OpenAIResponsesModel("gpt-4o", client),
+            tools=[agents_read_file],
+        )
+        options: Any = {}
+        if by_name:
+            options["model_provider"] = AgentsOpenAIProvider(
+                openai_client=client, use_responses=True
+            )
+
+        async def run() -> Any:
+            async with client:
+                return await Runner.run(
+                    agent,
+                    "main() is wrong; fix it. LIMIT=77.",
+                    run_config=ctxwin_filter.run_config(**options),
+                    hooks=ctxwin_filter.hooks,
+                    max_turns=100,
+                )
+
+        result = asyncio.run(run())
+        sent = provider.sent(RESPONSES)
+    assert result.final_output
+    check_summaries(sent, turns, "FAKE SUMMARY")
+    summary_requests = [r for r in sent if asks_summary(r)]
+    assert all(not r.body.get("tools") for r in summary_requests)
+    assert all("You fix bugs." == r.body["instructions"] for r in summary_requests)

@@ -5,9 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agents import Agent, RunConfig, RunContextWrapper, RunHooks
+from agents import (
+    Agent,
+    Model,
+    ModelProvider,
+    ModelTracing,
+    MultiProvider,
+    RunConfig,
+    RunContextWrapper,
+    RunHooks,
+)
 from agents.items import ModelResponse
 from agents.run_config import CallModelData, ModelInputData
+
+from ctxwin.proto import Usage
 
 from ._openai import usage_from_responses
 from ._plain import Plain
@@ -25,6 +36,17 @@ def _model_id(agent: Agent[Any]) -> str:
         return model
     name = getattr(model, "model", None)
     return name if isinstance(name, str) else ""
+
+
+def _output_text(response: ModelResponse) -> str:
+    """The text of a response's output messages."""
+    texts: list[str] = []
+    for item in response.output:
+        for part in getattr(item, "content", None) or ():
+            text = getattr(part, "text", None)
+            if getattr(part, "type", None) == "output_text" and isinstance(text, str):
+                texts.append(text)
+    return "\n".join(texts)
 
 
 def _head(instructions: str | None, items: Sequence[Any]) -> list[Any]:
@@ -99,9 +121,17 @@ class ContextWindowFilter:
             each model call (on the next call when no usage arrived).
         ephemeral: keep the tasks in the daemon's memory only: nothing is
             written, and a task left idle is dropped (examples, one-off runs).
-        summaries: ``"basic"``: when a summary is due, ctxwin writes one of the
-            turns a cut removes and the view carries it (docs/SUMMARIES.md);
-            None: cut without one. (A model's summary is not asked for here.)
+        summaries: ``"model"``: when a summary is due, the agent's model is
+            asked for one (the instructions, the items it last saw and an
+            instruction message; no tools), and ctxwin cuts the turns it stands
+            for; ``"basic"``: ctxwin writes the summary itself; None: cut without
+            one (docs/SUMMARIES.md).
+        model_provider: resolves an agent's model given by name for the
+            summary request (default: the one given to :meth:`run_config`, else
+            the SDK's default ``MultiProvider``). The filter sees the agent, not
+            the run's ``RunConfig``: a run whose ``RunConfig`` names another
+            provider should pass it here (a ``RunConfig(model=...)`` is not
+            seen: the summary goes to the agent's own model).
     """
 
     def __init__(
@@ -113,9 +143,8 @@ class ContextWindowFilter:
         on_turn: Callable[[Turn], None] | None = None,
         ephemeral: bool = False,
         summaries: str | None = None,
+        model_provider: ModelProvider | None = None,
     ) -> None:
-        if summaries not in (None, "basic"):
-            raise ValueError("summaries must be 'basic' or None here")
         options = WindowOptions(
             PREFIX,
             DIALECT,
@@ -128,13 +157,25 @@ class ContextWindowFilter:
         )
         self._ctxwin_window = options.async_window(self)
         self._plain = Plain()
+        self._provider = model_provider
         self._pending: dict[int, Request] = {}  # by agent, until its response arrives
         self.hooks: RunHooks[Any] = _UsageHooks(self)
         """Run hooks that report each response's usage (pass as ``hooks=``)."""
 
     def run_config(self, **options: Any) -> RunConfig:
         """A ``RunConfig`` with this filter (and ``options``); use with ``hooks=self.hooks``."""
+        provider = options.get("model_provider")
+        if self._provider is None and isinstance(provider, ModelProvider):
+            self._provider = provider
         return RunConfig(call_model_input_filter=self, **options)
+
+    def _model(self, agent: Agent[Any]) -> Model:
+        """The model the agent's summary request goes to."""
+        if isinstance(agent.model, Model):
+            return agent.model
+        if self._provider is None:
+            self._provider = MultiProvider()
+        return self._provider.get_model(agent.model)
 
     async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         """The model input for this call: the instructions, and ctxwin's view of the items."""
@@ -145,7 +186,24 @@ class ContextWindowFilter:
         given = list(data.model_data.input)
         items = self._plain(given)
         instructions = data.model_data.instructions
-        request = await window.begin(items, _model_id(data.agent), _head(instructions, items))
+        agent = data.agent
+
+        async def summarize(view: list[Any], name: str) -> tuple[str | None, Usage | None]:
+            response = await self._model(agent).get_response(
+                instructions,
+                view,
+                agent.model_settings,
+                [],
+                None,
+                [],
+                ModelTracing.DISABLED,
+                previous_response_id=None,
+                conversation_id=None,
+                prompt=None,
+            )
+            return _output_text(response), usage_from_responses(response.usage)
+
+        request = await window.begin(items, _model_id(agent), _head(instructions, items), summarize)
         self._pending[id(data.agent)] = request
         return ModelInputData(input=_same_objects(request.view, given), instructions=instructions)
 
