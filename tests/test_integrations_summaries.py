@@ -22,6 +22,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.usage import UsageLimits
 
 from ctxwin import engine
+from ctxwin.client import Client
 from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
@@ -105,6 +106,11 @@ def test_openai_chat_asks_the_model_for_a_summary_and_sends_it_next(
         sent = provider.sent(CHAT)
     check_summaries(sent, turns, "FAKE SUMMARY")
     summary_requests = [r for r in sent if asks_summary(r)]
+    with Client(ctxwind.endpoint) as ctxwin_client:
+        task = ctxwin_client.task("summary-chat", dialect="openai-chat", ephemeral=True)
+        ledger: Any = task.inspect()["cache"]
+    assert len(summary_requests) == ledger["summary_requests"]
+    assert ledger["summary_cost"] > 0  # priced under the openai sheet
     assert all("none" == r.body["tool_choice"] for r in summary_requests)
     assert all(r.body["tools"] == tools for r in summary_requests)  # the cached prefix
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ctxwin import engine
-from ctxwin.client import Client
+from ctxwin.client import BadRequestError, Client
 from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline, sdk_validator
 from tests._dialect_rules import CHECKS
@@ -319,3 +319,25 @@ def test_a_message_larger_than_the_window_is_shortened_on_the_summaries_path(
     assert 1 == dumped(view).count(MARK)
     check_view(dialect, view)
     assert view == condensed.truncated_messages(history)["messages"]
+
+
+def test_a_summary_requests_usage_is_priced_into_the_tasks_ledger(client: Client) -> None:
+    """condense(usage=...) adds the summary request's reported input to the task's cache
+    ledger under its sheet (uncached at the input price, cache reads and writes at theirs);
+    sending everything needs no summary, so keep_all_cost stays."""
+    task = client.task("ledger-summary")
+    history = with_prompt("cline", render("cline", conversation(8)), "Go on.")
+    task.prepare_request(history, MODEL, pricing="anthropic", estimate=True)
+    before: Any = task.inspect()["cache"]
+    assert (0, 0.0) == (before["summary_requests"], before["summary_cost"])
+    usage: Any = {"tokens_in": 300, "cache_writes": 40, "cache_reads": 9000, "tokens_out": 500}
+    result: Any = task.condense(history, MODEL, ts=5000, summary="Goal: fix it.", usage=usage)
+    assert result["condensed"]
+    after: Any = task.inspect()["cache"]
+    expected = 300 * 1 + 40 * 1.25 + 9000 * 0.1  # the anthropic sheet (docs/PRICING.md)
+    assert (1, expected) == (after["summary_requests"], after["summary_cost"])
+    assert after["cost"] == pytest.approx(before["cost"] + expected)
+    assert after["keep_all_cost"] == before["keep_all_cost"]
+    assert after["requests"] == before["requests"]
+    with pytest.raises(BadRequestError, match="usage"):
+        task.condense(history, MODEL, ts=6000, usage={"tokens_in": -1})

@@ -437,6 +437,7 @@ def condense(
     *,
     summary: str | None = None,
     threshold: float | None = None,
+    usage: Usage | None = None,
     ts: int | None = None,
     ephemeral: bool | None = None,
     dialect: str | None = None,
@@ -448,7 +449,9 @@ def condense(
     Without ``summary`` ctxwin writes a basic one from the removed turns; a
     model's summary that is blank or would not make the view smaller is
     replaced by it (``fallback`` says why). The result says ``condensed:
-    false`` with a ``reason`` when nothing was stored.
+    false`` with a ``reason`` when nothing was stored. ``usage``: what the
+    request that asked the model for ``summary`` reported; its cost is added
+    to the task's cache ledger (docs/PRICING.md).
     """
     return build(
         "condense",
@@ -456,6 +459,7 @@ def condense(
         timeout,
         summary=summary,
         threshold=threshold,
+        usage=None if usage is None else dict(usage),
         ephemeral=ephemeral,
         dialect=dialect,
         read_tools=copy_read_tools(read_tools),

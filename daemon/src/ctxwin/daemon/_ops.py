@@ -256,6 +256,7 @@ def _condense(state: engine.TaskState, args: Args, context: TaskContext | None) 
         context.budgeting(args),
         args.get("summary"),
         args.get("threshold") or engine.AUTO_CONDENSE_FRACTION,
+        args.get("usage"),
     ).wire()
 
 

@@ -9,7 +9,7 @@ to send the whole history.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,8 @@ class CacheLedger:
         "keep_all_cost",
         "receipts",
         "requests",
+        "summary_cost",
+        "summary_requests",
         "written_tokens",
     )
 
@@ -111,6 +113,8 @@ class CacheLedger:
         self.written_tokens = 0
         self.cost = 0.0
         self.keep_all_cost = 0.0
+        self.summary_requests = 0
+        self.summary_cost = 0.0
         self.receipts: list[Receipt] = []
 
     def copy(self) -> CacheLedger:
@@ -122,6 +126,8 @@ class CacheLedger:
         twin.written_tokens = self.written_tokens
         twin.cost = self.cost
         twin.keep_all_cost = self.keep_all_cost
+        twin.summary_requests = self.summary_requests
+        twin.summary_cost = self.summary_cost
         twin.receipts = list(self.receipts)
         return twin
 
@@ -161,6 +167,24 @@ class CacheLedger:
         self.keep_all_cost += entry.keep_all_cost
         return entry
 
+    def add_summary(self, usage: Mapping[str, Any], sheet: PriceSheet) -> float:
+        """Add a summary request's reported usage to the totals; returns its cost.
+
+        Its input as the provider reported it: uncached tokens at the input
+        price, cache writes and reads at theirs (the output is not priced,
+        as for the views). Sending everything needs no summary, so
+        ``keep_all_cost`` is left as it is.
+        """
+        cost = (
+            int(usage.get("tokens_in") or 0) * sheet.input
+            + int(usage.get("cache_writes") or 0) * sheet.cache_write
+            + int(usage.get("cache_reads") or 0) * sheet.cache_read
+        )
+        self.summary_requests += 1
+        self.summary_cost += cost
+        self.cost += cost
+        return cost
+
     def add_receipts(self, receipts: Sequence[Receipt]) -> None:
         self.receipts.extend(receipts)
         del self.receipts[:-RECEIPTS_KEPT]
@@ -173,5 +197,7 @@ class CacheLedger:
             "written_tokens": self.written_tokens,
             "cost": round(self.cost, 3),
             "keep_all_cost": round(self.keep_all_cost, 3),
+            "summary_requests": self.summary_requests,
+            "summary_cost": round(self.summary_cost, 3),
             "receipts": [receipt.wire() for receipt in self.receipts],
         }

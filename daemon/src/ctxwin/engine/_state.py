@@ -888,6 +888,7 @@ class TaskState:
         budgeting: Budgeting,
         summary: str | None = None,
         threshold: float = AUTO_CONDENSE_FRACTION,
+        usage: Mapping[str, Any] | None = None,
     ) -> CondenseResult:
         """Store a summary for the turns a new range removes, and move the range over them.
 
@@ -907,7 +908,14 @@ class TaskState:
             budgeting: the token counter the sizes are measured with.
             summary: a model's summary of the conversation, or None.
             threshold: the fraction of the window that triggers a condense.
+            usage: what the request that asked the model for ``summary``
+                reported: its cost goes into the ledger when a sheet is known,
+                whether the summary is stored or not (it was paid for).
         """
+        if usage is not None:
+            sheet = self.sheet_for(model, budgeting)
+            if sheet is not None:
+                self.ledger.add_summary(usage, sheet)
         info = context_window_info(model)
         trigger = min(math.floor(info.context_window * threshold), info.max_allowed_size)
         target = trigger / 2

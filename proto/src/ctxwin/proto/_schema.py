@@ -414,7 +414,7 @@ OPS: dict[str, OpSpec] = {
             checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
         ),
         _history_op("condensed", ("task",)),
-        _history_op("condense", ("task", "model", "ts"), ("summary", "threshold")),
+        _history_op("condense", ("task", "model", "ts"), ("summary", "threshold", "usage")),
         OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN)),
         OpSpec("inspect", ("task",), _OPEN),
         OpSpec("flush", (), ("task",)),

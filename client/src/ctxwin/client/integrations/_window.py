@@ -569,7 +569,9 @@ class Window(_Shared):
                 failure = f"the summary request failed: {type(exc).__name__}"
                 log.warning("ctxwin summary request failed", exc_info=True)
         handle = request.conversation.handle
-        result = handle.condense(request.messages, self.state.model(request.model), summary=text)
+        result = handle.condense(
+            request.messages, self.state.model(request.model), summary=text, usage=usage
+        )
         self.state.condensed(request, result, usage, failure)
 
     def send(self, request: Request, call: Callable[[list[Any]], R]) -> R:
@@ -658,7 +660,7 @@ class AsyncWindow(_Shared):
                 log.warning("ctxwin summary request failed", exc_info=True)
         handle = request.conversation.handle
         result = await handle.condense(
-            request.messages, self.state.model(request.model), summary=text
+            request.messages, self.state.model(request.model), summary=text, usage=usage
         )
         self.state.condensed(request, result, usage, failure)
 
