@@ -239,20 +239,21 @@ def test_the_langchain_middleware_asks_the_agents_model_for_a_summary(
     assert all("system" == r.history[0]["role"] for r in sent if asks_summary(r))
 
 
-def test_the_pydantic_ai_capability_keeps_a_basic_summary(ctxwind: DaemonProcess) -> None:
-    """A Pydantic AI agent with summaries="basic": once a summary is due the views carry
-    ctxwin's basic summary (once, with the task's words) and the run finishes."""
+def _run_pydantic_ai_agent(
+    ctxwind: DaemonProcess, task: str, summaries: str
+) -> tuple[Any, list[Recorded], list[Turn]]:
+    """A 40-tool-turn Pydantic AI run with the capability; its result, the requests, the turns."""
     turns: list[Turn] = []
     with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
         client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
         model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
         capability = ContextWindow(
-            task="summary-pydantic",
+            task=task,
             context_window=WINDOW,
             endpoint=ctxwind.endpoint,
             on_turn=turns.append,
             ephemeral=True,
-            summaries="basic",
+            summaries=summaries,
         )
         agent = Agent(model, system_prompt="You fix bugs.", capabilities=[capability])
 
@@ -269,7 +270,13 @@ def test_the_pydantic_ai_capability_keeps_a_basic_summary(ctxwind: DaemonProcess
                 )
 
         result = asyncio.run(run())
-        sent = provider.sent(CHAT)
+        return result, provider.sent(CHAT), turns
+
+
+def test_the_pydantic_ai_capability_keeps_a_basic_summary(ctxwind: DaemonProcess) -> None:
+    """A Pydantic AI agent with summaries="basic": once a summary is due the views carry
+    ctxwin's basic summary (once, with the task's words) and the run finishes."""
+    result, sent, turns = _run_pydantic_ai_agent(ctxwind, "summary-pydantic", "basic")
     assert 1 + 40 * 2 + 1 == len(result.all_messages())
     assert [200] * len(sent) == [r.status for r in sent]
     assert not any(asks_summary(r) for r in sent)  # basic: no model request for it
@@ -287,34 +294,7 @@ def test_the_pydantic_ai_capability_asks_the_runs_model_for_a_summary(
     """A Pydantic AI agent with summaries="model": the capability asks the run's own model
     (the messages it last saw, the instruction, no tools), stores the answer, sends it next,
     and the turn counts the summary request's usage; the run finishes with every message."""
-    turns: list[Turn] = []
-    with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
-        client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
-        model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
-        capability = ContextWindow(
-            task="summary-pydantic-model",
-            context_window=WINDOW,
-            endpoint=ctxwind.endpoint,
-            on_turn=turns.append,
-            ephemeral=True,
-            summaries="model",
-        )
-        agent = Agent(model, system_prompt="You fix bugs.", capabilities=[capability])
-
-        @agent.tool_plain(name="read_file")
-        def read_project_file(path: str) -> str:
-            """Read a file of the project."""
-            return read_file(path)
-
-        async def run() -> Any:
-            async with client:
-                return await agent.run(
-                    "main() is wrong; fix it. LIMIT=77.",
-                    usage_limits=UsageLimits(request_limit=200),
-                )
-
-        result = asyncio.run(run())
-        sent = provider.sent(CHAT)
+    result, sent, turns = _run_pydantic_ai_agent(ctxwind, "summary-pydantic-model", "model")
     assert 1 + 40 * 2 + 1 == len(result.all_messages())
     check_summaries(sent, turns, "FAKE SUMMARY")
     summary_requests = [r for r in sent if asks_summary(r)]
