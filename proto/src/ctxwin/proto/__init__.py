@@ -103,6 +103,7 @@ from ._results import (
     TruncatedMessagesResult,
 )
 from ._schema import (
+    CLINE,
     COMPACT_KEEP_VALUES,
     DEFAULT_DIALECT,
     DIALECTS,
@@ -126,6 +127,7 @@ from ._version import FEATURES, PROTOCOL_VERSION, __version__
 
 __all__ = [
     "CLIENT_KEY_ENV",
+    "CLINE",
     "COMPACT_KEEP_VALUES",
     "DEFAULT_DIALECT",
     "DEFAULT_MAX_BYTES",

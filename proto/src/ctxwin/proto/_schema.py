@@ -27,9 +27,11 @@ COMPACT_KEEP_VALUES = ("quarter", "none")
 USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
 VIEW_VALUES = ("list", "patch", "patch_prepend")
 STRATEGY_VALUES = ("default", "fit", "auto")
-DIALECTS = ("cline", "openai-chat", "anthropic", "openai-responses", "gemini")
+CLINE = "cline"
+"""The identity dialect: messages in the shape SPEC.md describes (the only place it is spelled)."""
+DIALECTS = (CLINE, "openai-chat", "anthropic", "openai-responses", "gemini")
 """A task's message dialects (docs/DIALECTS.md); ``cline`` (SPEC.md) is the default."""
-DEFAULT_DIALECT = "cline"
+DEFAULT_DIALECT = CLINE
 SUMMARY_MARK = "[ctxwin summary]"
 """Opens every summary a view carries (docs/SUMMARIES.md), so readers and pages can tell it."""
 DELTA_FIELDS = ("base", "base_digest", "append")

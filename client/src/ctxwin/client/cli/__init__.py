@@ -1,0 +1,1 @@
+"""The command line tools: ``ctxwin``, its replay and the page of what the model saw."""
