@@ -13,7 +13,7 @@ import zmq
 
 import ctxwin.client
 from ctxwin import proto
-from ctxwin.client import AsyncClient, AsyncTask, Client, Task, _core, _ops
+from ctxwin.client import AsyncClient, AsyncTask, Client, Task, _core, _link, _ops
 from ctxwin.client._errors import (
     ERROR_CLASSES,
     BadRequestError,
@@ -272,9 +272,9 @@ def test_task_handles_refuse_bad_ids_at_once(tmp_path: Path) -> None:
 def test_connect_errors_tell_a_bad_address_from_an_unreachable_daemon() -> None:
     """An address ZeroMQ cannot parse is a local usage error; running out of descriptors is not."""
     for code in (errno.EINVAL, zmq.EPROTONOSUPPORT):
-        bad = _core.connect_error("foo:1", zmq.ZMQError(code))
+        bad = _link.connect_error("foo:1", zmq.ZMQError(code))
         assert (type(bad), bad.local) == (BadRequestError, True)
-    unreachable = _core.connect_error("ipc:///x.sock", zmq.ZMQError(errno.EMFILE))
+    unreachable = _link.connect_error("ipc:///x.sock", zmq.ZMQError(errno.EMFILE))
     assert isinstance(unreachable, DaemonUnavailableError)
     assert unreachable.endpoint == "ipc:///x.sock"
 
@@ -296,7 +296,7 @@ def test_a_resend_needs_time_left() -> None:
 
 def test_the_link_tells_a_refused_endpoint_from_a_restarting_daemon() -> None:
     """Refused before ever connecting is unreachable at once; after a drop, only past the grace."""
-    link = _core.Link()
+    link = _link.Link()
     link.feed(zmq.EVENT_CONNECT_RETRIED, 10.0)
     assert link.unreachable(10.0)
     link.feed(zmq.EVENT_CONNECTED, 11.0)
@@ -305,14 +305,14 @@ def test_the_link_tells_a_refused_endpoint_from_a_restarting_daemon() -> None:
     assert link.dropped
     link.fresh()  # a new socket: the daemon was reached before, it may be restarting
     link.feed(zmq.EVENT_CONNECT_RETRIED, 13.0)
-    assert not link.unreachable(13.0 + _core.RECONNECT_GRACE / 2)
-    assert link.unreachable(13.0 + _core.RECONNECT_GRACE)
-    assert "went away" in str(_core.unreachable_error("ipc:///x", link))
+    assert not link.unreachable(13.0 + _link.RECONNECT_GRACE / 2)
+    assert link.unreachable(13.0 + _link.RECONNECT_GRACE)
+    assert "went away" in str(_link.unreachable_error("ipc:///x", link))
 
 
 def test_only_ops_that_change_nothing_twice_are_sent_again_after_a_drop() -> None:
     """A dropped read is resent; a dropped change raises, saying it may have been applied."""
-    _core.after_drop(_ops.inspect("t1"), "ipc:///x")
+    _link.after_drop(_ops.inspect("t1"), "ipc:///x")
     with pytest.raises(DaemonUnavailableError, match="may or may not have been applied"):
-        _core.after_drop(_ops.compact("t1", MESSAGES, ts=1), "ipc:///x")
-    assert set(proto.OPS) >= _core.SAFE_TO_REPEAT
+        _link.after_drop(_ops.compact("t1", MESSAGES, ts=1), "ipc:///x")
+    assert set(proto.OPS) >= _link.SAFE_TO_REPEAT

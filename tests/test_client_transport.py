@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ctxwin.client import AsyncClient, Client, DaemonUnavailableError
-from ctxwin.client._core import SAFE_TO_REPEAT
+from ctxwin.client._link import SAFE_TO_REPEAT
 from tests._daemon import DaemonProcess, wait_until
 
 KINDS = ("sync", "async")

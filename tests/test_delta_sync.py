@@ -14,7 +14,8 @@ import pytest
 
 from ctxwin import proto
 from ctxwin.client import AsyncClient, Client, RequestTimeoutError, Task, _core
-from ctxwin.client._core import Call, DeltaSync
+from ctxwin.client._core import Call
+from ctxwin.client._delta import DeltaSync
 from tests._client_fake import FakeRouter, error, ok
 from tests._daemon import DaemonProcess, wait_until
 from tests._scenarios import (

@@ -25,7 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ctxwin import proto
 from ctxwin.proto import Reply
 
-from . import _autostart, _core, _ops
+from . import _auth, _autostart, _core, _link, _ops
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import AsyncTask
@@ -73,7 +73,7 @@ class AsyncClient:
             set); ``RequestTimeoutError`` when no reply comes in time;
             ``DaemonUnavailableError`` at once when nothing listens at the
             endpoint, or when the connection drops with a call in flight that
-            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent);
+            is not safe to send again (``_link.SAFE_TO_REPEAT``; those are resent);
             ``AuthenticationError`` (one of them) when the CURVE handshake fails;
             ``OwnedElsewhereError`` for a referral that is not followed.
     """
@@ -91,8 +91,8 @@ class AsyncClient:
         trusted_endpoints: Sequence[str] | None = None,
     ) -> None:
         self.endpoint = proto.resolve_endpoint(endpoint)
-        self.curve = _core.curve_keys(server_key, client_key)
-        self.trusted_endpoints = _core.trusted_endpoints(trusted_endpoints)
+        self.curve = _auth.curve_keys(server_key, client_key)
+        self.trusted_endpoints = _auth.trusted_endpoints(trusted_endpoints)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
@@ -102,7 +102,7 @@ class AsyncClient:
         self._monitor: zmq.asyncio.Socket | None = None
         self._monitor_now: zmq.Socket[bytes] | None = None
         self._watcher: asyncio.Task[None] | None = None
-        self._link = _core.Link()
+        self._link = _link.Link()
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._connecting: asyncio.Lock | None = None
@@ -221,14 +221,14 @@ class AsyncClient:
                 sock = self._context.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
                 curve = self.curve is not None and self.curve.apply(sock, self.endpoint)
-                monitor = sock.get_monitor_socket(_core.MONITOR_EVENTS)
+                monitor = sock.get_monitor_socket(_link.MONITOR_EVENTS)
                 try:
                     sock.connect(self.endpoint)
                 except zmq.ZMQError as exc:
                     sock.disable_monitor()
                     monitor.close(linger=0)
                     sock.close(linger=0)
-                    raise _core.connect_error(self.endpoint, exc) from None
+                    raise _link.connect_error(self.endpoint, exc) from None
                 self._socket, self._monitor = sock, monitor
                 self._monitor_now = zmq.Socket.shadow(monitor.underlying)
                 self._link.fresh(curve)
@@ -260,7 +260,7 @@ class AsyncClient:
         """Follow the socket's connection; when it drops or nothing answers, start over.
 
         The socket is dropped either way, so that nothing queued on it reaches a
-        daemon later: calls in flight get :class:`~ctxwin.client._core.Dropped`
+        daemon later: calls in flight get :class:`~ctxwin.client._link.Dropped`
         (the caller resends what is safe to repeat) or the unreachable error.
         """
         try:
@@ -270,13 +270,13 @@ class AsyncClient:
                 self._link.feed(event["event"], now)
                 if self._link.handshake is not None:  # refused: nothing was sent
                     self._watcher = None
-                    self._drop_socket(_core.handshake_error(self.endpoint, self._link))
+                    self._drop_socket(_link.handshake_error(self.endpoint, self._link))
                 elif self._link.dropped:
                     self._watcher = None
-                    self._drop_socket(_core.Dropped())
+                    self._drop_socket(_link.Dropped())
                 elif self._pending and self._link.unreachable(now):
                     self._watcher = None
-                    self._drop_socket(_core.unreachable_error(self.endpoint, self._link))
+                    self._drop_socket(_link.unreachable_error(self.endpoint, self._link))
         except zmq.ZMQError:
             pass  # the monitor was closed with its socket
 
@@ -286,9 +286,9 @@ class AsyncClient:
         while now is not None and now.poll(0, zmq.POLLIN):
             self._link.feed(parse_monitor_message(now.recv_multipart())["event"], time.monotonic())
         if self._link.handshake is not None:
-            self._drop_socket(_core.handshake_error(self.endpoint, self._link))
+            self._drop_socket(_link.handshake_error(self.endpoint, self._link))
         elif self._link.dropped:
-            self._drop_socket(_core.Dropped())  # calls already waiting were in flight
+            self._drop_socket(_link.Dropped())  # calls already waiting were in flight
 
     async def _exchange(self, call: Call[Any], deadline: float) -> Reply:
         self._catch_up()
@@ -305,18 +305,18 @@ class AsyncClient:
                 # No pipe to queue on: a refused handshake takes it away; its event follows.
                 self._pending.pop(request_id, None)
                 now = self._monitor_now
-                if now is not None and now.poll(_core.HANDSHAKE_EVENT_MS, zmq.POLLIN):
+                if now is not None and now.poll(_link.HANDSHAKE_EVENT_MS, zmq.POLLIN):
                     self._catch_up()
                 if self._link.handshake is not None:
                     self._drop_socket()
-                    raise _core.handshake_error(self.endpoint, self._link) from None
+                    raise _link.handshake_error(self.endpoint, self._link) from None
                 raise DaemonUnavailableError(
                     f"{call.op}: cannot queue the request for {self.endpoint}",
                     endpoint=self.endpoint,
                 ) from None
             if self._link.unreachable(time.monotonic()):
                 self._drop_socket()
-                raise _core.unreachable_error(self.endpoint, self._link)
+                raise _link.unreachable_error(self.endpoint, self._link)
             if call.sending is not None:
                 call.sending()  # while the daemon works on the request
             try:
@@ -353,14 +353,14 @@ class AsyncClient:
         while True:
             try:
                 reply = await self._exchange(call, deadline)
-            except _core.Dropped:
-                _core.after_drop(call, self.endpoint)
+            except _link.Dropped:
+                _link.after_drop(call, self.endpoint)
                 continue
             remaining = deadline - time.monotonic()
             step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
             if isinstance(step, _core.Follow):
                 # The task's owner is another daemon: move this client to it.
-                _core.check_referral(step.owner, self.curve, self.trusted_endpoints)
+                _auth.check_referral(step.owner, self.curve, self.trusted_endpoints)
                 followed = True
                 await self._move_to(step.owner, deadline)
                 continue

@@ -16,7 +16,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ctxwin import proto
 from ctxwin.proto import Reply
 
-from . import _autostart, _core, _ops
+from . import _auth, _autostart, _core, _link, _ops
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import Task
@@ -64,7 +64,7 @@ class Client:
             set); ``RequestTimeoutError`` when no reply comes in time;
             ``DaemonUnavailableError`` at once when nothing listens at the
             endpoint, or when the connection drops with a call in flight that
-            is not safe to send again (``_core.SAFE_TO_REPEAT``; those are resent);
+            is not safe to send again (``_link.SAFE_TO_REPEAT``; those are resent);
             ``AuthenticationError`` (one of them) when the CURVE handshake fails;
             ``OwnedElsewhereError`` for a referral that is not followed.
     """
@@ -82,15 +82,15 @@ class Client:
         trusted_endpoints: Sequence[str] | None = None,
     ) -> None:
         self.endpoint = proto.resolve_endpoint(endpoint)
-        self.curve = _core.curve_keys(server_key, client_key)
-        self.trusted_endpoints = _core.trusted_endpoints(trusted_endpoints)
+        self.curve = _auth.curve_keys(server_key, client_key)
+        self.trusted_endpoints = _auth.trusted_endpoints(trusted_endpoints)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None  # set and cleared with _socket
-        self._link = _core.Link()
+        self._link = _link.Link()
         self._ids = itertools.count(1)
         self._turns = Turns()
         self._closed = False
@@ -167,14 +167,14 @@ class Client:
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             curve = self.curve is not None and self.curve.apply(sock, self.endpoint)
-            monitor = sock.get_monitor_socket(_core.MONITOR_EVENTS)
+            monitor = sock.get_monitor_socket(_link.MONITOR_EVENTS)
             try:
                 sock.connect(self.endpoint)
             except zmq.ZMQError as exc:
                 sock.disable_monitor()
                 monitor.close(linger=0)
                 sock.close(linger=0)
-                raise _core.connect_error(self.endpoint, exc) from None
+                raise _link.connect_error(self.endpoint, exc) from None
             self._socket, self._monitor = sock, monitor
             self._link.fresh(curve)
             return sock, monitor
@@ -198,11 +198,11 @@ class Client:
             sock.send(_core.encode(call, request_id), zmq.NOBLOCK)
         except zmq.Again:
             # No pipe to queue on: a refused handshake takes it away. Its event follows at once.
-            if monitor.poll(_core.HANDSHAKE_EVENT_MS, zmq.POLLIN):
+            if monitor.poll(_link.HANDSHAKE_EVENT_MS, zmq.POLLIN):
                 self._catch_up()
             self._drop_socket()
             if self._link.handshake is not None:
-                raise _core.handshake_error(self.endpoint, self._link) from None
+                raise _link.handshake_error(self.endpoint, self._link) from None
             raise DaemonUnavailableError(
                 f"{call.op}: cannot queue the request for {self.endpoint}", endpoint=self.endpoint
             ) from None
@@ -229,14 +229,14 @@ class Client:
                 self._catch_up()
             if self._link.handshake is not None:  # refused: the request never left
                 self._drop_socket()
-                raise _core.handshake_error(self.endpoint, self._link)
+                raise _link.handshake_error(self.endpoint, self._link)
             # Whatever is queued must not reach a daemon later: start over.
             if self._link.dropped:
                 self._drop_socket()
-                raise _core.Dropped
+                raise _link.Dropped
             if self._link.unreachable(time.monotonic()):
                 self._drop_socket()
-                raise _core.unreachable_error(self.endpoint, self._link)
+                raise _link.unreachable_error(self.endpoint, self._link)
 
     def call(self, call: Call[T], *, timeout: float | None = None) -> T:
         """Send a built request and return its typed result.
@@ -258,14 +258,14 @@ class Client:
             while True:
                 try:
                     reply = self._exchange(call, deadline)
-                except _core.Dropped:
-                    _core.after_drop(call, self.endpoint)
+                except _link.Dropped:
+                    _link.after_drop(call, self.endpoint)
                     continue
                 remaining = deadline - time.monotonic()
                 step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
                 if isinstance(step, _core.Follow):
                     # The task's owner is another daemon: move this client to it.
-                    _core.check_referral(step.owner, self.curve, self.trusted_endpoints)
+                    _auth.check_referral(step.owner, self.curve, self.trusted_endpoints)
                     followed = True
                     self._drop_socket()
                     self.endpoint = step.owner

@@ -19,7 +19,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from ctxwin.proto import OPS, TASK_ID_PATTERN, is_valid_task_id
 
-from . import _core, _ops
+from . import _core, _delta, _ops
 from ._core import Call, Messages
 from ._errors import CtxwinError, InvalidTaskIdError
 from ._ops import AsyncCaller, Caller
@@ -65,7 +65,7 @@ class _TaskBase:
         self.ephemeral = ephemeral
         self.dialect = dialect
         self.read_tools = _ops.copy_read_tools(read_tools)
-        self._delta = _core.DeltaSync(delta)
+        self._delta = _delta.DeltaSync(delta)
 
     @property
     def delta(self) -> bool:
