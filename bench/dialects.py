@@ -8,7 +8,7 @@ a delta-synced task: the turn's messages are appended to the kept history
 (``History.apply``), a native dialect's mapped history takes them
 (``MappedHistory.sync``, only the new messages are mapped), ``prepare_request``
 runs on the internal form and the view is made into the patch the daemon
-sends (``view_patch`` for Cline, ``MappedHistory.patch`` for the others).
+sends (``view_patch`` for Cline, ``PatchMaker.of_mapped`` for the others).
 Twice during the replay the previous request's usage is over the limit, so
 file reads are optimised and the range is cut.
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwin.client import Client
-from ctxwin.engine import History, TaskState, view_patch
+from ctxwin.engine import History, PatchMaker, TaskState, view_patch
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES
@@ -139,6 +139,7 @@ def replay(
     history = History(pairs=not native)
     state = TaskState(reads=DEFAULT_READ_RULES if native else None)
     mapped = MappedHistory(DIALECTS[dialect]) if native else None
+    patches = PatchMaker()
     sent = 0
     for end in ends:
         previous = {**OVER, "ts": end} if end in cuts else None
@@ -154,7 +155,7 @@ def replay(
             synced = time.perf_counter()
             view = state.prepare_request(mapped.internal, previous, MODEL).messages
             prepared = time.perf_counter()
-            mapped.patch(view, state.deleted_range)
+            patches.of_mapped(mapped, view, state.deleted_range)
         done = time.perf_counter()
         if parts is not None:
             steps = (applied - started, synced - applied, prepared - synced, done - prepared)

@@ -39,7 +39,7 @@ from bench.turns import BIG_MODEL, CORPUS, WINDOWS, UsageModel
 from ctxwin import engine, proto
 from ctxwin.client import Client, _core, _ops
 from ctxwin.daemon._actors import ActorSystem, Counters
-from ctxwin.daemon._kept import HistoryCache, KeptHistory, _view_patch
+from ctxwin.daemon._kept import HistoryCache, KeptHistory
 from ctxwin.daemon._ops import run_task_op
 from ctxwin.daemon._store import FileStore
 from ctxwin.daemon._tokens import TokenCounter
@@ -124,19 +124,14 @@ class Loopback:
     def patch(
         self, result: dict[str, Any], history: engine.History, args: dict[str, Any]
     ) -> dict[str, Any]:
-        view_patch = getattr(self.kept, "view_patch", None)  # (trees before it: two steps)
-        if view_patch is not None:
-            reused = view_patch(
-                result["messages"],
-                history,
-                self.state.deleted_range,
-                args.get("patch_base"),
-                prepend=args.get("view") == "patch_prepend",
-            )
-        else:
-            patch = _view_patch(result["messages"], history.messages, self.state.deleted_range)
-            assert patch is not None
-            reused = self.kept._reuse_overrides(patch, args.get("patch_base"))
+        reused = self.kept.patches.of_history(
+            result["messages"],
+            history,
+            self.state.deleted_range,
+            args.get("patch_base"),
+            prepend=args.get("view") == "patch_prepend",
+        )
+        assert reused is not None
         answer = {key: value for key, value in result.items() if key != "messages"}
         answer["patch"] = reused
         return answer
@@ -197,7 +192,8 @@ def actor_hop(repeat: int) -> dict[str, float]:
                 def set_exception(self, exc: BaseException) -> None:
                     self.done.set_exception(exc)
 
-            await actor.ask("inspect", {"task": "hop"})  # started
+            await actor.ask("rollback", {"task": "hop", "ts": 0})  # started (an inspect of a
+            # task that holds nothing would close it)
             for _ in range(repeat):
                 done: asyncio.Future[None] = loop.create_future()
                 actor.tell(
@@ -257,11 +253,8 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
     kept = loop.sync(args)
     result = loop.engine_call(kept, args)
     assert not result["range_updated"], "pick a turn that does not cut"
-    saved = {
-        name: getattr(loop.kept, name)
-        for name in ("_sent_overrides", "_patch_token", "_patch_serial", "_last_patch")
-        if hasattr(loop.kept, name)
-    }
+    patches = loop.kept.patches
+    saved = {name: getattr(patches, name) for name in ("_last", "_token", "_serial")}
     unchanged = getattr(kept, "_unchanged", None)  # the kept history's mark of changes
     answer = loop.patch(result, kept, args)
     reply_body = _encode_result(request_id, answer)
@@ -271,7 +264,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
 
     def reset_actor() -> None:
         for name, value in saved.items():
-            setattr(loop.kept, name, value)
+            setattr(patches, name, value)
         if unchanged is not None:
             kept._unchanged = unchanged
 
@@ -326,7 +319,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
         SYNC: lambda: loop.sync(args),
         SYNC_SETTLE: sync_and_settle,
         SYNC_ENGINE: sync_and_engine,
-        "daemon: view patch + reuse of overrides (_view_patch, _reuse_overrides)": patch_alone,
+        "daemon: view patch + reuse of overrides (PatchMaker.of_history)": patch_alone,
         "daemon: reply encoded (_encode_result)": lambda: _encode_result(request_id, answer),
         DECODE: decode_alone,
         DECODE_FINISH: decode_and_finish,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ctxwin.engine import TaskState, keep_from
+from ctxwin.engine import PatchMaker, TaskState, keep_from
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
@@ -56,6 +56,7 @@ class Run:
         self.dialect = dialect
         self.state = TaskState(reads=reads)
         self.history = MappedHistory(DIALECTS[dialect])
+        self.patches = PatchMaker()
         self.ts = 0
         self.internal_view: list[dict[str, Any]] = []  # the engine's view of the last op
 
@@ -81,7 +82,7 @@ class Run:
         # the view is mapped again from the same internal view: both give the same.
         patched = None
         if self.ts % 2:
-            patch = history.patch(view, self.state.deleted_range)
+            patch = self.patches.of_mapped(history, view, self.state.deleted_range)
             patched = None if patch is None else apply_view_patch(messages, patch)
             if patch is not None and patched is not None:
                 check_origins(messages, patched, _origins(len(messages), patch))
@@ -270,6 +271,7 @@ def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
     messages = RENDER[dialect](turns)
     state = TaskState(reads=DEFAULT_READ_RULES)
     history = MappedHistory(DIALECTS[dialect])
+    patches = PatchMaker()
     for end in range(1, len(messages) + 1):
         prefix = messages[:end]
         history.sync(prefix, end - 1)
@@ -278,11 +280,11 @@ def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
         previous = {**OVER, "ts": end} if end % every == 0 else None
         view = state.prepare_request(history.internal, previous, MODEL).messages
         if end % 2:
-            patch = history.patch(view, state.deleted_range)
+            patch = patches.of_mapped(history, view, state.deleted_range)
             mapped = history.view(view, state.deleted_range)
         else:
             mapped = history.view(view, state.deleted_range)
-            patch = history.patch(view, state.deleted_range)
+            patch = patches.of_mapped(history, view, state.deleted_range)
         fresh = MappedHistory(DIALECTS[dialect], prefix)
         assert mapped == fresh.view(state.truncated_messages(fresh.internal), state.deleted_range)
         assert patch is None or mapped == apply_view_patch(prefix, patch)

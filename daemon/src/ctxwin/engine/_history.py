@@ -4,20 +4,17 @@ The caller keeps its history and sends only what a turn adds (``base``,
 ``base_digest``, ``append``); this class keeps the daemon's copy, its prefix
 digests and per-message caches in step with it. Views built from
 :attr:`History.messages` share the history's message objects wherever they
-are unchanged, which is what :func:`view_patch` relies on.
+are unchanged, which is what a view patch relies on (:mod:`._patch`).
 """
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ctxwin.proto import DigestChain
 
 from ._blocks import Message
-from ._view import KnownPairs, find_repairs, keep_from
+from ._view import KnownPairs, find_repairs
 
 
 class ResyncRequired(Exception):
@@ -199,27 +196,3 @@ class History:
             return tokens
 
         return cached
-
-
-def view_patch(
-    view: Sequence[Message], history: Sequence[Message], deleted_range: Sequence[int] | None
-) -> dict[str, Any]:
-    """A view as a patch on ``history``: what ``apply_view_patch`` rebuilds it from.
-
-    Only view messages that are not the history's own objects at their index
-    are sent (``overrides``), so an untouched view costs a few bytes.
-    """
-    start = keep_from(deleted_range)
-    length = len(history)
-    if length < 2:
-        kept: list[Message] = list(history)
-        shift = 0
-    else:
-        kept = [history[0], history[1], *history[start:]]
-        shift = start - 2  # history index of view position p >= 2 is p + shift
-    if len(kept) != len(view):
-        raise ValueError(f"a view of {len(view)} messages is not one of this history")
-    # Positions whose message is not the history's own object (a C-speed scan).
-    changed = itertools.compress(range(len(view)), map(operator.is_not, view, kept))
-    overrides = [[place if place < 2 else place + shift, view[place]] for place in changed]
-    return {"length": length, "keep_from": start, "overrides": overrides}
