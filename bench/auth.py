@@ -34,7 +34,7 @@ import zmq
 
 from bench._conversation import build_conversation
 from ctxwin import proto
-from ctxwin.client._cli import main as cli
+from ctxwin.client.cli import main as cli
 
 _SLICES = 20
 

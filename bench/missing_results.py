@@ -2,7 +2,7 @@
 
 A conversation file (any shape ``ctxwin replay`` takes) is replayed through
 a real ``ctxwind`` at each window given, as ``ctxwin replay`` does it
-(``ctxwin.client._replay.replay``). For every view sent: the number of
+(``ctxwin.client.cli.replay.replay``). For every view sent: the number of
 filled-in results (blocks or messages holding the task's missing-result
 text) and of tool results of the history that answer a call the view sends
 but that the view does not send; and whether the history's newest message is
@@ -23,8 +23,8 @@ from typing import Any
 
 from ctxwin import engine
 from ctxwin.client import Client
-from ctxwin.client._corpus import load_conversation
-from ctxwin.client._replay import ReplayReport, default_model, replay
+from ctxwin.client.cli._corpus import default_model, load_conversation
+from ctxwin.client.cli.replay import ReplayReport, replay
 from tests._daemon import DaemonProcess
 
 MISSING = engine.DEFAULT_NOTICES.missing_result

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwin import proto
-from ctxwin.client._corpus import load_conversation
+from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.daemon._tokens import TokenCounter
 from ctxwin.engine import DEFAULT_POLICY, Budgeting, TaskState, text_of
 from ctxwin.engine._dialect import MappedHistory

@@ -32,7 +32,7 @@ from ctxwin.client import (
     OwnedElsewhereError,
     RequestTimeoutError,
 )
-from ctxwin.client._cli import main as cli
+from ctxwin.client.cli import main as cli
 from ctxwin.daemon._auth import KeysError, load_server_keys
 from ctxwin.proto import Usage
 from tests._client_data import MODEL, conversation

@@ -16,8 +16,9 @@ import pytest
 
 from ctxwin import proto
 from ctxwin.client import Client
-from ctxwin.client._cli import _Bar, main
-from ctxwin.client._plot import plot_problem
+from ctxwin.client.cli import main
+from ctxwin.client.cli._plot import plot_problem
+from ctxwin.client.cli.replay._command import _Bar
 from tests._client_data import conversation, read_file_result
 from tests._client_fake import FakeRouter, error, ok
 from tests._daemon import DaemonProcess

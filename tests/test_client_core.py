@@ -245,7 +245,7 @@ def test_client_imports_only_proto_pyzmq_msgpack_and_the_stdlib() -> None:
 
     allowed = {"zmq", "msgpack", "ctxwin"} | set(sys.stdlib_module_names)
     optional = {"_plot.py": {"matplotlib"}}  # the [plot] extra, imported only for --plot
-    for path in CLIENT_SRC.glob("*.py"):
+    for path in [*CLIENT_SRC.glob("*.py"), *CLIENT_SRC.glob("cli/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []
             if isinstance(node, ast.Import):

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from ctxwin.client._errors import BadReplyError
-from ctxwin.client._replay import (
-    chars_of,
-    default_model,
+from ctxwin.client.cli._corpus import default_model
+from ctxwin.client.cli._dialects import chars_of, request_points
+from ctxwin.client.cli.replay import (
+    original_text,
     parse_updates,
-    request_points,
     set_text,
     text_of,
     with_overlay,
@@ -38,6 +38,23 @@ def test_text_of_reads_text_blocks_and_first_text_of_tool_results() -> None:
     edited = set_text(TOOL_RESULT, "notice")
     assert "notice" == text_of(edited)
     assert "file body" == text_of(TOOL_RESULT)
+
+
+def test_original_text_is_the_block_an_overlay_update_replaces() -> None:
+    """The text a block holds in the file; none for a notice put in a new block (-1) or a
+    message or block the history does not have."""
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "task"}]},
+        {"role": "user", "content": [{"type": "tool_use", "id": "t1"}, TOOL_RESULT]},
+        {"role": "user", "content": "a string"},
+    ]
+    assert "task" == original_text(history, 0, 0)
+    assert "file body" == original_text(history, 1, 1)
+    assert original_text(history, 1, 0) is None  # no text in a tool_use
+    assert original_text(history, 1, -1) is None  # a new block replaces no text
+    assert original_text(history, 1, 2) is None
+    assert original_text(history, 2, 0) is None
+    assert original_text(history, 3, 0) is None
 
 
 def test_overlay_parses_from_the_on_disk_form_and_applies_latest_text() -> None:

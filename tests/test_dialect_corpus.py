@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ctxwin import engine
-from ctxwin.client._corpus import load_conversation
-from ctxwin.client._replay import request_points
+from ctxwin.client.cli._corpus import load_conversation
+from ctxwin.client.cli._dialects import request_points
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._reads import DEFAULT_READ_RULES
 from tests._dialect_rules import CHECKS

@@ -14,8 +14,9 @@ import zmq
 
 from ctxwin import engine, proto
 from ctxwin.client import BadRequestError, Client
-from ctxwin.client._corpus import load_conversation, user_side
-from ctxwin.client._replay import ReplayReport, ViewState, message_chars, replay
+from ctxwin.client.cli._corpus import load_conversation
+from ctxwin.client.cli._dialects import message_chars, user_side
+from ctxwin.client.cli.replay import ReplayReport, ViewState, replay
 from tests import _daemon
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator

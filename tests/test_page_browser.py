@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from ctxwin.client._replay import chars_of, load_history
+from ctxwin.client.cli._corpus import load_history
+from ctxwin.client.cli._dialects import chars_of
 from tests._daemon import DaemonProcess
 from tests._png import read_png
 from tests.test_cli import CORPUS, run

@@ -13,9 +13,9 @@ import pytest
 
 from ctxwin import proto
 from ctxwin.client import Client
-from ctxwin.client._corpus import load_conversation
 from ctxwin.client._page import replay_page
-from ctxwin.client._replay import (
+from ctxwin.client.cli._corpus import load_conversation
+from ctxwin.client.cli.replay import (
     FILE_READ,
     NOTICE,
     REPAIRED,

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._replay import (
+from .cli._dialects import chars_of, message_chars
+from .cli.replay import (
     FILE_READ,
     NOTICE,
     REPAIRED,
@@ -30,8 +31,6 @@ from ._replay import (
     TokenCounts,
     Variant,
     ViewState,
-    chars_of,
-    message_chars,
     usage_line,
 )
 

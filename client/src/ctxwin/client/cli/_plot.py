@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._replay import ReplayReport
+from .replay import ReplayReport
 
 PLOT_EXTRA = "pip install './client[plot]' (from a checkout of ctxwin), or pip install matplotlib"
 

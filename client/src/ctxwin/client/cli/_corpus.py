@@ -17,7 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["About", "detect_dialect", "load_conversation", "parse_conversation", "user_side"]
+from ctxwin.proto import Model
+
+from ..integrations._models import known_context_window
+from ._dialects import detect_dialect
+
+__all__ = [
+    "About",
+    "default_model",
+    "load_conversation",
+    "load_history",
+    "model_for",
+    "parse_conversation",
+]
 
 _CLAUDE_CODE_TYPES = ("user", "assistant")
 
@@ -84,33 +96,6 @@ def _claude_code_log(lines: list[Any]) -> list[dict[str, Any]]:
         last_id = message_id
         messages.append({"role": message["role"], "content": blocks})
     return messages
-
-
-def detect_dialect(messages: Sequence[Any], hint: str = "") -> str:
-    """The dialect a message list is in, from its shape (``hint``: the key it was under)."""
-    if hint == "contents":
-        return "gemini"
-    if hint == "input":
-        return "openai-responses"
-    kinds: set[str] = set()
-    for message in messages:
-        if not isinstance(message, Mapping):
-            continue
-        if "parts" in message:
-            return "gemini"
-        kind = message.get("type")
-        if isinstance(kind, str) and kind != "message":
-            return "openai-responses"
-        if message.get("role") in ("tool", "system", "developer") or "tool_calls" in message:
-            return "openai-chat"
-        content = message.get("content")
-        if isinstance(content, list):
-            kinds.update(str(block.get("type")) for block in content if isinstance(block, Mapping))
-    if kinds & {"input_text", "output_text"}:
-        return "openai-responses"
-    if hint == "messages":
-        return "anthropic"  # an object with Anthropic-shaped messages, not Cline's file
-    return "cline"
 
 
 def _jsonl(text: str, about: About | None) -> list[Any]:
@@ -213,12 +198,63 @@ def load_conversation(path: Path, about: About | None = None) -> tuple[list[dict
     return parse_conversation(path.read_text(encoding="utf-8"), about)
 
 
-def user_side(message: Mapping[str, Any], dialect: str) -> bool:
-    """Whether ``message`` is the user's side of a turn (a model request may follow it)."""
-    role = message.get("role")
-    if dialect == "openai-chat":
-        return role in ("user", "tool")
-    if dialect == "openai-responses":
-        kind = message.get("type")
-        return role == "user" or (isinstance(kind, str) and kind.endswith("_output"))
-    return role == "user"
+def load_history(path: Path) -> list[dict[str, Any]]:
+    """The messages of an ``api_conversation_history.json``.
+
+    Raises:
+        ValueError: the file is not a JSON list of ``{role, content}`` maps.
+    """
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list) or not all(
+        isinstance(message, dict) and message.get("role") in ("user", "assistant")
+        for message in data
+    ):
+        raise ValueError(f"{path} is not a list of {{role, content}} messages")
+    return data
+
+
+def default_model(history: Sequence[Mapping[str, Any]], window: int | None) -> Model:
+    """The model of the history's first assistant ``modelInfo``, with the given window."""
+    model = Model(id="unknown")
+    for message in history:
+        info = message.get("modelInfo")
+        if isinstance(info, Mapping) and isinstance(info.get("modelId"), str):
+            model["id"] = str(info["modelId"])
+            if isinstance(info.get("providerId"), str):
+                model["provider"] = str(info["providerId"])
+            break
+    if window is not None:
+        model["context_window"] = window
+    return model
+
+
+def model_for(
+    history: Sequence[Mapping[str, Any]],
+    window: int | None,
+    named: str | None = None,
+    model_id: str | None = None,
+) -> tuple[Model, str]:
+    """The model a replay asks for, and where its window came from.
+
+    Args:
+        history: the conversation (a Cline message's ``modelInfo`` names its model).
+        window: the window given (``--model-window``): it wins.
+        named: the model the file names otherwise (:class:`About`).
+        model_id: the model id given (``--model``), over the file's.
+
+    Returns:
+        The model (with ``context_window`` unless the daemon's default applies) and a
+        phrase saying where the window came from.
+    """
+    model = default_model(history, window)
+    if model_id:
+        model["id"] = model_id
+    elif model["id"] == "unknown" and named:
+        model["id"] = named
+    if window is not None:
+        return model, "given with --model-window"
+    known = known_context_window(model["id"])
+    if known is not None:
+        model["context_window"] = known
+        return model, f"published for {model['id']}; --model-window to change"
+    return model, "the daemon's default: the model is not a known one; --model-window to change"

@@ -1,0 +1,216 @@
+"""``ctxwin inspect``: a task's overlay, range, summaries and what its overlay saves; with
+``--messages``, the conversation as the model now receives it (``--html``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from ctxwin import proto
+
+from .. import _page
+from .._sync import Client
+from .._task import Task
+from ._commands import (
+    EXIT_DAEMON_ERROR,
+    EXIT_OK,
+    UsageError,
+    print_json,
+    read_conversation,
+    read_history,
+    shown_range,
+    table,
+)
+from ._dialects import chars_of, message_chars
+from .replay import (
+    NativeViews,
+    Variant,
+    ViewState,
+    message_tokens,
+    original_text,
+    parse_sources,
+    parse_updates,
+    view_state,
+)
+
+
+def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.html is not None:
+        problem = _page.page_problem(args.html) if args.messages else "--html needs --messages FILE"
+        if problem is not None:
+            raise UsageError(problem)
+    history, dialect = _inspect_history(args, err)
+    result = client.inspect(args.task)
+    if result.get("exists") is False:
+        err.write(f"ctxwin: task {args.task} does not exist (nothing stored, not loaded)\n")
+        return EXIT_DAEMON_ERROR
+    view = None
+    origins: list[int | None] | None = None
+    if history is not None and dialect != proto.CLINE:
+        # So that the daemon holds the mapped history and inspect names the sources; the
+        # view comes as a patch, which says which history message each view message is.
+        handle = Task(client, args.task, dialect=dialect)
+        view = handle.truncated_messages(history)["messages"]
+        origins = handle.view_origins()
+        result = client.inspect(args.task)
+    overlay = parse_updates(result["updates"])
+    sources = parse_sources(result.get("sources", [])) if view is not None else None
+    rows: list[dict[str, Any]] = []
+    for (index, block), (edit_type, texts) in sorted(overlay.items()):
+        row: dict[str, Any] = {
+            "message": index,
+            "block": block,
+            "edit": proto.EDIT_TYPES.get(edit_type, str(edit_type)),
+            "updates": len(texts),
+            "chars": len(texts[-1]) if texts else 0,
+            "saved": None,
+        }
+        if sources is not None:
+            source = sources.get((index, block))
+            if texts and source is not None:
+                row["saved"] = len(source[1]) - len(texts[-1])
+        elif history is not None and texts:
+            original = original_text(history, index, block)
+            if original is not None:
+                row["saved"] = len(original) - len(texts[-1])
+        rows.append(row)
+    deleted_range = result["deleted_range"]
+    # Messages 2..end, within the history when its length is known (a range may
+    # run past the end, or before its start, and then hides what exists of it).
+    end = deleted_range[1] if deleted_range else 1
+    length = len(history) if history is not None else result.get("history")
+    if isinstance(length, int):
+        end = min(end, length - 1)
+    hidden = max(0, end - 1)
+    hidden_chars = (
+        sum(chars_of(history[i].get("content")) for i in range(2, 2 + hidden) if i < len(history))
+        if history is not None
+        else None
+    )
+    variants: list[Variant] = []
+    state: ViewState | None = None
+    if history is not None and view is not None and sources is not None:
+        state = NativeViews(history, variants).state(
+            view,
+            origins if origins is not None else [None] * len(view),
+            len(history),
+            deleted_range,
+            overlay,
+            sources,
+        )
+        removed = state.removed(len(history))
+        hidden = len(removed)
+        hidden_chars = sum(message_chars(history[i], dialect) for i in removed)
+    elif history is not None and args.html is not None:
+        state = view_state(
+            history,
+            client.truncated_messages(args.task, history)["messages"],
+            deleted_range,
+            overlay,
+            variants,
+        )
+    saved_values = [row["saved"] for row in rows if row["saved"] is not None]
+    summary = {
+        "task": args.task,
+        "deleted_range": deleted_range,
+        "hidden_messages": hidden,
+        "hidden_chars": hidden_chars,
+        "overlay_chars_saved": sum(saved_values) if history is not None else None,
+        "dirty": result["dirty"],
+    }
+    if args.html is not None and history is not None and state is not None:
+        counts = message_tokens(client, history, variants, dialect)
+        page = _page.inspect_page(args.task, history, state, variants, counts, rows, dialect)
+        try:
+            _page.write_page(args.html, page)
+        except OSError as exc:
+            raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
+        if not args.json:
+            out.write(f"page written to {args.html}\n")
+    if args.json:
+        # The daemon's "summary" (the one the view carries) is the last of "summaries".
+        print_json({**result, "summary": summary, "blocks": rows}, out)
+        return EXIT_OK
+    out.write(
+        f"task {args.task}: range {shown_range(deleted_range)} ({hidden} messages hidden"
+        + (f", {hidden_chars:,} chars" if hidden_chars is not None else "")
+        + f"), {'unsaved changes' if result['dirty'] else 'saved'}\n"
+    )
+    if "store" in result:
+        fence = result.get("fence")
+        out.write(
+            f"store {result['store']}, owner {result.get('owner') or '-'}"
+            + (f", fence {fence}" if fence is not None else "")
+            + "\n"
+        )
+    calibration = result.get("calibration")
+    if calibration is not None:
+        held = result.get("history")
+        out.write(
+            f"calibration {calibration['ratio']:.3f} reported/estimated tokens "
+            f"({int(calibration['samples'])} reports); "
+            + (
+                f"{held} messages kept for delta sync\n"
+                if held is not None
+                else "no kept history\n"
+            )
+        )
+    _write_summaries(result, out)
+    if not rows:
+        out.write("overlay: empty\n")
+        return EXIT_OK
+    out.write(f"overlay: {len({row['message'] for row in rows})} messages, {len(rows)} blocks\n")
+    table(
+        [
+            (
+                row["message"],
+                row["block"],
+                row["edit"],
+                row["updates"],
+                f"{row['chars']:,}",
+                "-" if row["saved"] is None else f"{row['saved']:,}",
+            )
+            for row in rows
+        ],
+        ("message", "block", "edit", "updates", "chars now", "chars saved"),
+        out,
+    )
+    if history is not None:
+        out.write(f"overlay saves {summary['overlay_chars_saved']:,} chars\n")
+    else:
+        out.write("(give --messages FILE to compute what the overlay saves)\n")
+    return EXIT_OK
+
+
+def _write_summaries(result: Mapping[str, Any], out: TextIO) -> None:
+    """The summary the task's view carries, and how many are stored (docs/SUMMARIES.md)."""
+    stored = result.get("summaries") or []
+    if not stored:
+        return
+    shown = result.get("summary")
+    if shown is None:
+        out.write(f"summaries: {len(stored)} stored, none in the view (the range is below)\n")
+        return
+    out.write(
+        f"summary ({shown['kind']}, {len(stored)} stored): stands for messages "
+        f"{shown_range(shown['range'])}, {shown['chars']:,} chars, stored at ts {shown['ts']}\n"
+    )
+    for line in str(shown["text"]).splitlines()[:_SUMMARY_LINES]:
+        out.write(f"  {line[:160]}\n")
+
+
+_SUMMARY_LINES = 12
+
+
+def _inspect_history(
+    args: argparse.Namespace, err: TextIO
+) -> tuple[list[dict[str, Any]] | None, str]:
+    """``inspect --messages``: the history and its dialect (``--dialect``, else its shape)."""
+    if not args.messages:
+        return None, proto.CLINE
+    history, detected = read_conversation(args.messages, err)
+    dialect = args.dialect or detected
+    if dialect == proto.CLINE:
+        return read_history(args.messages), dialect  # SPEC.md's messages, checked as such
+    return history, dialect
