@@ -147,15 +147,17 @@ def replay(
         history.apply(sent, history.digest, messages[sent:end])
         applied = synced = time.perf_counter()
         if mapped is None:
-            view = state.prepare_request(history.messages, previous, MODEL).messages
+            view: list[Any] = state.prepare_request(history.messages, previous, MODEL)["messages"]
             prepared = time.perf_counter()
             view_patch(view, history.messages, state.deleted_range)
         else:
             mapped.sync(history.messages, sent)
             synced = time.perf_counter()
-            view = state.prepare_request(mapped.internal, previous, MODEL).messages
+            internal: list[Any] = state.prepare_request(mapped.internal, previous, MODEL)[
+                "messages"
+            ]
             prepared = time.perf_counter()
-            patches.of_mapped(mapped, view, state.deleted_range)
+            patches.of_mapped(mapped, internal, state.deleted_range)
         done = time.perf_counter()
         if parts is not None:
             steps = (applied - started, synced - applied, prepared - synced, done - prepared)

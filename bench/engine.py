@@ -132,13 +132,14 @@ def run(name: str, messages: list[Message], repeat: int, targets: dict[str, floa
     first = optimised.optimize_file_reads(messages, ts)
     revision = optimised.revision
     again = optimised.optimize_file_reads(messages, ts)
-    if again.changed or optimised.revision != revision:
+    if again["changed"] or optimised.revision != revision:
         raise RuntimeError("a second optimisation changed an already optimised state")
     notes = [
-        f"optimize_file_reads saves {first.percent_saved:.1%} "
-        f"(need_to_truncate={first.need_to_truncate})",
-        f"over threshold: range {prepared.deleted_range}, range_updated="
-        f"{prepared.range_updated}, view {len(prepared.messages)} of {len(messages)} messages",
+        f"optimize_file_reads saves {first['percent_saved']:.1%} "
+        f"(need_to_truncate={first['need_to_truncate']})",
+        f"over threshold: range {prepared['deleted_range']}, range_updated="
+        f"{prepared['range_updated']}, view {len(prepared['messages'])} of {len(messages)} "
+        "messages",
     ]
 
     def fresh(call: Callable[[TaskState], object]) -> Setup:

@@ -257,7 +257,7 @@ def engine_strategy(
 ) -> tuple[Strategy, Callable[[], int]]:
     reads = None if conversation.dialect == "cline" else DEFAULT_READ_RULES
     state = TaskState(reads=reads, dialect=conversation.dialect)
-    state.policy = POLICY
+    state.auto.policy = POLICY
     model = {"id": "bench-model", "context_window": window}
     strategy = {"cline": "default", "fit": "fit", "auto": "auto"}[name]
     budgeting = Budgeting(counter, 1.0, strategy, fixed=conversation.fixed)  # type: ignore[arg-type]
@@ -265,9 +265,10 @@ def engine_strategy(
 
     def run(history: list[Message], previous: dict[str, Any] | None, ts: int) -> list[Message]:
         result = state.prepare_request(history, previous, model, False, budgeting, ts)
-        if result.range_updated:
+        if result["range_updated"]:
             cuts[0] += 1
-        return result.messages
+        view: list[Any] = result["messages"]
+        return view
 
     def edits() -> int:
         updates = sum(

@@ -25,7 +25,15 @@ import math
 from typing import Any
 
 from bench.strategies import CONVERSATIONS, START_TS, Conversation, Counter, load, problems
-from ctxwin.engine import AUTO_CONDENSE_FRACTION, Budgeting, TaskState, context_window_info
+from ctxwin.engine import (
+    AUTO_CONDENSE_FRACTION,
+    Budgeting,
+    TaskState,
+    condense,
+    context_window_info,
+    fit_oversized,
+    summary_due,
+)
 from ctxwin.engine._reads import DEFAULT_READ_RULES
 
 
@@ -45,26 +53,28 @@ def replay(conversation: Conversation, window: int, counter: Counter) -> dict[st
     for step, (length, tokens_out) in enumerate(conversation.requests):
         history = conversation.internal[:length]
         ts = START_TS + step * 17_000
-        due = state.summary_due(history, previous, model)
-        state.fit_oversized(history, model, budgeting, ts)
-        view = state.prepare_request(history, previous, model, True, budgeting, ts).messages
+        due = summary_due(state, history, previous, model)
+        fit_oversized(state, history, model, budgeting, ts)
+        view: list[Any] = state.prepare_request(history, previous, model, True, budgeting, ts)[
+            "messages"
+        ]
         if due:
-            done = state.condense(history, model, ts, budgeting)
-            if done.condensed and done.summary is not None:
-                text = done.summary.text
+            done = condense(state, history, model, ts, budgeting)
+            if done["condensed"] and done["summary"] is not None:
+                text = done["summary"]["text"]
                 summaries.append(
                     {
                         "request": step + 1,
-                        "range": [2, done.summary.end],
+                        "range": done["summary"]["range"],
                         "chars": len(text),
                         "tokens": counter.tokens.count_text(text),
-                        "view_before": done.tokens_before,
-                        "view_after": done.tokens_after,
+                        "view_before": done["tokens_before"],
+                        "view_after": done["tokens_after"],
                     }
                 )
-                view = done.messages
+                view = done["messages"]
             else:
-                refusals.append(str(done.reason))
+                refusals.append(str(done["reason"]))
         tokens_in = conversation.fixed + sum(counter(message) for message in view)
         peak = max(peak, tokens_in)
         if tokens_in + tokens_out > window:

@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ctxwin.engine import TaskState
+from ctxwin.engine import TaskState, condensed
 
 PATHS = ["src/app.py", "src/ü.ts", "README.md", "a b/c.txt"]
 MODEL = {"id": "test-model", "context_window": 64_000}
@@ -111,7 +111,7 @@ def apply(state: TaskState, messages: list[dict[str, Any]], op: tuple[str, Any],
     elif name == "notice":
         state.apply_truncation_notice(ts, messages)
     else:
-        state.condensed(messages)
+        condensed(state, messages)
 
 
 def run_all(messages: list[dict[str, Any]], ops: list[tuple[str, Any]]) -> TaskState:

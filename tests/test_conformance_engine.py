@@ -43,13 +43,15 @@ def run_op(state: TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
         state.deleted_range = args["deleted_range"]
     messages = args.get("messages", [])
     if op == "prepare_request":
-        return state.prepare_request(
-            messages, args.get("previous_request"), args["model"], args["use_auto_condense"]
-        ).wire()
+        return {
+            **state.prepare_request(
+                messages, args.get("previous_request"), args["model"], args["use_auto_condense"]
+            )
+        }
     if op == "truncated_messages":
         return {"messages": state.truncated_messages(messages)}
     if op == "optimize_file_reads_in_memory":
-        return state.optimize_file_reads_in_memory(messages, args["ts"]).wire()
+        return {**state.optimize_file_reads_in_memory(messages, args["ts"])}
     if op == "rollback":
         return {"removed": state.rollback(args["ts"])}
     if op == "apply_truncation_notice":

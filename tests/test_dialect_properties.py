@@ -67,7 +67,7 @@ class Run:
         internal = history.internal
         if name in ("prepare", "prepare_over"):
             previous = {**OVER, "ts": self.ts} if name == "prepare_over" else None
-            view = self.state.prepare_request(internal, previous, MODEL).messages
+            view: list[Any] = self.state.prepare_request(internal, previous, MODEL)["messages"]
         else:
             if name == "compact":
                 self.state.compact(internal, "quarter", self.ts)
@@ -278,7 +278,7 @@ def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
         if end % every == 1:
             state.optimize_file_reads(history.internal, end)
         previous = {**OVER, "ts": end} if end % every == 0 else None
-        view = state.prepare_request(history.internal, previous, MODEL).messages
+        view: list[Any] = state.prepare_request(history.internal, previous, MODEL)["messages"]
         if end % 2:
             patch = patches.of_mapped(history, view, state.deleted_range)
             mapped = history.view(view, state.deleted_range)

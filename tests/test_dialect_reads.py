@@ -45,7 +45,7 @@ def test_a_path_read_again_replaces_the_earlier_result_keeping_its_id() -> None:
         *_read("b", "Read", {"file_path": "x.py"}),
     ]
     result, view = _run(messages)
-    assert (True, False) == (result.changed, result.need_to_truncate)  # half the text saved
+    assert (True, False) == (result["changed"], result["need_to_truncate"])  # half the text saved
     first = view[3]["content"][0]
     assert {"type": "tool_result", "tool_use_id": "a"} == {
         k: first[k] for k in ("type", "tool_use_id")
@@ -81,7 +81,7 @@ def test_what_counts_as_a_read_of_the_same_file(
     """The default table: the text editor's view only, a line range is another read, no shell."""
     messages = [*TASK, *_read("a", name, first), *_read("b", name, second)]
     result, _ = _run(messages)
-    assert replaced == result.changed
+    assert replaced == result["changed"]
 
 
 def test_shell_reads_count_once_a_pattern_opts_in() -> None:
@@ -94,7 +94,7 @@ def test_shell_reads_count_once_a_pattern_opts_in() -> None:
         *_read("a", "Bash", {"command": "cat x"}),
         *_read("b", "Bash", {"command": "cat x"}),
     ]
-    assert _run(messages, rules)[0].changed
+    assert _run(messages, rules)[0]["changed"]
 
 
 @pytest.mark.parametrize(
@@ -276,7 +276,7 @@ def test_a_notice_stays_on_its_result_in_the_first_message_after_a_cut() -> None
     ]
     history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
     state = engine.TaskState(reads=engine.DEFAULT_READ_RULES)
-    assert state.optimize_file_reads(history.internal, 1).changed  # "b" becomes the notice
+    assert state.optimize_file_reads(history.internal, 1)["changed"]  # "b" becomes the notice
     state.deleted_range = [2, 3]  # internal 4 ("b"'s result; "ok" and "a" are one) is kept first
     view = history.view(state.truncated_messages(history.internal), state.deleted_range)
     kept = next(

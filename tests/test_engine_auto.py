@@ -116,11 +116,10 @@ def test_no_edit_while_the_view_fits_and_nothing_pays_back() -> None:
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
     assert not state.overlay
     assert state.deleted_range is None
-    assert result.messages == messages
-    assert result.fits
-    assert not result.receipts
-    assert result.cache is not None
-    assert result.cache.written_tokens == sum(map(chars, messages))
+    assert result["messages"] == messages
+    assert result["fits"]
+    assert "receipts" not in result
+    assert result["cache"]["written_tokens"] == sum(map(chars, messages))
 
 
 def test_a_superseded_read_becomes_the_notice_when_it_pays_back() -> None:
@@ -128,18 +127,18 @@ def test_a_superseded_read_becomes_the_notice_when_it_pays_back() -> None:
     messages = conversation([read, read, *[("Bash", {"command": "true"}, 10)] * 30])
     state = native()
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    assert result.fits
+    assert result["fits"]
     first, latest = messages[4]["content"][0], messages[6]["content"][0]
-    view = result.messages
+    view: list[Any] = result["messages"]
     assert text_of(view[4]["content"][0]) == state.notices.duplicate_file_read
     assert view[6]["content"][0] == latest  # the latest read is never replaced
     assert first != view[4]["content"][0]
-    (receipt,) = result.receipts
-    assert receipt.kind == "supersede"
-    assert receipt.index == 4
-    assert receipt.saved_tokens > 5000
-    assert receipt.payback_turns is not None
-    assert receipt.payback_turns < 20
+    (receipt,) = result["receipts"]
+    assert receipt["kind"] == "supersede"
+    assert receipt["index"] == 4
+    assert receipt["saved_tokens"] > 5000
+    assert receipt["payback_turns"] is not None
+    assert receipt["payback_turns"] < 20
 
 
 def test_a_batch_below_the_minimum_waits_even_when_it_would_pay() -> None:
@@ -157,9 +156,9 @@ def test_old_results_are_masked_with_a_stub_when_the_view_does_not_fit() -> None
     assert sum(map(chars, messages)) > BUDGET
     state = native()
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    assert result.fits
+    assert result["fits"]
     assert state.deleted_range is None  # masking was enough: nothing cut
-    view = result.messages
+    view: list[Any] = result["messages"]
     old = text_of(view[4]["content"][0]) or ""
     assert old.startswith("[ctxwin] The result of Bash(")
     assert '"make test0"' in old
@@ -168,7 +167,7 @@ def test_old_results_are_masked_with_a_stub_when_the_view_does_not_fit() -> None
     for place in range(len(view) - 2 * DEFAULT_POLICY.keep_calls + 1, len(view), 2):
         assert view[place] == messages[place]
     assert not view_problems(view)
-    assert {r.kind for r in result.receipts} == {"mask"}
+    assert {r["kind"] for r in result["receipts"]} == {"mask"}
 
 
 def test_the_latest_read_of_a_file_is_never_masked() -> None:
@@ -176,11 +175,12 @@ def test_the_latest_read_of_a_file_is_never_masked() -> None:
     steps += [("Bash", {"command": f"make {n}"}, 1500) for n in range(14)]
     messages = conversation(steps)
     state = native()
-    state.policy = replace(DEFAULT_POLICY, ceiling=1.0)  # masking alone, nothing cut
+    state.auto.policy = replace(DEFAULT_POLICY, ceiling=1.0)  # masking alone, nothing cut
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
     assert state.deleted_range is None
-    assert result.messages[4] == messages[4]
-    assert text_of(result.messages[6]["content"][0]).startswith("[ctxwin] The result of Bash")  # type: ignore[union-attr]
+    assert result["messages"][4] == messages[4]
+    view: list[Any] = result["messages"]
+    assert text_of(view[6]["content"][0]).startswith("[ctxwin] The result of Bash")  # type: ignore[union-attr]
 
 
 def test_whole_turns_are_cut_to_the_low_water_mark_when_masking_is_not_enough() -> None:
@@ -195,15 +195,14 @@ def test_whole_turns_are_cut_to_the_low_water_mark_when_masking_is_not_enough() 
     state = native()
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
     assert state.deleted_range is not None
-    assert result.range_updated
-    assert result.estimated_tokens is not None
-    assert result.estimated_tokens <= BUDGET * DEFAULT_POLICY.low_water + 400  # plus the notice
-    assert result.messages[-1] == messages[-1]
+    assert result["range_updated"]
+    assert result["estimated_tokens"] <= BUDGET * DEFAULT_POLICY.low_water + 400  # plus the notice
+    assert result["messages"][-1] == messages[-1]
     # The next turns fit again without another cut.
     grown = [*messages, {"role": "assistant", "content": [{"type": "text", "text": "a" * 300}]}]
     grown.append(user("q" * 700))
     again = state.prepare_request(grown, None, MODEL, budgeting=auto(), ts=TS + 1)
-    assert not again.range_updated
+    assert not again["range_updated"]
 
 
 def test_a_message_larger_than_the_budget_is_shortened_with_a_notice_before_it_is_sent() -> None:
@@ -211,12 +210,13 @@ def test_a_message_larger_than_the_budget_is_shortened_with_a_notice_before_it_i
     messages = conversation(steps)
     state = native()
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    assert result.fits
-    newest = text_of(result.messages[-1]["content"][0]) or ""
+    assert result["fits"]
+    view: list[Any] = result["messages"]
+    newest = text_of(view[-1]["content"][0]) or ""
     assert "[ctxwin] This content was shortened to fit the model's context window" in newest
     assert newest.startswith("Grep:4:")  # its head is kept
-    assert not view_problems(result.messages)
-    assert any(r.kind == "shorten" for r in result.receipts)
+    assert not view_problems(view)
+    assert any(r["kind"] == "shorten" for r in result["receipts"])
 
 
 def test_rollback_removes_autos_edits() -> None:
@@ -241,7 +241,8 @@ def test_the_cline_dialect_masks_after_the_result_header() -> None:
     messages.insert(2, user("start"))
     state = TaskState()
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    masked = text_of(result.messages[4]["content"][0]) or ""
+    view: list[Any] = result["messages"]
+    masked = text_of(view[4]["content"][0]) or ""
     assert masked.startswith("[execute_command for 'make 0'] Result:\n[ctxwin] The result of ")
 
 
@@ -250,21 +251,19 @@ def test_ledger_figures_are_exact_on_a_small_conversation() -> None:
     state = native()
     first = messages[:5]
     one = state.prepare_request(first, None, MODEL, budgeting=auto(), ts=TS)
-    assert one.cache is not None
     sizes = [chars(m) for m in messages]
-    assert one.cache.cached_tokens == 0
-    assert one.cache.written_tokens == sum(sizes[:5])
-    assert one.cache.cost == pytest.approx(1.25 * sum(sizes[:5]))
+    assert one["cache"]["cached_tokens"] == 0
+    assert one["cache"]["written_tokens"] == sum(sizes[:5])
+    assert one["cache"]["cost"] == pytest.approx(1.25 * sum(sizes[:5]))
     two = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS + 1)
-    assert two.cache is not None
-    assert two.cache.cached_tokens == sum(sizes[:5])
-    assert two.cache.written_tokens == sum(sizes[5:])
-    assert two.cache.cost == pytest.approx(0.1 * sum(sizes[:5]) + 1.25 * sum(sizes[5:]))
-    assert two.cache.keep_all_cost == pytest.approx(two.cache.cost)
+    assert two["cache"]["cached_tokens"] == sum(sizes[:5])
+    assert two["cache"]["written_tokens"] == sum(sizes[5:])
+    assert two["cache"]["cost"] == pytest.approx(0.1 * sum(sizes[:5]) + 1.25 * sum(sizes[5:]))
+    assert two["cache"]["keep_all_cost"] == pytest.approx(two["cache"]["cost"])
     totals = state.ledger.totals()
     assert totals["requests"] == 2
     assert totals["cached_tokens"] == sum(sizes[:5])
-    assert totals["cost"] == pytest.approx(one.cache.cost + two.cache.cost, abs=0.01)
+    assert totals["cost"] == pytest.approx(one["cache"]["cost"] + two["cache"]["cost"], abs=0.01)
     # The request's pricing stays with the task.
     assert state.pricing == proto.PRICE_SHEETS["anthropic"]
 
@@ -300,19 +299,19 @@ def test_once_a_view_outgrew_the_budget_later_views_stay_under_the_ceiling() -> 
         messages.append(user(f"question {number} " + "q" * 700))
         messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 300}]})
     state = native()
-    state.policy = replace(DEFAULT_POLICY, ceiling_floor=0)  # a small window: no floor
+    state.auto.policy = replace(DEFAULT_POLICY, ceiling_floor=0)  # a small window: no floor
     ceiling = BUDGET * DEFAULT_POLICY.ceiling
     first_over = None
     for end in range(3, len(messages) + 1, 2):
         result = state.prepare_request(messages[:end], None, MODEL, budgeting=auto(), ts=TS + end)
-        assert result.estimated_tokens is not None
-        if first_over is None and state.auto_overflowed:
+        if first_over is None and state.auto.overflowed:
             first_over = end
         if first_over is not None:
-            assert result.estimated_tokens <= ceiling
+            assert result["estimated_tokens"] <= ceiling
         else:
             assert state.deleted_range is None  # nothing is cut while everything fits
-        assert not view_problems(result.messages)
+        view: list[Any] = result["messages"]
+        assert not view_problems(view)
     assert first_over is not None
 
 
@@ -321,7 +320,7 @@ def test_plan_keeps_the_sheet_it_names_and_changes_nothing_else() -> None:
     messages = conversation(steps)
     state = native()
     plan = state.plan(messages, None, MODEL, auto("openai"), ts=TS)
-    assert plan.tokens_after < plan.tokens_before  # it would mask
+    assert plan["tokens_after"] < plan["tokens_before"]  # it would mask
     assert not state.overlay
     assert state.ledger.requests == 0
     assert state.pricing == proto.PRICE_SHEETS["openai"]

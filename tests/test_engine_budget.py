@@ -64,10 +64,10 @@ def test_fit_removes_no_more_turns_than_half_and_fits(sizes: list[int], extra: i
     assert half_range == half_state.deleted_range
     target = LIMIT * budgeting.target
     if fits(half_state, messages, target, scale):
-        fit_end = fit_result.deleted_range[1] if fit_result.deleted_range else 1
+        fit_end = fit_result["deleted_range"][1] if fit_result["deleted_range"] else 1
         assert fit_end <= half_range[1]
         assert fits(fit_state, messages, target, scale)
-    assert fit_result.fits == ((fit_result.estimated_tokens or 0) <= LIMIT)
+    assert fit_result["fits"] == ((fit_result["estimated_tokens"] or 0) <= LIMIT)
 
 
 def test_plan_changes_nothing() -> None:
@@ -85,10 +85,10 @@ def test_plan_changes_nothing() -> None:
     before = (json.dumps(state.dump_updates()), state.deleted_range, state.revision)
     plan = state.plan(messages, {"ts": 5, "tokens_in": 50_000}, MODEL, Budgeting(by_length))
     assert (json.dumps(state.dump_updates()), state.deleted_range, state.revision) == before
-    assert plan.range_updated
-    assert [{"index": 2, "block": 0, "edit_type": 2, "paths": ["a.py"]}] == plan.file_reads
-    assert plan.tokens_after < plan.tokens_before
-    assert LIMIT == plan.budget
+    assert plan["range_updated"]
+    assert [{"index": 2, "block": 0, "edit_type": 2, "paths": ["a.py"]}] == plan["file_reads"]
+    assert plan["tokens_after"] < plan["tokens_before"]
+    assert LIMIT == plan["budget"]
 
 
 def test_one_oversized_message_is_named_instead_of_cut_again_and_again() -> None:
@@ -97,12 +97,12 @@ def test_one_oversized_message_is_named_instead_of_cut_again_and_again() -> None
     state = TaskState()
     budgeting = Budgeting(by_length, strategy="fit")
     first = state.prepare_request(messages, {"ts": 1, "tokens_in": 60_000}, MODEL, False, budgeting)
-    assert first.fits is False
-    assert first.largest is not None
-    assert 5 == first.largest[0][0]
+    assert first["fits"] is False
+    assert first["largest"] is not None
+    assert 5 == first["largest"][0][0]
     again = state.prepare_request(messages, {"ts": 2, "tokens_in": 60_000}, MODEL, False, budgeting)
-    assert again.stalled
-    assert first.deleted_range == again.deleted_range
+    assert again["stalled"]
+    assert first["deleted_range"] == again["deleted_range"]
 
 
 def test_a_compaction_that_cannot_shrink_the_view_is_reported_stalled() -> None:
@@ -111,8 +111,8 @@ def test_a_compaction_that_cannot_shrink_the_view_is_reported_stalled() -> None:
     state = TaskState()
     usage = {"ts": 1, "tokens_in": 40_000}
     results = [state.prepare_request(messages, usage, MODEL) for _ in range(3)]
-    assert [[2, 3], [2, 5], [2, 5]] == [result.deleted_range for result in results]
-    assert [False, False, True] == [result.stalled for result in results]
+    assert [[2, 3], [2, 5], [2, 5]] == [result["deleted_range"] for result in results]
+    assert [False, False, True] == [result["stalled"] for result in results]
 
 
 def test_proactive_mode_compacts_before_the_first_request() -> None:
@@ -120,17 +120,17 @@ def test_proactive_mode_compacts_before_the_first_request() -> None:
     messages = conversation([100, 100] + [5000] * 12)
     state = TaskState()
     idle = state.prepare_request(messages, None, MODEL, False, Budgeting(by_length), ts=9)
-    assert (idle.range_updated, idle.deleted_range) == (False, None)
+    assert (idle["range_updated"], idle["deleted_range"]) == (False, None)
     result = state.prepare_request(
         messages, None, MODEL, False, Budgeting(by_length, proactive=True), ts=9
     )
-    assert result.range_updated
-    assert result.fits
+    assert result["range_updated"]
+    assert result["fits"]
 
 
 def test_default_behaviour_adds_no_estimate() -> None:
     """Without budgeting, results carry no estimate fields."""
-    wire = TaskState().prepare_request(conversation([5, 5, 5]), None, MODEL).wire()
+    wire = TaskState().prepare_request(conversation([5, 5, 5]), None, MODEL)
     assert {"deleted_range", "range_updated", "messages", "stalled"} == set(wire)
 
 

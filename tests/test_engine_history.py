@@ -111,9 +111,9 @@ def test_patches_rebuild_every_conformance_view_exactly() -> None:
             state.deleted_range = args["deleted_range"]
             history = args["messages"]
             if step["op"] == "prepare_request":
-                view = state.prepare_request(
+                view: list[Any] = state.prepare_request(
                     history, args["previous_request"], args["model"], args["use_auto_condense"]
-                ).messages
+                )["messages"]
             else:
                 view = state.truncated_messages(history)
             patch = view_patch(view, history, state.deleted_range)

@@ -133,7 +133,7 @@ def test_the_input_is_never_mutated(
     in_memory = state.optimize_file_reads_in_memory(messages, 10**9)
     assert pristine == messages
     assert view is not messages
-    assert in_memory.messages is not messages
+    assert in_memory["messages"] is not messages
 
 
 _pair_ids = st.lists(st.sampled_from(["a", "b", "c"]), max_size=3)

@@ -221,7 +221,7 @@ def test_file_mention_replacement_is_literal() -> None:
         {"role": "user", "content": [{"type": "text", "text": f"C {mention}"}]},
     ]
     state = TaskState(Notices(duplicate_file_read="GONE"))
-    assert state.optimize_file_reads(messages, 5).changed
+    assert state.optimize_file_reads(messages, 5)["changed"]
     view = state.truncated_messages(messages)
     assert 'A <file_content path="p.js">GONE</file_content> B' == view[2]["content"][0]["text"]
     assert f"C {mention}" == view[4]["content"][0]["text"]

@@ -164,17 +164,19 @@ def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext |
     due = _summary_due(state, args)
     if args.get("summaries") and context is not None:
         # A message larger than the window: no cut or summary can fit it.
-        state.fit_oversized(
-            args["messages"], args["model"], context.budgeting(args), proto.now_ms()
+        engine.fit_oversized(
+            state, args["messages"], args["model"], context.budgeting(args), proto.now_ms()
         )
-    result = state.prepare_request(
-        args["messages"],
-        args.get("previous_request"),
-        args["model"],
-        bool(args.get("use_auto_condense", False)),
-        budgeting,
-        proto.now_ms(),
-    ).wire()
+    result: Result = {
+        **state.prepare_request(
+            args["messages"],
+            args.get("previous_request"),
+            args["model"],
+            bool(args.get("use_auto_condense", False)),
+            budgeting,
+            proto.now_ms(),
+        )
+    }
     if budgeting is not None and context is not None:
         result["calibration"] = context.calibration.ratio
     if due:
@@ -189,7 +191,8 @@ def _summary_due(state: engine.TaskState, args: Args) -> bool:
     Only when asked (``summaries``): the check runs the duplicate-read step,
     which SPEC.md leaves to the caller of a plain ``use_auto_condense`` request.
     """
-    return bool(args.get("use_auto_condense") and args.get("summaries")) and state.summary_due(
+    return bool(args.get("use_auto_condense") and args.get("summaries")) and engine.summary_due(
+        state,
         args["messages"],
         args.get("previous_request"),
         args["model"],
@@ -199,16 +202,16 @@ def _summary_due(state: engine.TaskState, args: Args) -> bool:
 
 def _plan(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     assert context is not None  # plan always estimates
-    result = state.plan(
-        args["messages"],
-        args.get("previous_request"),
-        args["model"],
-        context.budgeting(args),
-        bool(args.get("use_auto_condense", False)),
-        proto.now_ms(),
-    ).wire()
-    result["calibration"] = context.calibration.ratio
-    return result
+    return {
+        **state.plan(
+            args["messages"],
+            args.get("previous_request"),
+            args["model"],
+            context.budgeting(args),
+            bool(args.get("use_auto_condense", False)),
+            proto.now_ms(),
+        )
+    }
 
 
 def _truncated_messages(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
@@ -218,17 +221,17 @@ def _truncated_messages(state: engine.TaskState, args: Args, context: TaskContex
 def _optimize_file_reads(
     state: engine.TaskState, args: Args, context: TaskContext | None
 ) -> Result:
-    return state.optimize_file_reads(args["messages"], args["ts"]).wire()
+    return {**state.optimize_file_reads(args["messages"], args["ts"])}
 
 
 def _optimize_file_reads_in_memory(
     state: engine.TaskState, args: Args, context: TaskContext | None
 ) -> Result:
-    return state.optimize_file_reads_in_memory(args["messages"], args["ts"]).wire()
+    return {**state.optimize_file_reads_in_memory(args["messages"], args["ts"])}
 
 
 def _compact_subagent(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    return state.compact_subagent(args["messages"], proto.now_ms()).wire()
+    return {**state.compact_subagent(args["messages"], proto.now_ms())}
 
 
 def _apply_truncation_notice(
@@ -240,24 +243,27 @@ def _apply_truncation_notice(
 
 def _compact(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     keep_task = bool(args.get("keep_task", False))
-    return state.compact(args["messages"], args["keep"], args["ts"], keep_task).wire()
+    return {**state.compact(args["messages"], args["keep"], args["ts"], keep_task)}
 
 
 def _condensed(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    return {"deleted_range": state.condensed(args["messages"])}
+    return {"deleted_range": engine.condensed(state, args["messages"])}
 
 
 def _condense(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     assert context is not None  # condense always measures
-    return state.condense(
-        args["messages"],
-        args["model"],
-        args["ts"],
-        context.budgeting(args),
-        args.get("summary"),
-        args.get("threshold") or engine.AUTO_CONDENSE_FRACTION,
-        args.get("usage"),
-    ).wire()
+    return {
+        **engine.condense(
+            state,
+            args["messages"],
+            args["model"],
+            args["ts"],
+            context.budgeting(args),
+            args.get("summary"),
+            args.get("threshold") or engine.AUTO_CONDENSE_FRACTION,
+            args.get("usage"),
+        )
+    }
 
 
 def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._auto import DEFAULT_POLICY, AutoPolicy
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
+from ._condense import AUTO_CONDENSE_FRACTION, condense, condensed, fit_oversized, summary_due
 from ._dialect import SRC, Dialect, DialectError, MappedHistory, Pieces
 from ._dialects import CLINE, DIALECT_NAMES, DIALECTS, get_dialect, kept_out_text
 from ._history import History, ResyncRequired
@@ -22,17 +23,8 @@ from ._reads import (
     ReadTool,
     read_tool_from_config,
 )
-from ._state import (
-    AUTO_CONDENSE_FRACTION,
-    CompactResult,
-    CondenseResult,
-    InMemoryResult,
-    OptimizeResult,
-    PlanResult,
-    PrepareResult,
-    SubagentResult,
-    TaskState,
-)
+from ._state import STRATEGIES, TaskState
+from ._strategy import ViewStrategy
 from ._summary import SUMMARY_MARK, SUMMARY_PROMPT, Summary, basic_summary, summary_prompt
 from ._view import keep_from, truncated_messages
 from ._window import (
@@ -54,6 +46,7 @@ __all__ = [
     "DIALECT_NAMES",
     "SHELL_READ_PATTERN",
     "SRC",
+    "STRATEGIES",
     "SUMMARY_MARK",
     "SUMMARY_PROMPT",
     "AutoPolicy",
@@ -62,36 +55,33 @@ __all__ = [
     "CacheLedger",
     "Calibration",
     "CompactDecision",
-    "CompactResult",
-    "CondenseResult",
     "CorruptStateError",
     "Counter",
     "Dialect",
     "DialectError",
     "History",
-    "InMemoryResult",
     "Keep",
     "MappedHistory",
     "MessageUpdates",
     "Notices",
     "Optimisation",
-    "OptimizeResult",
     "Overlay",
     "PatchMaker",
     "Pieces",
-    "PlanResult",
-    "PrepareResult",
     "ReadRules",
     "ReadTool",
     "Receipt",
     "ResyncRequired",
     "Strategy",
-    "SubagentResult",
     "Summary",
     "TaskState",
+    "ViewStrategy",
     "WindowInfo",
     "basic_summary",
+    "condense",
+    "condensed",
     "context_window_info",
+    "fit_oversized",
     "fit_range",
     "get_dialect",
     "keep_from",
@@ -100,6 +90,7 @@ __all__ = [
     "optimize_file_reads",
     "read_tool_from_config",
     "should_compact",
+    "summary_due",
     "summary_prompt",
     "text_of",
     "total_tokens",

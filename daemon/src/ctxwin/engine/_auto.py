@@ -29,25 +29,32 @@ boundaries, so tool call and result pairs stay intact.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ctxwin.proto import PRICE_SHEETS, PriceSheet
+from ctxwin.proto import PrepareRequestResult, PriceSheet
 
-from ._blocks import Message, text_of, tool_calls
-from ._budget import Budgeting, fit_range
-from ._ledger import Receipt, payback_turns
-from ._optimize import TOOL_HEADER
-from ._overlay import EDIT_NO_FILE_READ, EDIT_READ_FILE, EDIT_UNDEFINED
-from ._reads import native_reads
-from ._view import apply_overlay, keep_from
+from ._auto_edits import Planner
+from ._blocks import Message
+from ._budget import Budgeting
+from ._ledger import Receipt
+from ._strategy import prepared
+from ._window import context_window_info
 
 if TYPE_CHECKING:
     from ._state import TaskState
 
-__all__ = ["DEFAULT_POLICY", "AutoOutcome", "AutoPolicy", "run_auto", "shorten_oversized"]
+__all__ = [
+    "AUTO",
+    "DEFAULT_POLICY",
+    "AutoMemory",
+    "AutoOutcome",
+    "AutoPolicy",
+    "AutoStrategy",
+    "run_auto",
+    "shorten_oversized",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,23 +101,38 @@ class AutoPolicy:
 
 
 DEFAULT_POLICY = AutoPolicy()
-DECISION_SHEET = PRICE_SHEETS["anthropic"]
-"""The sheet decisions assume when a task has none (its write premium is the highest)."""
-
-STUB_ARGS = 160
-"""Characters of a masked call's arguments kept in its stub."""
 
 
 @dataclass(slots=True)
-class Candidate:
-    """One text block the batch may replace, and the tokens that saves."""
+class AutoMemory:
+    """What ``auto`` keeps on a task between requests (not stored: a restarted task
+    starts afresh).
 
-    index: int
-    block: int
-    edit_type: int
-    kind: str  # "supersede" or "mask"
-    replacement: str
-    saved: int
+    Attributes:
+        policy: the task's settings.
+        max_out: the largest response reported so far (room is kept for one as large).
+        block_tokens: tokens of history text blocks, by (index, block), while the
+            message is the same (shared by a task's copies: a cache).
+        stub_tokens: tokens of the stubs written, by text (shared the same way).
+        checked: the view's tokens when ``auto`` last looked for a batch that pays back.
+        overflowed: a view did not fit once: the ceiling applies from then on.
+    """
+
+    policy: AutoPolicy = DEFAULT_POLICY
+    max_out: int = 0
+    block_tokens: dict[tuple[int, int], tuple[Message, int]] = field(default_factory=dict)
+    stub_tokens: dict[str, int] = field(default_factory=dict)
+    checked: int = 0
+    overflowed: bool = False
+
+    def copy(self) -> AutoMemory:
+        """An independent copy that shares the token caches."""
+        return replace(self)
+
+    def budget(self, model: Mapping[str, Any]) -> float:
+        """What ``auto`` lets a view use: the window less room for the response."""
+        window = context_window_info(model).context_window
+        return max(window - max(self.policy.reserve, round(self.max_out * 1.25)), 0)
 
 
 @dataclass(slots=True)
@@ -120,317 +142,6 @@ class AutoOutcome:
     range_updated: bool = False
     stalled: bool = False
     receipts: list[Receipt] = field(default_factory=list)
-
-
-def _stub(notice_tool: object, arguments: object, tokens: int) -> str:
-    if isinstance(arguments, str):
-        shown = arguments
-    else:
-        try:
-            shown = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False, default=repr)
-        except (TypeError, ValueError):
-            shown = repr(arguments)
-    if len(shown) > STUB_ARGS:
-        shown = shown[: STUB_ARGS - 3] + "..."
-    return (
-        f"[ctxwin] The result of {notice_tool}({shown}) was removed to save context "
-        f"({tokens} tokens); call the tool again if it is needed."
-    )
-
-
-class _Planner:
-    """One decision: the task's history, view and counts, shared by the steps."""
-
-    def __init__(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        budgeting: Budgeting,
-        sheet: PriceSheet | None,
-        policy: AutoPolicy,
-        ts: int,
-    ) -> None:
-        self.state = state
-        self.messages = messages
-        self.budgeting = budgeting
-        self.sheet = sheet or DECISION_SHEET
-        self.policy = policy
-        self.ts = ts
-        self._view: tuple[Any, list[Message]] | None = None
-
-    # -- sizes ------------------------------------------------------------------
-
-    def current(self, index: int) -> Message:
-        """History message ``index`` with its overlay applied."""
-        entry = self.state.overlay.get(index)
-        message = self.messages[index]
-        return message if entry is None else apply_overlay(message, entry)
-
-    def text_tokens(self, text: str) -> int:
-        return self.budgeting.count({"role": "user", "content": [{"type": "text", "text": text}]})
-
-    def block_tokens(self, index: int, block: int, text: str) -> int:
-        """Tokens of one block's text in the history, remembered while the message is the same."""
-        key = (index, block)
-        held = self.state.block_tokens.get(key)
-        message = self.messages[index]
-        if held is not None and held[0] is message:
-            return held[1]
-        tokens = self.text_tokens(text)
-        self.state.block_tokens[key] = (message, tokens)
-        return tokens
-
-    def view(self) -> list[Message]:
-        """The view as the state stands (built again only after an edit or a cut)."""
-        key = (self.state.overlay.version, len(self.state.overlay), self.state.deleted_range)
-        if self._view is None or self._view[0] != key:
-            self._view = (key, self.state.truncated_messages(self.messages))
-        return self._view[1]
-
-    def view_tokens(self) -> int:
-        return self.budgeting.view_tokens(self.view())
-
-    def tail_tokens(self, first: int) -> int:
-        """Calibrated tokens of the view from history index ``first`` to the end."""
-        start = keep_from(self.state.deleted_range)
-        view = self.view()
-        place = 2 + max(first - start, 0) if len(view) > 2 else 0
-        total = sum(self.budgeting.count(message) for message in view[place:])
-        return round(total * self.budgeting.ratio)
-
-    def stub_tokens(self, text: str) -> int:
-        """Tokens of a replacement text, remembered (stubs repeat every turn)."""
-        held = self.state.stub_tokens.get(text)
-        if held is None:
-            if len(self.state.stub_tokens) > 4096:
-                self.state.stub_tokens.clear()
-            held = self.state.stub_tokens[text] = self.text_tokens(text)
-        return held
-
-    # -- candidates -------------------------------------------------------------
-
-    def candidates(self) -> list[Candidate]:
-        """Superseded reads and old results after the range, oldest first."""
-        messages = self.messages
-        start = keep_from(self.state.deleted_range)
-        policy = self.policy
-        overlay = self.state.overlay
-        notice = self.state.notices.duplicate_file_read
-        user_seen = 0
-        recent_from = len(messages)
-        for index in range(len(messages) - 1, start - 1, -1):
-            if messages[index].get("role") == "user":
-                user_seen += 1
-                if user_seen >= policy.recent_turns:
-                    recent_from = index
-                    break
-        else:
-            recent_from = start
-        # Each result found: (index, block, tool, arguments, read key, text).
-        found: list[tuple[int, int, object, object, str | None, str]] = []
-        rules = self.state.reads
-        for index in range(start, recent_from):
-            message = messages[index]
-            if message.get("role") != "user":
-                continue
-            content = message.get("content")
-            if not isinstance(content, list) or not content:
-                continue
-            if rules is None:
-                text = text_of(content[0]) or ""
-                header = TOOL_HEADER.match(text) if text.startswith("[") else None
-                if header is None:
-                    continue
-                block = 0 if len(text) > header.end() else 1
-                body = text if block == 0 else (text_of(content[1]) if len(content) > 1 else None)
-                if not body:
-                    continue
-                tool, path = header.group(1), header.group(2)
-                key = path if tool == "read_file" else None
-                found.append((index, block, tool, path, key, body))
-                continue
-            reads = {block: key for key, block in native_reads(messages, index, rules)}
-            calls: dict[str, tuple[object, object]] | None = None
-            for block_index, item in enumerate(content):
-                if item.get("type") != "tool_result":
-                    continue
-                body = text_of(item)
-                if not body:
-                    continue
-                if calls is None:
-                    calls = tool_calls(messages[index - 1]) if index else {}
-                name, arguments = calls.get(item.get("tool_use_id", ""), ("tool", None))
-                found.append((index, block_index, name, arguments, reads.get(block_index), body))
-        # The latest read of each file, anywhere in the history, is never replaced.
-        latest: dict[str, tuple[int, int]] = {}
-        for index in range(start, len(messages)):
-            for key, block in self._reads_at(index):
-                latest[key] = (index, block)
-        # The last ``keep_calls`` results, counting those of the last turns.
-        newer = sum(self._results_at(index) for index in range(recent_from, len(messages)))
-        spare = max(policy.keep_calls - newer, 0)
-        recent_calls = {(index, block) for index, block, *_ in found[max(len(found) - spare, 0) :]}
-        result: list[Candidate] = []
-        for index, block, tool, arguments, key, body in found:
-            entry = overlay.get(index)
-            if entry is not None and block in entry.blocks:
-                continue
-            if key is not None and latest.get(key) == (index, block):
-                continue
-            tokens = self.block_tokens(index, block, body)
-            if key is not None:
-                replacement = notice
-                kind, edit_type = "supersede", EDIT_READ_FILE
-            else:
-                if (index, block) in recent_calls and tokens < policy.large_result:
-                    continue
-                replacement = _stub(tool, arguments, tokens)
-                kind, edit_type = "mask", EDIT_NO_FILE_READ
-            if rules is None and block == 0:
-                header = TOOL_HEADER.match(body)
-                assert header is not None
-                replacement = f"{header.group(0)}\n{replacement}"
-            saved = tokens - self.stub_tokens(replacement)
-            if saved > 0:
-                result.append(Candidate(index, block, edit_type, kind, replacement, saved))
-        return result
-
-    def _reads_at(self, index: int) -> list[tuple[str, int]]:
-        message = self.messages[index]
-        if message.get("role") != "user":
-            return []
-        rules = self.state.reads
-        if rules is not None:
-            return list(native_reads(self.messages, index, rules))
-        content = message.get("content")
-        if not isinstance(content, list) or not content:
-            return []
-        text = text_of(content[0]) or ""
-        header = TOOL_HEADER.match(text) if text.startswith("[") else None
-        if header is None or header.group(1) != "read_file":
-            return []
-        return [(header.group(2), 0 if len(text) > header.end() else 1)]
-
-    def _results_at(self, index: int) -> int:
-        """How many tool results message ``index`` holds."""
-        message = self.messages[index]
-        content = message.get("content")
-        if message.get("role") != "user" or not isinstance(content, list) or not content:
-            return 0
-        if self.state.reads is None:
-            text = text_of(content[0])
-            return int(bool(text) and TOOL_HEADER.match(text or "") is not None)
-        return sum(1 for block in content if block.get("type") == "tool_result")
-
-    # -- steps ----------------------------------------------------------------------
-
-    def pays_back(self, batch: Sequence[Candidate]) -> bool:
-        saved = sum(candidate.saved for candidate in batch)
-        if saved < self.policy.min_batch:
-            return False
-        first = min(candidate.index for candidate in batch)
-        rewrite = self.tail_tokens(first)
-        turns = payback_turns(self.sheet, saved, rewrite)
-        if turns is None:
-            return False
-        low, high = self.policy.horizon
-        users = sum(1 for message in self.messages if message.get("role") == "user")
-        horizon = min(max(users, low), high)
-        return turns * self.policy.margin <= horizon
-
-    def apply(self, batch: Sequence[Candidate]) -> Receipt:
-        first = min(candidate.index for candidate in batch)
-        rewrite = self.tail_tokens(first)
-        overlay = self.state.overlay
-        for candidate in batch:
-            overlay.append(
-                candidate.index,
-                candidate.edit_type,
-                candidate.block,
-                [self.ts, "text", [candidate.replacement], []],
-            )
-        saved = sum(candidate.saved for candidate in batch)
-        kinds = sorted({candidate.kind for candidate in batch})
-        return Receipt(
-            self.ts,
-            "+".join(kinds),
-            first,
-            saved,
-            rewrite,
-            payback_turns(self.sheet, saved, rewrite),
-        )
-
-    def cut(self, target: float) -> tuple[Receipt | None, bool]:
-        """Cut whole turns down to ``target`` tokens; returns its receipt and whether it fits."""
-        state = self.state
-        before = state.deleted_range
-        proposed, fits = fit_range(self.messages, before, state.overlay, target, self.budgeting)
-        proposed = state._keep_newest(self.messages, before, proposed)
-        if proposed == before or proposed is None:
-            return None, fits
-        start_before = keep_from(before)
-        removed = self.view_tokens()
-        state.deleted_range = proposed
-        state.add_truncation_notice(self.ts, self.messages)
-        removed -= self.view_tokens()
-        rewrite = self.view_tokens()
-        receipt = Receipt(
-            self.ts,
-            "cut",
-            start_before,
-            removed,
-            rewrite,
-            payback_turns(self.sheet, removed, rewrite),
-        )
-        return receipt, fits
-
-    def shorten(self, limit: float, target: float) -> list[Receipt]:
-        """Shorten the view's text blocks larger than ``limit`` tokens to ``target`` tokens."""
-        receipts: list[Receipt] = []
-        start = keep_from(self.state.deleted_range)
-        indices = [*range(min(2, len(self.messages))), *range(start, len(self.messages))]
-        for index in indices:
-            message = self.current(index)
-            if self.budgeting.tokens(message) <= limit:
-                continue
-            content = message.get("content")
-            if not isinstance(content, list):
-                continue
-            for block_index, block in enumerate(content):
-                text = text_of(block)
-                if not text:
-                    continue
-                tokens = self.text_tokens(text)
-                if tokens * self.budgeting.ratio <= limit:
-                    continue
-                keep = max(int(len(text) * target / (tokens * self.budgeting.ratio)), 200)
-                if keep >= len(text):
-                    continue
-                head = text[: keep * 2 // 3]
-                tail = text[len(text) - keep // 3 :]
-                removed = tokens - round(tokens * keep / len(text))
-                shortened = (
-                    f"{head}\n[ctxwin] This content was shortened to fit the model's context "
-                    f"window: it held {tokens} tokens, about {removed} were removed from "
-                    f"the middle.\n{tail}"
-                )
-                edit_type = EDIT_UNDEFINED if index < 2 else EDIT_NO_FILE_READ
-                self.state.overlay.append(
-                    index, edit_type, block_index, [self.ts, "text", [shortened], []]
-                )
-                saved = tokens - self.text_tokens(shortened)
-                rewrite = self.tail_tokens(index)
-                receipts.append(
-                    Receipt(
-                        self.ts,
-                        "shorten",
-                        index,
-                        saved,
-                        rewrite,
-                        payback_turns(self.sheet, saved, rewrite),
-                    )
-                )
-        return receipts
 
 
 def shorten_oversized(
@@ -452,7 +163,7 @@ def shorten_oversized(
     """
     if len(messages) < 3:
         return []
-    planner = _Planner(state, messages, budgeting, sheet, policy, ts)
+    planner = Planner(state, messages, budgeting, sheet, policy, ts)
     if planner.view_tokens() <= budget:
         return []
     return planner.shorten(budget * policy.big_message, budget * policy.shortened)
@@ -480,25 +191,25 @@ def run_auto(
     outcome = AutoOutcome()
     if len(messages) < 3:
         return outcome
-    planner = _Planner(state, messages, budgeting, sheet, policy, ts)
+    planner = Planner(state, messages, budgeting, sheet, policy, ts)
     hard = budget
     estimate = planner.view_tokens()
     if estimate > hard:
-        state.auto_overflowed = True
-    if state.auto_overflowed:
+        state.auto.overflowed = True
+    if state.auto.overflowed:
         # A conversation that outgrew the window once will again: keep its views
         # under the ceiling, where reading them from the cache each turn costs less.
         budget = max(budget * policy.ceiling, min(budget, policy.ceiling_floor))
     if estimate <= budget:
         # A batch that did not pay back at the last look can only do so once new
         # messages have added candidates (or turns): look again every half batch.
-        if estimate - state.auto_checked < policy.min_batch // 2 and estimate >= state.auto_checked:
+        if estimate - state.auto.checked < policy.min_batch // 2 and estimate >= state.auto.checked:
             return outcome
-        state.auto_checked = estimate
+        state.auto.checked = estimate
         candidates = planner.candidates()
         if candidates and planner.pays_back(candidates):
             outcome.receipts.append(planner.apply(candidates))
-            state.auto_checked = planner.view_tokens()
+            state.auto.checked = planner.view_tokens()
         return outcome
     candidates = planner.candidates()
     # Over the budget: a message too large for it is shortened first, then the batch.
@@ -506,7 +217,7 @@ def run_auto(
     if candidates:
         outcome.receipts.append(planner.apply(candidates))
     estimate = planner.view_tokens()
-    state.auto_checked = estimate
+    state.auto.checked = estimate
     if estimate <= budget * policy.high_water:
         return outcome
     # Not enough: cut whole turns to the low-water mark. (A summary of what the
@@ -523,3 +234,35 @@ def run_auto(
         if planner.view_tokens() > hard:
             outcome.stalled = receipt is None
     return outcome
+
+
+class AutoStrategy:
+    """``strategy: "auto"``: decide on the view about to be sent (see the module docstring)."""
+
+    def prepare(
+        self,
+        state: TaskState,
+        messages: Sequence[Message],
+        previous_request: Mapping[str, Any] | None,
+        model: Mapping[str, Any],
+        use_auto_condense: bool,
+        budgeting: Budgeting | None,
+        ts: int | None,
+    ) -> tuple[PrepareRequestResult, Sequence[Receipt]]:
+        assert budgeting is not None  # auto is asked for through budgeting
+        sheet = state.sheet_for(model, budgeting)
+        budget = state.auto.budget(model)
+        outcome = AutoOutcome()
+        if not use_auto_condense:
+            before = state.overlay.version
+            policy = state.auto.policy
+            outcome = run_auto(state, messages, budgeting, budget, sheet, ts or 0, policy)
+            if state.overlay.version != before:
+                state.mark_changed()
+        result = prepared(
+            state, messages, outcome.range_updated, outcome.stalled, budget, budgeting
+        )
+        return result, outcome.receipts
+
+
+AUTO = AutoStrategy()

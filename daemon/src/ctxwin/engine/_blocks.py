@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
+
+from ctxwin.proto import Message as WireMessage
 
 Block = dict[str, Any]
 Message = dict[str, Any]
+
+
+def wire_view(view: list[Message]) -> list[WireMessage]:
+    """A view as a result carries it: the same messages, typed as ``ctxwin.proto``'s."""
+    return cast("list[WireMessage]", view)
 
 
 def text_of(block: Mapping[str, Any]) -> str | None:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard, cast
 
-from ctxwin.proto import SUMMARY_MARK
+from ctxwin.proto import SUMMARY_MARK, SummaryInfo
 
 from ._blocks import Block, Message, text_of
 from ._optimize import TOOL_HEADER
 
-SUMMARY_KINDS = ("basic", "model")
+SummaryKind = Literal["basic", "model"]
+SUMMARY_KINDS: tuple[SummaryKind, ...] = ("basic", "model")
 
 SUMMARY_PROMPT = (
     "Write a summary of this conversation so far, to replace its earlier turns: they will "
@@ -69,7 +70,7 @@ class Summary:
     text: str
     end: int
     before: list[int] | None
-    kind: str
+    kind: SummaryKind
     length: int
 
     def dump(self) -> dict[str, Any]:
@@ -83,7 +84,7 @@ class Summary:
             "length": self.length,
         }
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> SummaryInfo:
         """What ``condense`` and ``inspect`` show of it."""
         return {
             "ts": self.ts,
@@ -122,7 +123,8 @@ class Summary:
             )
         ):
             raise ValueError("a summary has an unexpected shape")
-        return cls(ts, text, end, None if before is None else list(before), kind, length)
+        before = None if before is None else list(before)
+        return cls(ts, text, end, before, cast(SummaryKind, kind), length)
 
     def block(self) -> Block:
         """The text block the view carries."""

@@ -2,9 +2,10 @@
 
 Keys beyond the ones listed may appear (the daemon may add fields in a later
 minor version); readers must ignore what they do not know.
-"""
 
-from __future__ import annotations
+The annotations are evaluated (no ``from __future__ import annotations``): on
+Python 3.11 a TypedDict tells its required keys apart only then.
+"""
 
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -290,26 +291,32 @@ class CountTokensResult(TypedDict):
     tokens: int
 
 
-RESULT_FIELDS: dict[str, tuple[str, ...]] = {
-    "ping": ("pong", "version", "proto"),
-    "stats": ("tasks", "actors", "requests", "flushes", "write_failures", "uptime_s"),
-    "context_window_info": ("context_window", "max_allowed_size"),
-    "should_compact": ("compact", "total_tokens", "threshold_tokens"),
-    "next_truncation_range": ("deleted_range",),
-    "prepare_request": ("deleted_range", "range_updated", "messages"),
-    "plan": ("deleted_range", "range_updated", "tokens_before", "tokens_after", "fits"),
-    "truncated_messages": ("messages",),
-    "optimize_file_reads": ("changed", "need_to_truncate", "percent_saved"),
-    "optimize_file_reads_in_memory": ("changed", "need_to_truncate", "messages"),
-    "compact_subagent": ("compacted", "deleted_range", "messages"),
-    "apply_truncation_notice": ("changed",),
-    "compact": ("deleted_range", "changed"),
-    "condensed": ("deleted_range",),
-    "condense": ("condensed", "reason", "deleted_range", "summary", "messages"),
-    "rollback": ("removed",),
-    "inspect": ("updates", "deleted_range", "dirty"),
-    "flush": ("flushed",),
-    "close": ("closed",),
-    "count_tokens": ("tokens",),
+_TYPES: dict[str, type] = {
+    "ping": PingResult,
+    "stats": StatsResult,
+    "context_window_info": ContextWindowInfoResult,
+    "should_compact": ShouldCompactResult,
+    "next_truncation_range": NextTruncationRangeResult,
+    "prepare_request": PrepareRequestResult,
+    "plan": PlanResult,
+    "truncated_messages": TruncatedMessagesResult,
+    "optimize_file_reads": OptimizeFileReadsResult,
+    "optimize_file_reads_in_memory": OptimizeFileReadsInMemoryResult,
+    "compact_subagent": CompactSubagentResult,
+    "apply_truncation_notice": ApplyTruncationNoticeResult,
+    "compact": CompactResult,
+    "condensed": CondensedResult,
+    "condense": CondenseResult,
+    "rollback": RollbackResult,
+    "inspect": InspectResult,
+    "flush": FlushResult,
+    "close": CloseResult,
+    "count_tokens": CountTokensResult,
 }
-"""The fields each op's result carries (the right-hand column of the wire table)."""
+"""The result type of each op."""
+
+RESULT_FIELDS: dict[str, tuple[str, ...]] = {
+    op: tuple(key for key in kind.__annotations__ if key in kind.__required_keys__)  # type: ignore[attr-defined]
+    for op, kind in _TYPES.items()
+}
+"""The fields each op's result always carries (its type's required keys, in order)."""
