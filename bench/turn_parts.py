@@ -108,7 +108,7 @@ class Loopback:
         call = _ops.prepare_request(
             self.handle.id, (), self.model, previous_request=previous, ephemeral=None
         )
-        delta = self.handle._delta.call(call, snapshot)
+        delta = self.handle._delta.call(call, snapshot, proto.FEATURES)
         self.ids += 1
         return snapshot, delta, _core.encode(delta, self.ids)
 
@@ -310,7 +310,7 @@ def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
             snapshot
         ),
         "client: delta request built and checked again (DeltaSync.call)": lambda: (
-            handle._delta.call(base_call, snapshot)
+            handle._delta.call(base_call, snapshot, proto.FEATURES)
         ),
         "client: client call's own turn (Client.call, Turns.take)": client_call_turn,
         "client: request encoded (_core.encode)": lambda: _core.encode(call, 7),

@@ -13,7 +13,7 @@ import zmq
 
 import ctxwin.client
 from ctxwin import proto
-from ctxwin.client import AsyncClient, AsyncTask, Client, Task, _core, _link, _ops
+from ctxwin.client import AsyncClient, AsyncTask, Client, Task, _core, _delta, _link, _ops
 from ctxwin.client._errors import (
     ERROR_CLASSES,
     BadRequestError,
@@ -308,6 +308,26 @@ def test_the_link_tells_a_refused_endpoint_from_a_restarting_daemon() -> None:
     assert not link.unreachable(13.0 + _link.RECONNECT_GRACE / 2)
     assert link.unreachable(13.0 + _link.RECONNECT_GRACE)
     assert "went away" in str(_link.unreachable_error("ipc:///x", link))
+
+
+def test_delta_sync_asks_only_for_what_the_daemon_s_features_name() -> None:
+    """The view form follows ping's features; a daemon without delta sync turns it off."""
+    forms: list[tuple[Any, str | None]] = [
+        (proto.FEATURES, "patch_prepend"),
+        (["delta", "view_patch"], "patch"),
+        (["delta"], None),
+    ]
+    for features, view in forms:
+        sync = _delta.DeltaSync()
+        call = sync.call(_ops.truncated_messages("t1", ()), MESSAGES, features)
+        assert call.args.get("view") == view
+        assert sync.enabled
+    assert {_delta.DELTA, _delta.VIEW_PATCH, _delta.VIEW_PATCH_PREPEND} <= set(proto.FEATURES)
+    sync = _delta.DeltaSync()
+    call = sync.call(_ops.truncated_messages("t1", ()), MESSAGES, [])
+    assert (set(call.args), sync.enabled) == ({"task", "messages"}, False)
+    again = sync.call(_ops.truncated_messages("t1", ()), MESSAGES, proto.FEATURES)
+    assert (set(again.args), sync.enabled) == ({"task", "messages"}, False)
 
 
 def test_only_ops_that_change_nothing_twice_are_sent_again_after_a_drop() -> None:

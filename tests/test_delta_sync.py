@@ -54,13 +54,14 @@ def test_scenario_by_delta_gives_the_same_results(
         task_dir.mkdir(parents=True)
         (task_dir / "context_history.json").write_text(json.dumps(scenario.initial_updates))
     sync = DeltaSync()
+    features = delta_client.ping()["features"]
     deltas = 0
     for number, step in enumerate(scenario.steps):
         args = expand_args(step["args"], scenario.conversation)
         op = step["op"]
         if op in HISTORY_OPS and "messages" in args:
             messages = args.pop("messages")
-            call: Call[Any] = sync.call(Call(op, args), messages)
+            call: Call[Any] = sync.call(Call(op, args), messages, features)
             deltas += "append" in call.args
             result: dict[str, Any] = dict(delta_client.call(call))
         else:
@@ -348,10 +349,14 @@ def test_wire_refusals_of_bad_deltas(delta_daemon: DaemonProcess) -> None:
 
 
 def test_a_daemon_without_delta_sync_gets_whole_lists(tmp_path: Path) -> None:
-    """A daemon that refuses the delta fields turns delta sync off for the handle."""
+    """A daemon whose ping names no delta sync gets whole lists: the handle turns it off."""
 
     def old_daemon(request: proto.Request) -> list[bytes]:
-        unknown = sorted({"base", "base_digest", "append", "view"} & set(request.args))
+        if request.op == "ping":
+            return ok(request)  # from before features were listed
+        unknown = sorted(
+            {"base", "base_digest", "append", "view", "patch_base"} & set(request.args)
+        )
         if unknown:
             return error(request, "bad_request", f"{request.op}: unknown argument(s) {unknown}")
         return ok(request, {"messages": request.args["messages"]})
@@ -362,14 +367,20 @@ def test_a_daemon_without_delta_sync_gets_whole_lists(tmp_path: Path) -> None:
         assert task.truncated_messages(messages)["messages"] == messages
         assert not task.delta
         assert task.truncated_messages(messages)["messages"] == messages
-        assert ["view" in request.args for request in router.requests] == [True, False, False]
+        ops = [request.op for request in router.requests]
+        assert ops == ["ping", "truncated_messages", "truncated_messages"]
+        assert not any("view" in request.args for request in router.requests)
 
 
 def test_a_daemon_without_the_prepend_form_gets_plain_patch_requests(tmp_path: Path) -> None:
-    """A daemon that refuses view patch_prepend is asked for plain patches from then on."""
+    """A daemon whose ping names patches but not the prepend form is asked for plain
+    patches; its features are asked once on a connection."""
+    features = [name for name in proto.FEATURES if name != "view_patch_prepend"]
 
     def older_daemon(request: proto.Request) -> list[bytes]:
-        if request.args.get("view") == "patch_prepend":
+        if request.op == "ping":
+            return ok(request, {"pong": True, "version": "x", "proto": 1, "features": features})
+        if request.args.get("view") not in (None, "list", "patch"):
             return error(request, "bad_request", f"{request.op}: view must be one of list, patch")
         return ok(request, {"messages": request.args["messages"]})
 
@@ -378,8 +389,68 @@ def test_a_daemon_without_the_prepend_form_gets_plain_patch_requests(tmp_path: P
         task = client.task("older")
         assert task.truncated_messages(messages)["messages"] == messages
         assert task.delta
-        views = [request.args.get("view") for request in router.requests]
-        assert views == ["patch_prepend", "patch"]
+        assert client.task("other").truncated_messages(messages)["messages"] == messages
+        views = [(request.op, request.args.get("view")) for request in router.requests]
+        assert views == [
+            ("ping", None),
+            ("truncated_messages", "patch"),
+            ("truncated_messages", "patch"),
+        ]
+
+
+@pytest.mark.anyio
+async def test_an_async_handle_reads_the_daemon_s_features_once(tmp_path: Path) -> None:
+    """The asyncio twin asks ping's features once on a connection and keeps to them."""
+    features = ["delta"]  # delta sync, but views only as whole lists
+
+    def daemon(request: proto.Request) -> list[bytes]:
+        if request.op == "ping":
+            return ok(request, {"pong": True, "version": "x", "proto": 1, "features": features})
+        return ok(request, {"messages": messages})
+
+    messages = conversation(1)
+    with FakeRouter(tmp_path, daemon) as router:
+        async with AsyncClient(router.endpoint) as client:
+            task = client.task("async-old")
+            assert (await task.truncated_messages(messages))["messages"] == messages
+            assert (await task.truncated_messages(messages))["messages"] == messages
+        asked = [(request.op, "view" in request.args) for request in router.requests]
+    assert asked == [("ping", False), ("truncated_messages", False), ("truncated_messages", False)]
+    assert "append" in router.requests[-1].args
+
+
+def test_each_connection_asks_the_daemon_s_features_again(tmp_path: Path) -> None:
+    """A new connection (after a timeout renews the socket) reads ping's features again:
+    an older daemon behind the same endpoint gets requests it understands."""
+    answers = [list(proto.FEATURES), []]
+    silent = {"once": True}
+    messages = conversation(1)
+
+    def daemon(request: proto.Request) -> list[bytes]:
+        if request.op == "ping":
+            pong = {"pong": True, "version": "x", "proto": 1, "features": answers.pop(0)}
+            return ok(request, pong)
+        if request.op == "stats" and silent.pop("once", False):
+            return []  # no answer: the client times out and starts a new socket
+        return ok(request, {"messages": messages})
+
+    with FakeRouter(tmp_path, daemon) as router, Client(router.endpoint) as client:
+        task = client.task("renewed")
+        task.truncated_messages(messages)
+        task.truncated_messages(messages)
+        with pytest.raises(RequestTimeoutError):
+            client.stats(timeout=0.2)
+        task.truncated_messages(messages)
+        asked = [(request.op, sorted(request.args)) for request in router.requests]
+    assert asked == [
+        ("ping", []),
+        ("truncated_messages", ["messages", "task", "view"]),
+        ("truncated_messages", ["append", "base", "base_digest", "task", "view"]),
+        ("stats", []),
+        ("ping", []),
+        ("truncated_messages", ["messages", "task"]),
+    ]
+    assert not task.delta
 
 
 def test_patches_resend_only_new_overrides_to_a_caller_that_holds_the_last(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 from ctxwin import proto
@@ -14,13 +14,22 @@ from ._errors import CtxwinError
 T = TypeVar("T")
 
 
+# The parts of ping's ``features`` delta sync uses (``proto.FEATURES`` says what they are).
+DELTA = "delta"
+VIEW_PATCH = "view_patch"
+VIEW_PATCH_PREPEND = "view_patch_prepend"
+
+
 class DeltaSync:
     """A task handle's delta sync with the daemon (DESIGN.md, delta sync).
 
     After the first full list, history ops send ``base``/``base_digest``/``append``
     and ask for views as patches, which are applied to the caller's own list.
     When the daemon answers ``resync_required`` the whole list goes once
-    more; a daemon without delta sync (it refuses the fields) turns it off.
+    more. What is asked for follows what the daemon says it supports (ping's
+    ``features``): a daemon without delta sync turns it off for good, one
+    without the ``prepend`` form gets asked for plain patches, one without
+    patches for whole views.
     """
 
     __slots__ = ("enabled", "patches", "sender", "view")
@@ -29,21 +38,35 @@ class DeltaSync:
         self.enabled = enabled
         self.sender = proto.DeltaSender()
         self.patches = proto.PatchReceiver()
-        # Patches with ``prepend`` entries; plain ones from a daemon that refuses the form.
-        self.view = "patch_prepend"
+        # The view form asked for: patches with ``prepend`` entries, plain ones, or
+        # None (whole views), as the daemon's features allow.
+        self.view: str | None = "patch_prepend"
 
     def reset(self) -> None:
         """Send the whole list next time (after editing old messages in place)."""
         self.sender.reset()
 
-    def call(self, call: Call[T], messages: Messages, *, owned: bool = False) -> Call[T]:
+    def call(
+        self, call: Call[T], messages: Messages, features: Collection[str], *, owned: bool = False
+    ) -> Call[T]:
         """``call`` (built with no messages) for ``messages``, by delta when enabled.
 
-        ``messages`` must stay as it is until the reply is in (its view is
-        rebuilt from it): task handles pass a copy taken when called. With
-        ``owned`` (that copy, which nothing changes afterwards) the record of
-        what was sent keeps it instead of copying it again.
+        ``features`` is what the daemon supports (ping's ``features``); only
+        what it names is asked for. ``messages`` must stay as it is until the
+        reply is in (its view is rebuilt from it): task handles pass a copy
+        taken when called. With ``owned`` (that copy, which nothing changes
+        afterwards) the record of what was sent keeps it instead of copying it again.
         """
+        if self.enabled and DELTA not in features:
+            self.enabled = False  # a daemon without delta sync
+            self.sender.reset()
+        if VIEW_PATCH_PREPEND in features:
+            self.view = "patch_prepend"
+        else:
+            self.view = "patch" if VIEW_PATCH in features else None
+        return self._call(call, messages, owned)
+
+    def _call(self, call: Call[T], messages: Messages, owned: bool) -> Call[T]:
         if not self.enabled:
             return _with_history(call, {"messages": copy_messages(messages)})
         history = self.sender.args_for(messages)
@@ -61,29 +84,25 @@ class DeltaSync:
             sender.sent(messages, history, owned=owned)
             return result
 
-        asked: dict[str, Any] = {**history, "view": self.view}
-        if patches.token is not None:
-            asked["patch_base"] = patches.token
+        asked: dict[str, Any] = dict(history)
+        if self.view is not None:
+            asked["view"] = self.view
+            if patches.token is not None:
+                asked["patch_base"] = patches.token
         return _with_history(call, asked, finish, sending)
 
     def retry(
         self, call: Call[T], messages: Messages, error: CtxwinError, *, owned: bool = False
     ) -> Call[T] | None:
-        """The request to send after ``error``, or None when the error stands."""
-        if not self.enabled:
+        """The request to send after ``error``, or None when the error stands.
+
+        Only ``resync_required`` is retried: the daemon no longer holds the
+        base of the delta, so the whole list goes.
+        """
+        if not self.enabled or error.code != ErrorCode.RESYNC_REQUIRED.value:
             return None
-        if error.code == ErrorCode.RESYNC_REQUIRED.value:
-            self.sender.reset()
-            return self.call(call, messages, owned=owned)
-        refused = error.code == ErrorCode.BAD_REQUEST.value and not error.local
-        if refused and self.view != "patch" and "view must be one of" in error.message:
-            self.view = "patch"  # a daemon without the prepend form
-            return self.call(call, messages, owned=owned)
-        if refused and "unknown argument" in error.message:  # a daemon without delta sync
-            self.enabled = False
-            self.sender.reset()
-            return self.call(call, messages, owned=owned)
-        return None
+        self.sender.reset()
+        return self._call(call, messages, owned)
 
 
 def _with_history(

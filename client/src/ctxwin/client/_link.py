@@ -14,6 +14,7 @@ from typing import Any
 import zmq
 
 from ctxwin import proto
+from ctxwin.proto import PingResult
 
 from ._core import Call
 from ._errors import (
@@ -106,9 +107,19 @@ class Link:
             for a CURVE socket any failure (a server without the pinned key
             just hangs up), for a NULL one a refusal or a mechanism mismatch
             (a NULL handshake cut short is a daemon going away, not a refusal).
+        features: what the daemon on this connection supports (ping's
+            ``features``), or None until a ping has said.
     """
 
-    __slots__ = ("connected", "curve", "dropped", "handshake", "reached", "refused_since")
+    __slots__ = (
+        "connected",
+        "curve",
+        "dropped",
+        "features",
+        "handshake",
+        "reached",
+        "refused_since",
+    )
 
     def __init__(self) -> None:
         self.reached = False
@@ -121,6 +132,7 @@ class Link:
         self.refused_since: float | None = None
         self.curve = curve
         self.handshake: int | None = None
+        self.features: frozenset[str] | None = None
 
     def feed(self, event: int, now: float) -> None:
         """Take one monitor event, observed at ``now``."""
@@ -141,6 +153,11 @@ class Link:
         if self.connected or self.refused_since is None:
             return False
         return not self.reached or now - self.refused_since >= RECONNECT_GRACE
+
+
+def features_of(pong: PingResult) -> frozenset[str]:
+    """The features a ping's result names (none from a daemon that predates the list)."""
+    return frozenset(pong.get("features", ()))
 
 
 def unreachable_error(endpoint: str, link: Link) -> DaemonUnavailableError:

@@ -568,6 +568,10 @@ class Caller(Protocol):
         """Send ``call``; return its typed result."""
         ...
 
+    def _features(self, deadline: float) -> frozenset[str]:
+        """What the daemon on this connection supports (ping's ``features``), asked once."""
+        ...
+
 
 class AsyncCaller(Protocol):
     """What an asyncio client offers to the methods made from builders and to task handles."""
@@ -577,6 +581,10 @@ class AsyncCaller(Protocol):
 
     async def call(self, call: Call[T], *, timeout: float | None = None) -> T:  # noqa: ASYNC109
         """Send ``call``; return its typed result."""
+        ...
+
+    async def _features(self, deadline: float) -> frozenset[str]:
+        """What the daemon on this connection supports (ping's ``features``), asked once."""
         ...
 
 

@@ -275,6 +275,15 @@ class Client:
                 time.sleep(step.delay)
                 attempt += 1
 
+    def _features(self, deadline: float) -> frozenset[str]:
+        """What the daemon on this connection supports: ping's ``features``, asked
+        once per connection (and again on the next one) within ``deadline``."""
+        features = self._link.features if self._socket is not None else None
+        if features is None:
+            pong = self.call(_ops.ping(), timeout=_core.left(deadline))
+            features = self._link.features = _link.features_of(pong)
+        return features
+
     # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 
     ping = _ops.blocking(_ops.ping)

@@ -30,6 +30,9 @@ __all__ = ["AsyncTask", "Task"]
 P = ParamSpec("P")
 T = TypeVar("T")
 
+NO_FEATURES: frozenset[str] = frozenset()
+"""What a handle that does not sync by delta needs of the daemon's features."""
+
 HISTORY_OPS = frozenset(name for name, spec in OPS.items() if ("messages", "append") in spec.one_of)
 """Ops over a task's history: a handle syncs their ``messages`` by delta."""
 
@@ -202,14 +205,18 @@ class Task(_TaskBase):
         """Send a history op by delta, resending in full when the daemon asks to.
 
         History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called; the call's timeout
-        covers the whole op: the wait for the one before, the call and any resend.
+        daemon applies them in the order they were called. What is asked for
+        follows the daemon's features (a ping, once per connection). The call's
+        timeout covers the whole op: the wait for the one before, that ping, the
+        call and any resend.
         """
         snapshot = list(messages)  # as it is now, for the resend too
         with self._turn(call) as deadline:
+            features = self.client._features(deadline) if self._delta.enabled else NO_FEATURES
             try:
                 return self.client.call(
-                    self._delta.call(call, snapshot, owned=True), timeout=_core.left(deadline)
+                    self._delta.call(call, snapshot, features, owned=True),
+                    timeout=_core.left(deadline),
                 )
             except CtxwinError as exc:
                 retry = self._delta.retry(call, snapshot, exc, owned=True)
@@ -287,9 +294,12 @@ class AsyncTask(_TaskBase):
         """Send a history op by delta, resending in full when the daemon asks to (see Task)."""
         snapshot = list(messages)  # as it is now, for the resend too
         async with self._turn(call) as deadline:
+            enabled = self._delta.enabled
+            features = await self.client._features(deadline) if enabled else NO_FEATURES
             try:
                 return await self.client.call(
-                    self._delta.call(call, snapshot, owned=True), timeout=_core.left(deadline)
+                    self._delta.call(call, snapshot, features, owned=True),
+                    timeout=_core.left(deadline),
                 )
             except CtxwinError as exc:
                 retry = self._delta.retry(call, snapshot, exc, owned=True)
