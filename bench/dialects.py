@@ -50,8 +50,7 @@ from typing import Any
 from ctxwin.client import Client
 from ctxwin.engine import History, PatchMaker, TaskState, view_patch
 from ctxwin.engine._dialect import MappedHistory
-from ctxwin.engine._dialects import DIALECTS
-from ctxwin.engine._reads import DEFAULT_READ_RULES
+from ctxwin.engine._dialects import DIALECTS, get_dialect
 from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline
 
@@ -135,10 +134,11 @@ def replay(
     messages = render_cline_reads(turns) if dialect == "cline" else RENDER[dialect](turns)
     ends = _turn_ends(messages, dialect)
     cuts = {ends[len(ends) // 2], ends[(len(ends) * 4) // 5]}
-    native = dialect != "cline"
-    history = History(pairs=not native)
-    state = TaskState(reads=DEFAULT_READ_RULES if native else None)
-    mapped = MappedHistory(DIALECTS[dialect]) if native else None
+    spec = get_dialect(dialect)
+    history = History(dialect=spec)
+    state = TaskState(dialect=spec)
+    mapped = MappedHistory(spec) if spec.native else None
+    state.cache = history.cache if mapped is None else mapped.cache
     patches = PatchMaker()
     sent = 0
     for end in ends:

@@ -122,7 +122,6 @@ def load(name: str, counter: Counter) -> Conversation:
         requests = [(t, sum(counter(m) for m in internal[t : ends[t]])) for t in starts]
         return Conversation(name, dialect, internal, 0, requests)
     spec = get_dialect(dialect)
-    assert spec is not None
     mapped = MappedHistory(spec)
     lengths = {}
     totals = {}
@@ -255,8 +254,7 @@ Strategy = Callable[[list[Message], dict[str, Any] | None, int], list[Message]]
 def engine_strategy(
     name: str, conversation: Conversation, window: int, counter: Counter
 ) -> tuple[Strategy, Callable[[], int]]:
-    reads = None if conversation.dialect == "cline" else DEFAULT_READ_RULES
-    state = TaskState(reads=reads, dialect=conversation.dialect)
+    state = TaskState(dialect=get_dialect(conversation.dialect))
     state.auto.policy = POLICY
     model = {"id": "bench-model", "context_window": window}
     strategy = {"cline": "default", "fit": "fit", "auto": "auto"}[name]

@@ -32,15 +32,14 @@ from ctxwin.engine import (
     condense,
     context_window_info,
     fit_oversized,
+    get_dialect,
     summary_due,
 )
-from ctxwin.engine._reads import DEFAULT_READ_RULES
 
 
 def replay(conversation: Conversation, window: int, counter: Counter) -> dict[str, Any]:
     """One conversation replayed with basic summaries; its figures."""
-    reads = None if conversation.dialect == "cline" else DEFAULT_READ_RULES
-    state = TaskState(reads=reads, dialect=conversation.dialect)
+    state = TaskState(dialect=get_dialect(conversation.dialect))
     model = {"id": "bench-model", "context_window": window}
     info = context_window_info(model)
     trigger = min(math.floor(window * AUTO_CONDENSE_FRACTION), info.max_allowed_size)

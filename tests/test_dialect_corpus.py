@@ -45,8 +45,10 @@ def test_every_request_of_a_corpus_conversation_keeps_its_real_results(
     call it sends whose result the history holds outside the range gets that result, and the
     newest message is sent unless it is a result of no call (a log's result before its call)."""
     history, dialect = load_conversation(CORPUS / name)
-    state = engine.TaskState(reads=DEFAULT_READ_RULES, dialect=dialect)
-    mapped = MappedHistory(engine.get_dialect(dialect))  # type: ignore[arg-type]
+    spec = engine.get_dialect(dialect)
+    state = engine.TaskState(reads=DEFAULT_READ_RULES, dialect=spec)
+    mapped = MappedHistory(spec)
+    state.cache = mapped.cache
     for number, end in enumerate(request_points(history, dialect)):
         messages = history[:end]
         mapped.sync(messages)
@@ -103,8 +105,9 @@ def test_a_result_in_the_first_message_is_dropped_as_an_orphan() -> None:
         {"role": "assistant", "content": [{"type": "text", "text": "Reading."}]},
         {"role": "user", "content": [{"type": "text", "text": "Go on."}]},
     ]
-    state = engine.TaskState(reads=DEFAULT_READ_RULES, dialect="anthropic")
-    mapped = MappedHistory(engine.get_dialect("anthropic"), messages)  # type: ignore[arg-type]
+    state = engine.TaskState(reads=DEFAULT_READ_RULES, dialect=engine.DIALECTS["anthropic"])
+    mapped = MappedHistory(state.dialect, messages)
+    state.cache = mapped.cache
     view = mapped.view(state.truncated_messages(mapped.internal), state.deleted_range)
     CHECKS["anthropic"](view)
     assert [{"type": "text", "text": "Fix the parser."}] == view[0]["content"]

@@ -54,9 +54,10 @@ class Run:
 
     def __init__(self, dialect: str, reads: ReadRules = DEFAULT_READ_RULES) -> None:
         self.dialect = dialect
-        self.state = TaskState(reads=reads)
+        self.state = TaskState(reads=reads, dialect=DIALECTS[dialect])
         self.history = MappedHistory(DIALECTS[dialect])
         self.patches = PatchMaker()
+        self.state.cache = self.history.cache
         self.ts = 0
         self.internal_view: list[dict[str, Any]] = []  # the engine's view of the last op
 
@@ -78,6 +79,9 @@ class Run:
             else:
                 self.state.rollback(self.ts - 2)
             view = self.state.truncated_messages(internal)
+        # A copy of the internal list (no view cache is its) gives the same view: the
+        # dialect, not the list passed, says how orphan results are dropped.
+        assert self.state.truncated_messages(list(internal)) == view
         # Every other view goes through the patch first (as the daemon sends it), then
         # the view is mapped again from the same internal view: both give the same.
         patched = None
@@ -269,9 +273,10 @@ def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
     """A history growing one message a turn, cut now and then: each view (and its patch)
     resumed from the last one is the view a fresh mapping of that history gives."""
     messages = RENDER[dialect](turns)
-    state = TaskState(reads=DEFAULT_READ_RULES)
+    state = TaskState(reads=DEFAULT_READ_RULES, dialect=DIALECTS[dialect])
     history = MappedHistory(DIALECTS[dialect])
     patches = PatchMaker()
+    state.cache = history.cache
     for end in range(1, len(messages) + 1):
         prefix = messages[:end]
         history.sync(prefix, end - 1)

@@ -28,7 +28,8 @@ def _read(call_id: str, name: str, args: dict[str, Any]) -> list[Message]:
 
 def _run(messages: list[Message], rules: engine.ReadRules = engine.DEFAULT_READ_RULES) -> Any:
     history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
-    state = engine.TaskState(reads=rules)
+    state = engine.TaskState(reads=rules, dialect=history.dialect)
+    state.cache = history.cache
     result = state.optimize_file_reads(history.internal, 1)
     view = history.view(state.truncated_messages(history.internal), state.deleted_range)
     return result, view
@@ -185,7 +186,8 @@ def test_the_truncation_notice_is_a_new_text_block_when_the_reply_has_no_text() 
         {"role": "user", "content": "more"},
     ]
     history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
-    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES)
+    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES, dialect=history.dialect)
+    state.cache = history.cache
     state.compact(history.internal, "none", 5)
     view = history.view(state.truncated_messages(history.internal), state.deleted_range)
     reply = view[1]["content"]
@@ -226,7 +228,8 @@ def test_a_call_followed_only_by_system_messages_is_answered_before_them(
         task = {"type": "message", **task}
     messages = [task, call, system]
     history = engine.MappedHistory(engine.DIALECTS[dialect], messages)
-    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES)
+    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES, dialect=history.dialect)
+    state.cache = history.cache
     internal_view = state.truncated_messages(history.internal)
     view = history.view(internal_view, state.deleted_range, "no result")
     assert [task, call] == view[:2]
@@ -275,7 +278,8 @@ def test_a_notice_stays_on_its_result_in_the_first_message_after_a_cut() -> None
         {"role": "user", "content": "thanks"},
     ]
     history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
-    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES)
+    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES, dialect=history.dialect)
+    state.cache = history.cache
     assert state.optimize_file_reads(history.internal, 1)["changed"]  # "b" becomes the notice
     state.deleted_range = [2, 3]  # internal 4 ("b"'s result; "ok" and "a" are one) is kept first
     view = history.view(state.truncated_messages(history.internal), state.deleted_range)
@@ -286,3 +290,15 @@ def test_a_notice_stays_on_its_result_in_the_first_message_after_a_cut() -> None
         block for block in kept if block["type"] == "text"
     ]
     assert engine.DEFAULT_NOTICES.duplicate_file_read not in str(view)
+
+
+def test_read_tools_belong_to_a_native_dialect() -> None:
+    """The Cline dialect's reads are its text headers: read tools given for it are refused; a
+    native dialect without any given counts the default ones."""
+    with pytest.raises(ValueError, match="text headers"):
+        engine.TaskState(reads=engine.DEFAULT_READ_RULES)
+    assert engine.TaskState().reads is None
+    state = engine.TaskState(dialect=engine.DIALECTS["anthropic"])
+    assert state.reads is engine.DEFAULT_READ_RULES
+    with pytest.raises(ValueError, match="text headers"):
+        state.set_dialect(engine.get_dialect(proto.CLINE), engine.DEFAULT_READ_RULES)

@@ -14,6 +14,7 @@ from ctxwin.engine import (
     DEFAULT_READ_RULES,
     Budgeting,
     TaskState,
+    get_dialect,
     text_of,
 )
 
@@ -76,7 +77,7 @@ def conversation(
 
 
 def native() -> TaskState:
-    return TaskState(reads=DEFAULT_READ_RULES, dialect="anthropic")
+    return TaskState(reads=DEFAULT_READ_RULES, dialect=get_dialect("anthropic"))
 
 
 def auto(pricing: str | None = "anthropic") -> Budgeting:

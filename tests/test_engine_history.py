@@ -8,7 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxwin.engine import History, Notices, ResyncRequired, TaskState, view_patch
+from ctxwin.engine import (
+    DIALECTS,
+    History,
+    Notices,
+    Overlay,
+    ResyncRequired,
+    TaskState,
+    truncated_messages,
+    view_patch,
+)
 from ctxwin.engine._view import find_repairs
 from ctxwin.proto import DigestChain, apply_view_patch
 from tests._scenarios import PLACEHOLDER_NOTICES, expand_args, load_scenarios
@@ -131,6 +140,21 @@ def test_a_patch_for_another_history_is_refused() -> None:
         apply_view_patch(messages(6), {"length": 6, "keep_from": 4, "overrides": [[3, {}]]})
 
 
+def test_a_view_cache_serves_only_its_own_history_and_dialect() -> None:
+    """A cache passed with another list, or kept under the other ``strict``, is refused; a
+    native dialect's history keeps none (its views are built from the internal form)."""
+    history = History(messages(6))
+    assert history.cache is not None
+    with pytest.raises(ValueError, match="not one of this history"):
+        truncated_messages(list(history.messages), None, Overlay(), cache=history.cache)
+    with pytest.raises(ValueError, match="not one of this history"):
+        truncated_messages(history.messages, None, Overlay(), strict=True, cache=history.cache)
+    view = truncated_messages(history.messages, None, Overlay(), cache=history.cache)
+    assert view == truncated_messages(list(history.messages), None, Overlay())
+    history.use_dialect(DIALECTS["anthropic"])
+    assert history.cache is None
+
+
 def test_known_pairs_give_the_same_views_on_every_conformance_step() -> None:
     """The incremental view (pairs known in advance) equals the full scan on every scenario."""
     for scenario in load_scenarios():
@@ -145,7 +169,9 @@ def test_known_pairs_give_the_same_views_on_every_conformance_step() -> None:
             if "messages" not in args or step["op"] == "next_truncation_range":
                 continue
             history.replace(args["messages"])
-            assert find_repairs(args["messages"]) == history.messages.repairs
+            assert history.cache is not None
+            assert find_repairs(args["messages"]) == history.cache.repairs
+            state.cache = history.cache
             assert state.truncated_messages(args["messages"]) == state.truncated_messages(
                 history.messages
             )
@@ -168,9 +194,11 @@ def test_incremental_history_matches_the_full_engine(
         ):
             common += 1
         history.apply(common, DigestChain(prefix).digest(common), prefix[common:])
-        assert find_repairs(prefix) == history.messages.repairs
+        assert history.cache is not None
+        assert find_repairs(prefix) == history.cache.repairs
     assert messages == list(history.messages)
     state = run_all(messages, ops)
+    state.cache = history.cache
     assert state.truncated_messages(messages) == state.truncated_messages(history.messages)
     view = state.truncated_messages(history.messages)
     patch = view_patch(view, history.messages, state.deleted_range)
@@ -194,6 +222,7 @@ def test_reused_views_match_fresh_ones_turn_by_turn(
     history = History()
     state = TaskState()  # operations on plain lists: everything parsed afresh
     cached = TaskState()  # the same operations on the kept history: parsed once
+    cached.cache = history.cache
     for turn, cut in enumerate([*cuts, len(messages)]):
         prefix = messages[: min(cut, len(messages))]
         history.replace(prefix)

@@ -57,6 +57,7 @@ def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
     maker = PatchMaker()
     history = History()
     state = TaskState()
+    state.cache = history.cache  # views built on the last one, as the daemon builds them
     receiver = proto.PatchReceiver()
     caller: list[dict[str, Any]] = []  # the client's own objects: equal, never the daemon's
     ts = 0
@@ -118,6 +119,7 @@ def test_a_repaired_newest_message_crosses_as_the_blocks_put_first() -> None:
     messages = tool_turns(6)
     history = History(messages[:-2])
     state = TaskState()
+    state.cache = history.cache  # the view built on the last one keeps its repaired messages
     receiver = proto.PatchReceiver()
     first = maker.of_history(
         state.truncated_messages(history.messages), history, None, None, prepend=True

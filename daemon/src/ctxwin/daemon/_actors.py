@@ -195,7 +195,7 @@ class TaskActor:
         state = self.state
         # A stored task has its dialect already; a new one gets it from its first call.
         self._dialect_fixed = not state.empty
-        state.set_dialect(state.dialect, self._reads(state.dialect))
+        state.set_dialect(state.dialect, self._reads(state.dialect.name))
         self.kept.use_dialect(state.dialect)
         self.writes.loaded(self._revision())
         _log.info("actor_started", task=self.task, ephemeral=self.ephemeral)
@@ -404,18 +404,18 @@ class TaskActor:
             ProtocolError: ``bad_request`` when the call's ``dialect`` is not the task's.
         """
         asked = args.get("dialect")
-        if asked is not None and asked != state.dialect:
+        if asked is not None and asked != state.dialect.name:
             if self._dialect_fixed:
                 raise proto.ProtocolError(
                     proto.ErrorCode.BAD_REQUEST,
-                    f"{op}: task {self.task} has dialect {state.dialect!r}, not {asked!r} "
+                    f"{op}: task {self.task} has dialect {state.dialect.name!r}, not {asked!r} "
                     "(a task's dialect is fixed at its first use; close it, or use another "
                     "task id)",
                 )
             if asked == engine.CLINE and self._own_tools:
                 raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {_CLINE_READ_TOOLS}")
-            state.set_dialect(asked, self._reads(asked))
-            self.kept.use_dialect(asked)
+            state.set_dialect(engine.get_dialect(asked), self._reads(asked))
+            self.kept.use_dialect(state.dialect)
         if op != "inspect":
             self._dialect_fixed = True
 
@@ -465,7 +465,7 @@ class TaskActor:
                 raise proto.ProtocolError(
                     proto.ErrorCode.BAD_REQUEST, f"{op}: read_tools[{position}]: {exc}"
                 ) from None
-        dialect = args.get("dialect") or state.dialect
+        dialect = args.get("dialect") or state.dialect.name
         if built and dialect == engine.CLINE:
             raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {_CLINE_READ_TOOLS}")
         return wanted, tuple(built)
@@ -480,7 +480,7 @@ class TaskActor:
         self._read_tools, self._own_tools = wanted, built
         self._unused_tools = ()  # every tool sent was built
         self._read_tool_changes += 1
-        state.set_dialect(state.dialect, self._reads(state.dialect))
+        state.set_dialect(state.dialect, self._reads(state.dialect.name))
 
     def _become_ephemeral(self, state: engine.TaskState) -> None:
         """Keep the task in memory only from now on, as a request asks, if nothing is lost.
@@ -519,7 +519,7 @@ class TaskActor:
         calibration = self.kept.calibration
         pair = (calibration.ratio, calibration.samples) if calibration.samples else None
         assert self.state is not None
-        return TaskExtras(pair, self.state.dialect, self._read_tools)
+        return TaskExtras(pair, self.state.dialect.name, self._read_tools)
 
     async def _save(self) -> bool:
         assert self.state is not None

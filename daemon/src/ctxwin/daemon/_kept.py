@@ -44,21 +44,20 @@ class KeptHistory:
         self._estimate: tuple[int, float] | None = None  # (estimate, ratio) of the last view
         self._calibrated_by: tuple[Any, ...] | None = None
         self.patches = engine.PatchMaker()  # views sent as patches, and what they carried
-        # A native dialect's history in the engine's internal form, kept in step
-        # with the history (docs/DIALECTS.md); None for the Cline dialect.
-        self.dialect: engine.Dialect | None = None
+        # The task's dialect; a native one's history in the engine's internal form is
+        # kept in step with the history (docs/DIALECTS.md), None for the Cline dialect.
+        self.dialect: engine.Dialect = engine.get_dialect(proto.CLINE)
         self.mapped: engine.MappedHistory | None = None
         self._kept_out: dict[int, tuple[Any, int]] = {}  # history index: (message, tokens)
 
-    def use_dialect(self, name: str) -> None:
-        """Serve the task's history in dialect ``name`` from now on."""
-        dialect = engine.get_dialect(name)
+    def use_dialect(self, dialect: engine.Dialect) -> None:
+        """Serve the task's history in ``dialect`` from now on."""
         if dialect is not self.dialect:
             self.dialect = dialect
             self.mapped = None
             self._kept_out.clear()
             if self.history is not None:
-                self.history.keep_pairs(dialect is None)
+                self.history.use_dialect(dialect)
 
     async def run(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """Run an op over the task's history, resolving a delta and answering a patch.
@@ -68,7 +67,7 @@ class KeptHistory:
         """
         history = self._sync(args)
         mapped = None
-        if self.dialect is not None:
+        if self.dialect.native:
             if history is None:
                 history = self._keep(args["messages"])
             mapped = self._mapped(op, history, args.get("base", 0) if "append" in args else 0)
@@ -87,10 +86,14 @@ class KeptHistory:
         if op == "prepare_request":
             # The next report is of this request: it calibrates only against this view's estimate.
             self._estimate = None
+        cache = None  # the view cache of the list the op runs on
         if mapped is not None:
             messages: Any = mapped.internal
+            cache = mapped.cache
+        elif history is not None:
+            messages, cache = history.messages, history.cache
         else:
-            messages = history.messages if history is not None else args["messages"]
+            messages = args["messages"]
         target = state
         restarted = "deleted_range" not in args and self._restarted(state, history, mapped, args)
         if restarted:
@@ -98,7 +101,11 @@ class KeptHistory:
                 target = state.clone()  # plan changes nothing: it says what would happen
             target.start_over()
         revision = (target.revision, target.overlay.version)
-        result = run_task_op(target, op, {**args, "messages": messages}, context)
+        target.cache = cache
+        try:
+            result = run_task_op(target, op, {**args, "messages": messages}, context)
+        finally:
+            target.cache = None  # a dropped history is not kept alive by the state
         if target is state:
             self._record_basis(state, revision, "deleted_range" in args, history, mapped, args)
         if restarted:
@@ -200,7 +207,6 @@ class KeptHistory:
             ProtocolError: ``bad_request`` naming the history index of a
                 message the dialect cannot carry.
         """
-        assert self.dialect is not None
         if self.mapped is None:
             self.mapped = engine.MappedHistory(self.dialect)
         try:
@@ -316,8 +322,7 @@ class KeptHistory:
         return self.history
 
     def _keep(self, messages: list[Any]) -> engine.History:
-        # A native dialect's views are built from its internal form, which keeps its pairs.
-        self.history = engine.History(messages, pairs=self.dialect is None)
+        self.history = engine.History(messages, dialect=self.dialect)
         return self.history
 
     def settle(self) -> None:
@@ -365,7 +370,7 @@ def resident_size(kept: KeptHistory) -> int:
     history = kept.history
     if history is None:
         return 0
-    per_message = RESIDENT_PER_MESSAGE if kept.dialect is None else RESIDENT_PER_NATIVE_MESSAGE
+    per_message = RESIDENT_PER_NATIVE_MESSAGE if kept.dialect.native else RESIDENT_PER_MESSAGE
     return RESIDENT_PER_BYTE * history.size + per_message * len(history.messages)
 
 

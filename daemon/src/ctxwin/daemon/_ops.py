@@ -66,7 +66,7 @@ def _count_tokens(args: Args, tokens: TokenCounter) -> Result:
     if "text" in args:
         return {"tokens": tokens.count_text(args["text"])}
     dialect = engine.get_dialect(args.get("dialect", engine.CLINE))
-    if dialect is None:
+    if not dialect.native:
         return {"tokens": tokens.count_messages(args["messages"])}
     # What the engine sees of each message, plus the text of kept-out ones (docs/DIALECTS.md).
     mapped = engine.MappedHistory(dialect)
@@ -282,8 +282,8 @@ def _should_compact_task(
     state: engine.TaskState, args: Args, context: TaskContext | None
 ) -> Result:
     messages = args.get("messages")
-    dialect = engine.get_dialect(state.dialect)
-    if dialect is not None and messages is not None:
+    dialect = state.dialect
+    if dialect.native and messages is not None:
         messages = _internal(dialect, messages, "should_compact")
     return engine.should_compact(
         args["usage"],

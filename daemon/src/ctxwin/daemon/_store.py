@@ -132,13 +132,13 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
         Exception: whatever the engine rejects the record's overlay with.
     """
     if record.updates is None and record.deleted_range is None and not record.summaries:
-        state = engine.TaskState(notices, dialect=record.dialect)
+        state = engine.TaskState(notices, dialect=engine.get_dialect(record.dialect))
     else:
         state = engine.TaskState.load(
             record.updates,
             record.deleted_range,
             notices,
-            dialect=record.dialect,
+            dialect=engine.get_dialect(record.dialect),
             summaries=list(record.summaries),
             basis=record.basis,
         )

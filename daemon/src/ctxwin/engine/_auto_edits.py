@@ -243,7 +243,7 @@ class Planner:
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, list) or not content:
             return 0
-        if self.state.reads is None:
+        if not self.state.dialect.native:
             text = text_of(content[0])
             return int(bool(text) and TOOL_HEADER.match(text or "") is not None)
         return sum(1 for block in content if block.get("type") == "tool_result")

@@ -29,9 +29,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ctxwin.proto import CLINE
+
 from ._blocks import Block, Message
 from ._notices import DEFAULT_NOTICES
-from ._view import KnownPairs, keep_from, pair_needs_repair
+from ._view import ViewCache, keep_from, pair_needs_repair
 
 SRC = "_src"
 """Key of an internal block: the history index of the message it came from."""
@@ -93,6 +95,14 @@ class Dialect:
     Attributes:
         name: the dialect's wire name.
         field: the request field its history is named by in errors.
+        native: its histories are mapped into the internal form
+            (:class:`MappedHistory`) and their file reads are tool calls
+            (``ReadRules``); false for :class:`ClineDialect`, whose history is
+            the internal form itself, with Cline's text reads (SPEC.md).
+        strict: results that answer no call of the message before are orphans
+            wherever they stand, and the results a cut orphans are dropped
+            after the overlay (an edit goes with its result) rather than
+            before it as SPEC.md §4 step 3 says.
         calls_end_turn: a message with calls must be answered by the next
             message (OpenAI Chat, Gemini), so it ends its internal message.
         merges_calls: calls split over consecutive messages of one turn are sent
@@ -105,6 +115,8 @@ class Dialect:
 
     name = ""
     field = "messages"
+    native = True
+    strict = True
     calls_end_turn = False
     new_inside = False
     merges_calls = False
@@ -145,6 +157,19 @@ class Dialect:
         return not (self.calls_end_turn and previous.calls and mapped.role == ASSISTANT)
 
 
+class ClineDialect(Dialect):
+    """SPEC.md's dialect: the internal form itself (an identity mapping), with Cline's
+    file reads given as text and orphan results dropped as SPEC.md §4 says."""
+
+    name = CLINE
+    native = False
+    strict = False
+
+
+CLINE_DIALECT = ClineDialect()
+"""The Cline dialect, every task's until it names another."""
+
+
 def block(kind: str, index: int, part: object, **fields: Any) -> Block:
     """An internal block of ``kind`` for part ``part`` of history message ``index``."""
     return {"type": kind, **fields, SRC: index, PART: part}
@@ -172,6 +197,7 @@ class MappedHistory:
         "_rebuilds",
         "_resumed",
         "_serial",
+        "cache",
         "calls",
         "dialect",
         "internal",
@@ -186,7 +212,9 @@ class MappedHistory:
         self.dialect = dialect
         self.source: list[Message] = []
         self.mapped: list[Mapped] = []
-        self.internal = KnownPairs(strict=True)
+        self.internal: list[Message] = []
+        # The internal list's view cache, for views built from it (truncated_messages).
+        self.cache = ViewCache(self.internal, dialect.strict)
         self.members: list[list[int]] = []  # per internal message, its history indices
         self.systems: list[int] = []  # history indices of kept-out messages
         # Tool call id -> (name, history index), for dialects whose results need the name.
@@ -292,18 +320,19 @@ class MappedHistory:
     def _settle(self, dirty: int) -> None:
         """Tell the internal list that messages from ``dirty`` on changed."""
         internal = self.internal
-        internal.changed_from(dirty)
+        self.cache.changed_from(dirty)
         first_pair = max(dirty - 1, 0)
-        repairs = internal.repairs
+        repairs = self.cache.repairs
         while repairs and repairs[-1] >= first_pair:
             repairs.pop()
         # Roles alternate in the internal form (one role's messages are one message), so
         # a pair opened by a user message is followed by an assistant one and needs no
         # repair: only pairs an assistant message opens are checked.
+        strict = self.dialect.strict
         for index in range(first_pair, len(internal) - 1):
             message = internal[index]
             if message["role"] == ASSISTANT and pair_needs_repair(
-                message, internal[index + 1], True
+                message, internal[index + 1], strict
             ):
                 repairs.append(index)
 
@@ -457,7 +486,7 @@ class MappedHistory:
         scan = 0  # view positions from here on are compared with the internal messages
         if last is not None and last[0] == start:
             previous = last[1]
-            seam = internal.view_seam
+            seam = self.cache.seam
             if seam is not None and seam[1] is view and seam[0] is last[4]:
                 # The engine built this view on the last one: its first messages are that one's.
                 same = min(seam[2], len(previous), len(view))

@@ -1,36 +1,33 @@
-"""The dialects by name, and a task's engine calls on its dialect's messages."""
+"""The dialects by name."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ._blocks import Message
-from ._dialect import Dialect, DialectError, MappedHistory
+from ctxwin.proto import CLINE
+
+from ._dialect import CLINE_DIALECT, Dialect, DialectError
 from ._dialect_anthropic import ANTHROPIC
 from ._dialect_chat import CHAT
 from ._dialect_gemini import GEMINI
 from ._dialect_responses import RESPONSES
 
-CLINE = "cline"
-"""The dialect of SPEC.md: the engine's internal form itself, with Cline's file reads."""
-
 DIALECTS: dict[str, Dialect] = {
     dialect.name: dialect for dialect in (CHAT, ANTHROPIC, RESPONSES, GEMINI)
 }
+"""The native dialects by name (their histories are mapped into the internal form)."""
 DIALECT_NAMES: tuple[str, ...] = (CLINE, *DIALECTS)
 """Every dialect a task can have, the default first."""
+_BY_NAME: dict[str, Dialect] = {CLINE: CLINE_DIALECT, **DIALECTS}
 
 
-def get_dialect(name: str) -> Dialect | None:
-    """The dialect called ``name``; None for ``cline`` (no mapping).
+def get_dialect(name: str) -> Dialect:
+    """The dialect called ``name`` (:data:`CLINE_DIALECT` for ``cline``, SPEC.md's).
 
     Raises:
         DialectError: no dialect has that name.
     """
-    if name == CLINE:
-        return None
-    found = DIALECTS.get(name)
+    found = _BY_NAME.get(name)
     if found is None:
         raise DialectError(f"unknown dialect {name!r}; known: {', '.join(DIALECT_NAMES)}")
     return found
@@ -51,13 +48,6 @@ def kept_out_text(message: Any) -> str:
     return "\n".join(texts)
 
 
-def map_view(
-    history: MappedHistory, view: Sequence[Message], deleted_range: Sequence[int] | None
-) -> list[Message]:
-    """The dialect form of an engine view of ``history.internal``."""
-    return history.view(view, deleted_range)
-
-
 __all__ = [
     "CLINE",
     "DIALECTS",
@@ -65,5 +55,4 @@ __all__ = [
     "DialectError",
     "get_dialect",
     "kept_out_text",
-    "map_view",
 ]

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from ctxwin.proto import DigestChain
 
 from ._blocks import Message
-from ._view import KnownPairs, find_repairs
+from ._dialect import CLINE_DIALECT, Dialect
+from ._view import ViewCache, find_repairs
 
 
 class ResyncRequired(Exception):
@@ -24,18 +25,21 @@ class ResyncRequired(Exception):
 class History:
     """The messages of one task with their prefix digests and cached token counts."""
 
-    __slots__ = ("_chain", "_others", "_positions", "_tokens", "_unchanged", "messages")
+    __slots__ = ("_chain", "_others", "_positions", "_tokens", "_unchanged", "cache", "messages")
 
-    def __init__(self, messages: Sequence[Message] = (), *, pairs: bool = True) -> None:
-        """Keep ``messages``.
+    def __init__(
+        self, messages: Sequence[Message] = (), *, dialect: Dialect = CLINE_DIALECT
+    ) -> None:
+        """Keep ``messages``, a history of ``dialect``.
 
-        Args:
-            messages: the history so far.
-            pairs: keep which adjacent pairs need repair, for views built from
-                :attr:`messages` (a native dialect's views are built from its
-                internal form instead, which keeps its own).
+        Views are built from :attr:`messages` in the Cline dialect, which
+        :attr:`cache` is kept for (pass it to the view); a native dialect's
+        views are built from its internal form (:class:`MappedHistory`, which
+        keeps its own), and :attr:`cache` is None.
         """
-        self.messages = KnownPairs(messages, pairs=pairs)
+        self.messages: list[Message] = list(messages)
+        self.cache: ViewCache | None = None
+        self.use_dialect(dialect)
         # Digests of the first len(self._chain) messages; the rest are hashed by
         # settle(), which the daemon calls once the reply is out: a request needs
         # the digests of what came before it, the next request those of its messages.
@@ -56,7 +60,8 @@ class History:
             positions.pop(id(message), None)
         del self.messages[length:]
         del self._tokens[length:]
-        self.messages.changed_from(length)
+        if self.cache is not None:
+            self.cache.changed_from(length)
         self._unchanged = min(self._unchanged, length)
 
     def _extend(self, messages: Sequence[Message]) -> None:
@@ -131,23 +136,24 @@ class History:
         self._extend(append)  # hashed by settle()
         self._recheck_pairs(base)
 
-    def keep_pairs(self, pairs: bool) -> None:
-        """Keep the pairs needing repair from now on, or stop keeping them (see ``__init__``)."""
-        if pairs != self.messages.pairs:
-            self.messages.pairs = pairs
-            self.messages.repairs = (
-                find_repairs(self.messages, 0, self.messages.strict) if pairs else []
-            )
+    def use_dialect(self, dialect: Dialect) -> None:
+        """Keep the view cache from now on for a dialect whose views are built from
+        :attr:`messages`, or drop it (see ``__init__``)."""
+        if dialect.native:
+            self.cache = None
+        elif self.cache is None or self.cache.strict != dialect.strict:
+            self.cache = ViewCache(self.messages, dialect.strict)
 
     def _recheck_pairs(self, first_new: int) -> None:
         """Update the pairs needing repair once messages from ``first_new`` on changed."""
-        if not self.messages.pairs:
+        cache = self.cache
+        if cache is None:
             return
         first_pair = max(first_new - 1, 0)
-        repairs = self.messages.repairs
+        repairs = cache.repairs
         while repairs and repairs[-1] >= first_pair:
             repairs.pop()
-        repairs.extend(find_repairs(self.messages, first_pair, self.messages.strict))
+        repairs.extend(find_repairs(self.messages, first_pair, cache.strict))
 
     @property
     def size(self) -> int:

@@ -24,15 +24,16 @@ from ctxwin.proto import (
 from ._auto import AUTO, AutoMemory
 from ._blocks import Message, text_of, wire_view
 from ._budget import Budgeting, Strategy
+from ._dialect import CLINE_DIALECT, Dialect
 from ._ledger import CacheLedger
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import MessageFacts, Optimisation, optimize_file_reads
 from ._overlay import EDIT_UNDEFINED, CorruptStateError, Overlay
 from ._range import Keep, next_truncation_range
-from ._reads import ReadRules
+from ._reads import DEFAULT_READ_RULES, ReadRules
 from ._strategy import FIT, SPEC, ViewStrategy, plan
 from ._summary import Summary
-from ._view import NEW_TEXT_BLOCK, KnownPairs, keep_from, truncated_messages
+from ._view import NEW_TEXT_BLOCK, ViewCache, keep_from, truncated_messages
 
 STRATEGIES: dict[Strategy, ViewStrategy] = {"default": SPEC, "fit": FIT, "auto": AUTO}
 """The strategies by name (``Budgeting.strategy``; docs/STRATEGIES.md)."""
@@ -45,11 +46,6 @@ def _check_range(value: object) -> list[int] | None:
     if problem is not None:
         raise CorruptStateError(f"a deleted range {problem}")
     return None if value is None else [value[0], value[1]]  # type: ignore[index]
-
-
-def _facts_of(messages: Sequence[Message]) -> MessageFacts | None:
-    """The parse results a history keeps beside its messages, if it is one that does."""
-    return messages.facts if isinstance(messages, KnownPairs) else None
 
 
 def _no_text_first(message: Message) -> bool:
@@ -83,6 +79,7 @@ class TaskState:
         "_dialect",
         "_pricing",
         "auto",
+        "cache",
         "ledger",
         "notices",
         "overlay",
@@ -95,13 +92,27 @@ class TaskState:
         self,
         notices: Notices = DEFAULT_NOTICES,
         reads: ReadRules | None = None,
-        dialect: str = "cline",
+        dialect: Dialect = CLINE_DIALECT,
     ) -> None:
+        """A new state of a task of ``dialect``.
+
+        Args:
+            notices: the notice texts.
+            reads: the read tools a native dialect's duplicate-read pass counts
+                (:data:`DEFAULT_READ_RULES` when not given).
+            dialect: the task's dialect; the Cline dialect (SPEC.md exactly)
+                unless given. The messages a native dialect's ops take are its
+                internal form (docs/DIALECTS.md).
+
+        Raises:
+            ValueError: ``reads`` given for the Cline dialect, whose reads are
+                its text headers.
+        """
         self.notices = notices
-        # None: the Cline dialect (SPEC.md exactly); otherwise a native dialect's
-        # internal form, whose file reads are tool calls (docs/DIALECTS.md).
-        self.reads = reads
         self._dialect = dialect
+        self.reads = self._reads_of(dialect, reads)
+        # The view cache of the history the ops are given (its owner's), or None.
+        self.cache: ViewCache | None = None
         self.overlay = Overlay()
         self._deleted_range: list[int] | None = None
         # (length, digest) of the history prefix the range and the overlay were made on.
@@ -116,16 +127,36 @@ class TaskState:
         self.summaries: list[Summary] = []
 
     @property
-    def dialect(self) -> str:
-        """The task's message dialect (docs/DIALECTS.md); ``cline`` is SPEC.md's."""
+    def dialect(self) -> Dialect:
+        """The task's message dialect (docs/DIALECTS.md)."""
         return self._dialect
 
-    def set_dialect(self, dialect: str, reads: ReadRules | None) -> None:
+    def set_dialect(self, dialect: Dialect, reads: ReadRules | None) -> None:
         """Give the task its dialect and, for a native one, the read tools it counts."""
-        if dialect != self._dialect:
+        self.reads = self._reads_of(dialect, reads)
+        if dialect is not self._dialect:
             self._dialect = dialect
             self.revision += 1
-        self.reads = reads
+
+    @staticmethod
+    def _reads_of(dialect: Dialect, reads: ReadRules | None) -> ReadRules | None:
+        """The read tools a task of ``dialect`` counts: None for Cline's text reads."""
+        if not dialect.native:
+            if reads is not None:
+                raise ValueError(f"the {dialect.name} dialect's file reads are its text headers")
+            return None
+        return DEFAULT_READ_RULES if reads is None else reads
+
+    def _cache_for(self, messages: Sequence[Message]) -> ViewCache | None:
+        """:attr:`cache` when it is the one of ``messages`` (a view built with it is built
+        faster, the same), else None."""
+        cache = self.cache
+        return cache if cache is not None and cache.messages is messages else None
+
+    def _facts_of(self, messages: Sequence[Message]) -> MessageFacts | None:
+        """The parse results kept beside ``messages``, when :attr:`cache` is theirs."""
+        cache = self._cache_for(messages)
+        return None if cache is None else cache.facts
 
     @property
     def pricing(self) -> PriceSheet | None:
@@ -155,7 +186,7 @@ class TaskState:
             not self.overlay
             and self._deleted_range is None
             and self._basis is None
-            and self._dialect == "cline"
+            and self._dialect is CLINE_DIALECT
             and self._pricing is None
             and not self.summaries
         )
@@ -229,7 +260,7 @@ class TaskState:
         deleted_range: object = None,
         notices: Notices = DEFAULT_NOTICES,
         reads: ReadRules | None = None,
-        dialect: str = "cline",
+        dialect: Dialect = CLINE_DIALECT,
         summaries: object = None,
         basis: tuple[int, bytes] | None = None,
     ) -> TaskState:
@@ -275,7 +306,13 @@ class TaskState:
     def truncated_messages(self, messages: Sequence[Message]) -> list[Message]:
         """The view of ``messages`` under this task's range and overlay (SPEC.md §4)."""
         return truncated_messages(
-            messages, self._deleted_range, self.overlay, self.notices, self.summary
+            messages,
+            self._deleted_range,
+            self.overlay,
+            self.notices,
+            self.summary,
+            strict=self._dialect.strict,
+            cache=self._cache_for(messages),
         )
 
     def keep_newest(
@@ -288,7 +325,7 @@ class TaskState:
         (docs/DIALECTS.md). The range still never shrinks.
         """
         if (
-            self.reads is None
+            not self._dialect.native
             or proposed is None
             or len(messages) < 2
             or proposed[1] != len(messages) - 2
@@ -317,7 +354,7 @@ class TaskState:
         if 1 in self.overlay:
             return False
         block = 0
-        if len(messages) > 1 and (self.reads is not None or _no_text_first(messages[1])):
+        if len(messages) > 1 and (self._dialect.native or _no_text_first(messages[1])):
             block = _first_text_block(messages[1])
         self.overlay.append(1, EDIT_UNDEFINED, block, [ts, "text", [self.notices.truncation], []])
         return True
@@ -355,7 +392,7 @@ class TaskState:
         """Replace superseded file reads after the range in the overlay (SPEC.md §6)."""
         start = keep_from(self._deleted_range)
         return optimize_file_reads(
-            messages, start, self.overlay, ts, self.notices, _facts_of(messages), self.reads
+            messages, start, self.overlay, ts, self.notices, self._facts_of(messages), self.reads
         )
 
     def optimize_file_reads(self, messages: Sequence[Message], ts: int) -> OptimizeFileReadsResult:
@@ -441,6 +478,7 @@ class TaskState:
     def clone(self) -> TaskState:
         """An independent copy: changes to either never show in the other."""
         copy = TaskState(self.notices, self.reads, self._dialect)
+        copy.cache = self.cache
         copy.overlay = self.overlay.copy()
         copy._deleted_range = self.deleted_range
         copy._basis = self._basis
@@ -456,12 +494,19 @@ class TaskState:
     def compact_subagent(self, messages: Sequence[Message], ts: int) -> CompactSubagentResult:
         """Make a subagent's conversation fit: optimise in memory, else cut a quarter (§8)."""
         result = optimize_file_reads(
-            messages, 2, self.overlay, ts, self.notices, _facts_of(messages), self.reads
+            messages, 2, self.overlay, ts, self.notices, self._facts_of(messages), self.reads
         )
         conversation: Sequence[Message] = messages
         compacted = True
         if result.changed:
-            conversation = truncated_messages(messages, None, self.overlay, self.notices)
+            conversation = truncated_messages(
+                messages,
+                None,
+                self.overlay,
+                self.notices,
+                strict=self._dialect.strict,
+                cache=self._cache_for(messages),
+            )
         if not result.changed or result.need_to_truncate:
             current = self._deleted_range
             proposed = next_truncation_range(conversation, current, "quarter")

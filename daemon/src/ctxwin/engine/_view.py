@@ -173,36 +173,42 @@ def find_repairs(messages: Sequence[Message], first: int = 0, strict: bool = Fal
     ]
 
 
-class KnownPairs(list[Message]):
-    """A history list that knows which of its adjacent pairs need repair.
+class ViewCache:
+    """What a history keeps so that building its next view costs what changed.
 
-    :class:`~ctxwin.engine.History` keeps one up to date as messages are
-    appended, so building a view checks only those pairs and the ones the
-    range or the overlay changed, instead of every pair.
+    Its owner (:class:`~ctxwin.engine.History` for a Cline task,
+    :class:`~ctxwin.engine.MappedHistory` for a native one) keeps it in step
+    with :attr:`messages` and passes it to :func:`truncated_messages` by
+    keyword; a view built without one checks every pair and builds afresh,
+    with the same result.
+
+    Attributes:
+        messages: the history list this cache is of (its very object).
+        strict: the dialect's :attr:`~ctxwin.engine.Dialect.strict`, which the
+            pairs needing repair were found under.
+        repairs: ascending indices ``i`` whose pair ``(i, i + 1)`` needs repair.
+        facts: what the duplicate-read pass parsed, per message.
+        view: the last view built from the history and what it depended on.
+        clean_until: messages from here on changed since :attr:`view` was built.
+        seam: (the view returned before, the view returned last, how many first
+            messages of the last are that one's own): where a view mapped on from
+            the last one resumes.
     """
 
-    __slots__ = ("clean_until", "facts", "pairs", "repairs", "strict", "view_cache", "view_seam")
+    __slots__ = ("clean_until", "facts", "messages", "repairs", "seam", "strict", "view")
 
-    def __init__(
-        self, messages: Sequence[Message] = (), strict: bool = False, pairs: bool = True
-    ) -> None:
-        super().__init__(messages)
-        self.strict = strict  # orphan results are dropped wherever they stand
-        # Without ``pairs`` no view is built from this list (a native dialect's history,
-        # whose views are built from its internal form): the pairs are not kept.
-        self.pairs = pairs
-        self.repairs: list[int] = find_repairs(self, 0, strict) if pairs else []
-        self.facts = MessageFacts()  # what the duplicate-read pass parsed, per message
-        # The last view built from this history and what it depended on; messages
-        # from ``clean_until`` on changed since (History lowers it on every change).
-        self.view_cache: tuple[tuple[Any, ...], list[Message]] | None = None
+    def __init__(self, messages: list[Message], strict: bool) -> None:
+        self.messages = messages
+        self.strict = strict
+        self.repairs: list[int] = find_repairs(messages, 0, strict)
+        self.facts = MessageFacts()
+        self.view: tuple[tuple[Any, ...], list[Message]] | None = None
         self.clean_until = 0
-        # (the view returned before, the view returned last, how many first messages of
-        # the last are that one's own): where a view mapped on from the last one resumes.
-        self.view_seam: tuple[list[Message], list[Message], int] | None = None
+        self.seam: tuple[list[Message], list[Message], int] | None = None
 
     def changed_from(self, index: int) -> None:
-        """Note that messages from ``index`` on were replaced, cut or appended."""
+        """Note that messages from ``index`` on were replaced, cut or appended (the owner
+        updates :attr:`repairs`)."""
         self.clean_until = min(self.clean_until, index)
         self.facts.truncate(index)
 
@@ -213,6 +219,9 @@ def truncated_messages(
     overlay: Overlay | None = None,
     notices: Notices = DEFAULT_NOTICES,
     summary: Summary | None = None,
+    *,
+    strict: bool = False,
+    cache: ViewCache | None = None,
 ) -> list[Message]:
     """The messages to send: the first pair, then everything after the range (SPEC.md §4).
 
@@ -223,20 +232,31 @@ def truncated_messages(
         notices: supplies the text of an invented missing tool result.
         summary: the summary that stands for removed turns, carried right
             after the first pair (docs/SUMMARIES.md).
+        strict: the dialect's :attr:`~ctxwin.engine.Dialect.strict` (every
+            dialect but Cline's): results that answer no call of the message
+            before are orphans wherever they stand, and the results a cut
+            orphans are dropped after the overlay, not before it.
+        cache: the history's :class:`ViewCache`, kept by its owner; the view
+            is the same without it, built afresh.
 
     Returns:
         A new list; messages that needed no change are the caller's own objects.
+
+    Raises:
+        ValueError: ``cache`` is not of ``messages``, or was kept under another ``strict``.
     """
+    if cache is not None and (cache.messages is not messages or cache.strict != strict):
+        raise ValueError("the view cache is not one of this history under this dialect")
     if len(messages) < 2:
         return list(messages)
     start = keep_from(deleted_range)
-    if isinstance(messages, KnownPairs) and overlay is not None:
-        return _cached_view(messages, start, overlay, notices, summary)
-    return _build_view(messages, start, overlay, notices, summary)
+    if cache is not None and overlay is not None:
+        return _cached_view(cache, start, overlay, notices, summary)
+    return _build_view(messages, start, overlay, notices, summary, strict, cache)
 
 
 def _cached_view(
-    messages: KnownPairs,
+    cache: ViewCache,
     start: int,
     overlay: Overlay,
     notices: Notices,
@@ -249,22 +269,25 @@ def _cached_view(
     back) with those unchanged, the old view up to the first changed message
     stands and only the tail is built, including the pair across the seam.
     """
+    messages = cache.messages
     key = (start, overlay, overlay.version, notices, summary)
-    cached = messages.view_cache
-    first = messages.clean_until
+    cached = cache.view
+    first = cache.clean_until
     same = 0
     if cached is not None and cached[0] == key and first > start + 1:
         seam = first - start + 2  # view position of history index ``first``
         view = [*cached[1][:seam], *messages[first:]]
-        _finish_view(messages, view, start, first, {seam - 1}, overlay, notices)
+        _finish_view(
+            messages, view, start, first, {seam - 1}, overlay, notices, cache.strict, cache
+        )
         same = seam  # _finish_view changed positions from ``seam`` on only
     else:
-        view = _build_view(messages, start, overlay, notices, summary)
-    messages.view_cache = (key, view)
-    messages.clean_until = len(messages)
+        view = _build_view(messages, start, overlay, notices, summary, cache.strict, cache)
+    cache.view = (key, view)
+    cache.clean_until = len(messages)
     out = list(view)
-    returned = messages.view_seam
-    messages.view_seam = (returned[1] if returned is not None else [], out, same)
+    returned = cache.seam
+    cache.seam = (returned[1] if returned is not None else [], out, same)
     return out
 
 
@@ -273,7 +296,9 @@ def _build_view(
     start: int,
     overlay: Overlay | None,
     notices: Notices,
-    summary: Summary | None = None,
+    summary: Summary | None,
+    strict: bool,
+    cache: ViewCache | None,
 ) -> list[Message]:
     view = [messages[0], messages[1], *messages[start:]]
     changed = {0, 1}  # positions whose pairs are always checked afresh
@@ -281,7 +306,6 @@ def _build_view(
     # so an edit of such a result lands on the block that takes its index. In every
     # dialect but Cline's (``strict``) the repair of the pair across the cut drops
     # them instead, after the overlay: an edit goes with its result.
-    strict = isinstance(messages, KnownPairs) and messages.strict
     if start > FIRST_REMOVABLE and len(view) > 2 and not strict:
         third = view[2]
         content = third.get("content")
@@ -305,7 +329,7 @@ def _build_view(
     if strict and isinstance(content, list) and any(_result_id(b) for b in content):
         # Results in the first message answer no call: orphans wherever they stand.
         view[0] = {**first, "content": [b for b in content if _result_id(b) is None]}
-    _finish_view(messages, view, start, start, changed, overlay, notices)
+    _finish_view(messages, view, start, start, changed, overlay, notices, strict, cache)
     if summary is not None:
         # After the repair: the results that answer message 1 stay first in view[2].
         place_summary(view, summary.block())
@@ -320,12 +344,14 @@ def _finish_view(
     changed: set[int],
     overlay: Overlay | None,
     notices: Notices,
+    strict: bool,
+    cache: ViewCache | None,
 ) -> None:
     """Apply the overlay to history indices ``>= first`` of ``view`` and repair its pairs.
 
     ``changed`` holds view positions whose pairs must be checked besides the
-    ones the overlay touches (and, for a :class:`KnownPairs` history, the
-    pairs it knows need repair); without a known history every pair is.
+    ones the overlay touches (and, with a ``cache``, the pairs it knows need
+    repair); without one every pair is.
     """
     offset = 2 - start  # view position of history index i >= start is i + offset
     if overlay:
@@ -338,14 +364,12 @@ def _finish_view(
             position = original + offset
             view[position] = apply_overlay(view[position], edits[original])
             changed.update((position - 1, position))
-    strict = False
-    if isinstance(messages, KnownPairs):
+    if cache is not None:
         # Pairs of two untouched history messages repair as the history's own pairs do.
-        strict = messages.strict
         low = max(first - 1, start)
-        # Only the known pairs from ``low`` on (the list is ascending: History keeps it so),
-        # not a walk over every pair of the history each turn.
-        repairs = messages.repairs
+        # Only the known pairs from ``low`` on (the list is ascending: its owner keeps it
+        # so), not a walk over every pair of the history each turn.
+        repairs = cache.repairs
         changed.update(index + offset for index in repairs[bisect.bisect_left(repairs, low) :])
         positions: Iterable[int] = sorted(p for p in changed if p < len(view) - 1)
     else:
