@@ -22,43 +22,7 @@ from ._dialect import (
     MappedHistory,
     block,
 )
-
-WHOLE = "content"
-"""The part of a message whose content is one string."""
-
-
-def inner_blocks(content: object) -> list[Block]:
-    """A result's content as internal blocks: text stays text, everything else is opaque."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        return []
-    inner: list[Block] = []
-    for item in content:
-        if (
-            isinstance(item, dict)
-            and item.get("type") == "text"
-            and isinstance(item.get("text"), str)
-        ):
-            inner.append({"type": "text", "text": item["text"]})
-        else:
-            inner.append({"type": "opaque", "visible": ""})
-    return inner
-
-
-def outer_content(original: object, inner: list[Block], mapped: list[Block]) -> object:
-    """A result's content with the texts the engine changed written back into ``original``."""
-    if isinstance(original, str):
-        return inner[0]["text"] if inner and inner[0].get("type") == "text" else original
-    if not isinstance(original, list):
-        return original
-    out = list(original)
-    for place, item in enumerate(inner[: len(out)]):
-        if place < len(mapped) and item is not mapped[place] and item.get("type") == "text":
-            part = out[place]
-            if isinstance(part, dict):
-                out[place] = {**part, "text": item["text"]}
-    return out
+from ._dialect_parts import WHOLE, inner_blocks, outer_content
 
 
 def _visible(part: dict[str, Any]) -> str:

@@ -9,8 +9,6 @@ so a message with calls ends its turn.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
 from ._blocks import Block, Message
@@ -27,73 +25,17 @@ from ._dialect import (
     block,
     originals,
 )
-from ._dialect_anthropic import inner_blocks, outer_content
+from ._dialect_parts import (
+    WHOLE,
+    inner_blocks,
+    outer_content,
+    parse_arguments,
+    text_parts,
+    written_content,
+)
 
-WHOLE = "content"
 REASONING = "reasoning_content"
 KEPT_OUT_ROLES = ("system", "developer")
-
-
-# (value, end) of the JSON value at a position; typeshed does not declare it.
-_SCAN: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def parse_arguments(arguments: object) -> object:
-    """A call's ``arguments`` JSON as a value (the string itself when it is not JSON, or JSON
-    nested too deep to be parsed)."""
-    if not isinstance(arguments, str):
-        return arguments
-    # The decoder's scanner at once (a quarter of json.loads' cost, which first
-    # matches whitespace around the value); json.loads decides whatever it does not
-    # read whole.
-    try:
-        value, end = _SCAN(arguments, 0)
-    except (StopIteration, ValueError, RecursionError):
-        end = -1
-    if end == len(arguments):
-        return value
-    try:
-        return json.loads(arguments)
-    except (ValueError, RecursionError):  # nested deeper than the daemon follows: kept as text
-        return arguments
-
-
-def text_parts(content: object, index: int, kinds: tuple[str, ...]) -> list[Block]:
-    """Internal blocks of a string or a list of content parts; parts of ``kinds`` are texts."""
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"type": "text", "text": content, SRC: index, PART: WHOLE}]
-    if not isinstance(content, list):
-        raise DialectError(".content must be a string, null or a list of parts")
-    blocks: list[Block] = []
-    for place, part in enumerate(content):
-        if not isinstance(part, dict):
-            raise DialectError(f".content[{place}] must be a map")
-        text = part.get("text")
-        if part.get("type") in kinds and isinstance(text, str):
-            blocks.append({"type": "text", "text": text, SRC: index, PART: place})
-        else:
-            visible = part.get("refusal")
-            blocks.append(
-                block("opaque", index, place, visible=visible if isinstance(visible, str) else "")
-            )
-    return blocks
-
-
-def written_content(original: object, texts: list[Block], mapped: dict[object, Block]) -> object:
-    """``original`` content with the view's text blocks written back (new ones appended)."""
-    if not isinstance(original, list):
-        return "\n\n".join(item["text"] for item in texts) if texts else original
-    out = list(original)
-    for item in texts:
-        place = item.get(PART)
-        if isinstance(place, int) and item.get(SRC) is not None:
-            if mapped.get(place) is not item:
-                out[place] = {**out[place], "text": item["text"]}
-        else:
-            out.insert(0, {"type": "text", "text": item["text"]})
-    return out
 
 
 class ChatDialect(Dialect):

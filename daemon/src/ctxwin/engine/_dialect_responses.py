@@ -25,8 +25,7 @@ from ._dialect import (
     block,
     originals,
 )
-from ._dialect_anthropic import outer_content
-from ._dialect_chat import parse_arguments, text_parts, written_content
+from ._dialect_parts import outer_content, parse_arguments, text_parts, written_content
 
 TEXT_KINDS = ("input_text", "output_text", "text")
 ITEM = "item"
