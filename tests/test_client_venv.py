@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from ctxwin.client import Client
 from tests._daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE_FILES = ROOT / "client" / "src" / "ctxwin" / "client" / "cli" / "page"
 
 
 def _run(argv: list[str | Path], env: dict[str, str], timeout: float = 120) -> str:
@@ -29,7 +32,8 @@ def _run(argv: list[str | Path], env: dict[str, str], timeout: float = 120) -> s
 
 @pytest.mark.slow
 def test_client_only_venv_pings_the_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
-    """pip install ./proto ./client gives a working ``ctxwin`` without the daemon's dependencies."""
+    """pip install ./proto ./client gives a working ``ctxwin`` without the daemon's dependencies,
+    and the built client carries the page's style sheet and script (``inspect --html``)."""
     env = {
         key: value
         for key, value in os.environ.items()
@@ -52,3 +56,19 @@ def test_client_only_venv_pings_the_daemon(daemon: DaemonProcess, tmp_path: Path
         " if u.find_spec(m) is not None])"
     )
     assert "[]\n" == _run([python, "-c", probe], env)
+    messages = [
+        {"role": role, "content": [{"type": "text", "text": f"message {index} " * 50}]}
+        for index, role in enumerate(["user", "assistant"] * 4)
+    ]
+    with Client(daemon.endpoint) as client:
+        client.compact("venv-page", messages, "quarter", ts=1)
+    history, page = tmp_path / "history.json", tmp_path / "page.html"
+    history.write_text(json.dumps(messages), encoding="utf-8")
+    argv: list[str | Path] = [venv / "bin" / "ctxwin", "--endpoint", daemon.endpoint]
+    _run([*argv, "inspect", "venv-page", "--messages", history, "--html", page], env)
+    text = page.read_text(encoding="utf-8")
+    style = (PAGE_FILES / "page.css").read_text(encoding="utf-8")
+    script = (PAGE_FILES / "page.js").read_text(encoding="utf-8")
+    assert f"<style>\n{style}</style>" in text
+    assert f"<script>\n{script.split('/* range */')[0]}" in text
+    assert '<span id="fold-text">messages 2-' in text

@@ -13,8 +13,8 @@ import pytest
 
 from ctxwin import proto
 from ctxwin.client import Client
-from ctxwin.client._page import replay_page
 from ctxwin.client.cli._corpus import load_conversation
+from ctxwin.client.cli.page import replay_page
 from ctxwin.client.cli.replay import (
     FILE_READ,
     NOTICE,

@@ -9,7 +9,6 @@ from typing import Any, TextIO
 
 from ctxwin import proto
 
-from .. import _page
 from .._sync import Client
 from .._task import Task
 from ._commands import (
@@ -23,6 +22,7 @@ from ._commands import (
     table,
 )
 from ._dialects import chars_of, message_chars
+from .page import inspect_page, page_problem, write_page
 from .replay import (
     NativeViews,
     Variant,
@@ -37,7 +37,7 @@ from .replay import (
 
 def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.html is not None:
-        problem = _page.page_problem(args.html) if args.messages else "--html needs --messages FILE"
+        problem = page_problem(args.html) if args.messages else "--html needs --messages FILE"
         if problem is not None:
             raise UsageError(problem)
     history, dialect = _inspect_history(args, err)
@@ -121,9 +121,9 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     }
     if args.html is not None and history is not None and state is not None:
         counts = message_tokens(client, history, variants, dialect)
-        page = _page.inspect_page(args.task, history, state, variants, counts, rows, dialect)
+        page = inspect_page(args.task, history, state, variants, counts, rows, dialect)
         try:
-            _page.write_page(args.html, page)
+            write_page(args.html, page)
         except OSError as exc:
             raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
         if not args.json:

@@ -13,7 +13,6 @@ from typing import Any, TextIO
 
 from ctxwin import proto
 
-from ... import _page
 from ..._errors import CtxwinError
 from ..._sync import Client
 from .. import _plot
@@ -29,6 +28,7 @@ from .._commands import (
 )
 from .._corpus import About, model_for
 from .._dialects import no_request, request_points
+from ..page import page_problem, replay_page, write_page
 from ._report import ReplayReport, ReplayTurn, usage_line
 from ._run import message_tokens, replay
 
@@ -102,7 +102,7 @@ def run(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         if problem is not None:
             raise UsageError(problem)
     if args.html is not None:
-        problem = _page.page_problem(args.html)
+        problem = page_problem(args.html)
         if problem is not None:
             raise UsageError(problem)
     if not request_points(history, dialect):
@@ -145,7 +145,7 @@ def run(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     if args.html is not None:
         counts = message_tokens(client, history, report.variants, dialect)
         try:
-            _page.write_page(args.html, _page.replay_page(report, history, counts))
+            write_page(args.html, replay_page(report, history, counts))
         except OSError as exc:
             err.write(f"ctxwin: --html: cannot write {args.html}: {exc}\n")
             return EXIT_USAGE
