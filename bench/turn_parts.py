@@ -41,8 +41,8 @@ from ctxwin.client import Client, _core, _ops
 from ctxwin.daemon._actors import ActorSystem, Counters
 from ctxwin.daemon._kept import HistoryCache, KeptHistory
 from ctxwin.daemon._ops import run_task_op
-from ctxwin.daemon._store import FileStore
 from ctxwin.daemon._tokens import TokenCounter
+from ctxwin.daemon.store import FileStore
 
 _decode_request = proto.decode_request_parts
 _encode_result = proto.result_encoder()

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from ctxwin import proto
-from ctxwin.daemon._persist import TaskRecord, encode_task
+from ctxwin.daemon.store._record import TaskRecord, encode_task
 from tests._daemon import DaemonProcess
 from tests._redis import RedisServer, require_redis_server
 from tests._scenarios import (

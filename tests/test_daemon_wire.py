@@ -117,7 +117,7 @@ def ok(reply: proto.Reply) -> dict[str, Any]:
 
 
 def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
-    """ping answers pong, the package version, the protocol version and its extensions."""
+    """ping answers pong, the versions and its extensions: no ``fleet`` with the file store."""
     peer = shared_peer
     assert ok(peer.call("ping")) == {
         "pong": True,
@@ -129,7 +129,6 @@ def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
             "view_patch_prepend",
             "budgeting",
             "plan",
-            "fleet",
             "dialects",
             "read_tools",
             "auto",

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ctxwin import engine, proto
-from ctxwin.daemon._config import ConfigError, load_config
+from ctxwin.daemon import ConfigError, load_config
 
 Message = dict[str, Any]
 BODY = "line of the file\n" * 200

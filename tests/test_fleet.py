@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ctxwin import proto
-from ctxwin.daemon._persist import decode_record
+from ctxwin.daemon.store._record import decode_record
 from tests._daemon import DaemonProcess, wait_until
 from tests._redis import RedisServer, require_redis_server
 
@@ -113,7 +113,7 @@ def test_a_write_refused_by_the_fence_drops_the_task(
 
 
 async def _take_over(redis_server: RedisServer, task: str) -> None:
-    from ctxwin.daemon._redis import RedisStore, Taken
+    from ctxwin.daemon.store._redis import RedisStore, Taken
 
     other = RedisStore(redis_server.url, "tcp://other:1")
     try:

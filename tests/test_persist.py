@@ -11,16 +11,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from ctxwin.daemon._persist import (
+from ctxwin.daemon.store._files import (
     LockedError,
     NotOursError,
     TaskFiles,
-    TaskRecord,
     acquire_lock,
-    decode_record,
-    encode_task,
     write_atomic,
 )
+from ctxwin.daemon.store._record import TaskRecord, decode_record, encode_task
 
 
 def listing(directory: Path) -> list[str]:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ctxwin.daemon._persist import TaskRecord, decode_record, encode_task
-from ctxwin.daemon._redis import (
+from ctxwin.daemon.store._record import TaskRecord, decode_record, encode_task
+from ctxwin.daemon.store._redis import (
     BadContent,
     Fenced,
     Lease,
@@ -16,6 +16,7 @@ from ctxwin.daemon._redis import (
     StoreUnavailable,
     Taken,
 )
+from tests._audited_store import AuditedRedisStore, audit_key
 from tests._redis import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -24,6 +25,11 @@ pytestmark = pytest.mark.anyio
 def store(server: RedisServer, name: str, **options: object) -> RedisStore:
     """A store for a daemon advertised as ``name``."""
     return RedisStore(server.url, f"tcp://{name}:7878", **options)  # type: ignore[arg-type]
+
+
+def audited(server: RedisServer, name: str, *, fence_check: bool = True) -> AuditedRedisStore:
+    """A store for a daemon advertised as ``name`` that keeps the audit list of its writes."""
+    return AuditedRedisStore(server.url, f"tcp://{name}:7878", fence_check=fence_check)
 
 
 async def take(redis: RedisStore, task: str) -> Taken:
@@ -37,7 +43,7 @@ async def test_keys_share_one_hash_tag_under_the_prefix(redis_server: RedisServe
     """Every key of a task carries ``{task}`` and the configured prefix."""
     redis = store(redis_server, "a", prefix="team7")
     try:
-        assert redis.keys("t-1") == (
+        assert (*redis.keys("t-1"), audit_key(redis.prefix, "t-1")) == (
             "team7:{t-1}:lease",
             "team7:{t-1}:fence",
             "team7:{t-1}:state",
@@ -95,9 +101,9 @@ async def expire(redis: RedisStore, task: str) -> None:
 async def test_a_control_store_without_the_fence_check_lets_a_stale_write_through(
     redis_server: RedisServer,
 ) -> None:
-    """With the check off (test mode) the same stale write is accepted: the check refuses it."""
-    first = store(redis_server, "a", fence_check=False, audit=True)
-    second = store(redis_server, "b", audit=True)
+    """With the check off (a control store) the same stale write is accepted: the check refuses."""
+    first = audited(redis_server, "a", fence_check=False)
+    second = audited(redis_server, "b")
     try:
         old = await take(first, "t")
         await expire(second, "t")
@@ -105,7 +111,7 @@ async def test_a_control_store_without_the_fence_check_lets_a_stale_write_throug
         await second.write(new.lease, b"new")
         await first.write(old.lease, b"stale")
         assert await second.read_state("t") == b"stale"
-        audit = await second.client.lrange(second.keys("t")[3], 0, -1)
+        audit = await second.client.lrange(audit_key(second.prefix, "t"), 0, -1)
         assert audit == [b"2\nnew", b"1\nstale"]
     finally:
         await first.close()
@@ -183,7 +189,7 @@ async def test_keys_no_daemon_wrote_are_refused_and_left_as_they_are(
     """A key of the wrong type, or a fence that is no number: a clear error, nothing changed."""
     redis = store(redis_server, "a")
     try:
-        lease_key, fence_key, state_key, _ = redis.keys("t")
+        lease_key, fence_key, state_key = redis.keys("t")
         target = {"lease": lease_key, "fence": fence_key, "state": state_key}[key]
         await redis.client.execute_command(command[0], target, *command[1:])  # type: ignore[no-untyped-call]
         with pytest.raises(BadContent, match=rf"take t: .*{target}.* {reason}.*fix or delete"):

@@ -6,8 +6,8 @@ Usage (from the repository root)::
 
 A real redis-server (AOF, ``appendfsync always``) and two ``ctxwind`` with
 ``--state-store`` on it and a short lease (``--lease-ttl-ms``, 500). The
-daemons run in test mode (``CTXWIN_STORE_TEST=audit``): every write Redis
-accepts is appended to the task's audit list. One writer sends steps
+daemons run with the audited store of ``tests/_audited_store.py``: every
+write Redis accepts is also appended to the task's audit list. One writer sends steps
 ``i = 1, 2, ...`` (``rollback`` to ts 0 with ``deleted_range [2, 2 + i]``),
 each through the other daemon than the last, following ``owned_elsewhere``
 and going on to the other daemon when one does not answer; every
@@ -23,7 +23,7 @@ acknowledged, unwritten changes); ``--kills`` times the owner is killed with
   before, and a step no lower than the one before (it extends that state);
 - the final state in Redis holds a step no lower than every flushed one.
 
-``--control`` runs the daemons with ``CTXWIN_STORE_TEST=audit,no-fence-check``:
+``--control`` runs the daemons with that store's ``--no-fence-check``:
 Redis accepts every write whatever its fence, and the same assertions must
 fail (a resumed owner's stale write lands after the new owner's).
 """
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import signal
 import sys
@@ -54,6 +55,23 @@ from tests._daemon import DaemonProcess, call
 from tests._redis import RedisServer
 
 TASK = "handover"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class AuditedDaemon(DaemonProcess):
+    """A ctxwind run with the audited store (``python -m tests._audited_store``)."""
+
+    def __init__(self, root: Path, *extra_args: str, control: bool) -> None:
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        super().__init__(root, *extra_args, env={"PYTHONPATH": path})
+        self.control = control
+
+    @property
+    def argv(self) -> list[str]:
+        python, module, name, *flags = super().argv
+        assert (module, name) == ("-m", "ctxwin.daemon"), (module, name)
+        control = ["--no-fence-check"] if self.control else []
+        return [python, "-m", "tests._audited_store", *control, *flags]
 
 
 @dataclass
@@ -99,12 +117,11 @@ def fleet(
     """Start redis-server and the daemons; stop them all on the way out."""
     server = RedisServer(root / "redis")
     server.start()
-    test_mode = "audit,no-fence-check" if control else "audit"
     started: list[DaemonProcess] = []
     client = redis.Redis(unix_socket_path=str(server.socket))
     try:
         for index in range(daemons):
-            daemon = DaemonProcess(
+            daemon = AuditedDaemon(
                 root / f"d{index}",
                 "--state-store",
                 server.url,
@@ -114,18 +131,18 @@ def fleet(
                 str(debounce_ms),
                 "--log-level",
                 "info",
-                env={"CTXWIN_STORE_TEST": test_mode},
+                control=control,
             )
             (root / f"d{index}").mkdir(parents=True, exist_ok=True)
             daemon.start()
             started.append(daemon)
         yield Fleet(server, started, client)
     finally:
-        for daemon in started:
-            if daemon.proc is not None:
+        for each in started:
+            if each.proc is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    daemon.proc.send_signal(signal.SIGCONT)
-            daemon.stop()
+                    each.proc.send_signal(signal.SIGCONT)
+            each.stop()
         client.close()
         server.stop()
 
@@ -274,7 +291,7 @@ def run(
         if audit[i][1] < audit[i - 1][1]
     ]
     flushed_lost = [] if final >= flushed else [f"final step {final} < flushed step {flushed}"]
-    passed = not (
+    passed = bool(audit) and not (
         fence_back
         or state_back
         or flushed_lost

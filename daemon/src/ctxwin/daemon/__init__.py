@@ -8,11 +8,13 @@ The rest is internal.
 
 from __future__ import annotations
 
-from ._config import NOTICE_ENV, Config, ConfigError, load_config
+from ._config import NOTICE_ENV, Config, ConfigError
+from ._config_sources import load_config
+from ._errors import StartupError
 from ._lifecycle import run_daemon
 from ._logging import configure_logging
 from ._main import main
-from ._server import DaemonStatistics, StartupError
+from ._server import DaemonStatistics
 from ._tokens import IMAGE_TOKENS, TokenCounter
 
 __all__ = [

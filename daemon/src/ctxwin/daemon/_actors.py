@@ -10,7 +10,7 @@ request is answered with :class:`ActorStoppedError`, never left silent.
 The actor only receives, dispatches and stops: what it keeps of the history
 is a :class:`~._kept.KeptHistory`, when it writes is a
 :class:`~._schedule.WriteSchedule`, and where the state lives is the
-:class:`~._store.TaskStore` both load and write through.
+:class:`~.store.TaskStore` both load and write through.
 
 Requests of one task run in order; different tasks run concurrently. The
 mailbox is a deque plus an event rather than an anyio memory stream: one hop
@@ -33,8 +33,8 @@ from ctxwin import engine, proto
 from ._kept import HistoryCache, KeptHistory
 from ._ops import HISTORY_OPS, run_task_op
 from ._schedule import FlushError, WriteSchedule
-from ._store import StateStore, StoreUnavailableError, TaskExtras
 from ._tokens import TokenCounter
+from .store import StateStore, StoreUnavailableError, TaskExtras
 
 __all__ = [
     "ActorStoppedError",
@@ -73,7 +73,6 @@ class ReplyTo(Protocol):
 class Counters:
     """Mutable counters behind the ``stats`` op."""
 
-    requests: int = 0
     flushes: int = 0
     write_failures: int = 0
 

@@ -1,5 +1,8 @@
 """The process around the server: locks, private socket dirs, signals, status, ``run_daemon``.
 
+``run_daemon`` is where the daemon is put together: the state store, the
+task actors on it, the server on them (which owns the socket).
+
 Start-up takes the state dir's lock and one beside each ipc socket (a second
 daemon on either refuses to start), removes stale sockets, binds, then tells
 systemd READY=1. SIGTERM or SIGINT stops it: STOPPING=1, no new requests,
@@ -15,8 +18,9 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -26,12 +30,15 @@ import structlog
 from ctxwin import engine, proto
 
 from ._accept import soft_open_files_limit
+from ._actors import ActorSystem, Counters
 from ._config import Config
+from ._errors import StartupError
 from ._memory import MemoryRelease
 from ._notify import Notifier
-from ._persist import LockedError, NotOursError, acquire_lock, check_private_dir
-from ._server import Server, StartupError
+from ._server import Server
 from ._tokens import TokenCounter
+from .store import StateStore, StoreOpener, open_store
+from .store._files import LockedError, NotOursError, acquire_lock, check_private_dir
 
 __all__ = ["run_daemon"]
 
@@ -176,11 +183,47 @@ async def _tick(server: Server, notifier: Notifier) -> None:
         await anyio.sleep(step)
 
 
+class _Spawn:
+    """Starts coroutine functions in the daemon's task group, once it is open."""
+
+    def __init__(self) -> None:
+        self.task_group: anyio.abc.TaskGroup | None = None
+
+    def __call__(self, function: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        assert self.task_group is not None
+        self.task_group.start_soon(function)
+
+
+def _actor_system(
+    config: Config,
+    store: StateStore,
+    notices: engine.Notices,
+    tokens: TokenCounter,
+    spawn: _Spawn,
+) -> ActorSystem:
+    return ActorSystem(
+        store=store,
+        notices=notices,
+        mailbox_size=config.mailbox_size,
+        debounce_ms=config.debounce_ms,
+        debounce_max_ms=config.debounce_max_ms,
+        idle_timeout=config.idle_timeout,
+        spawn=spawn,
+        counters=Counters(),
+        tokens=tokens,
+        history_cache_bytes=config.history_cache_mb * 1024 * 1024,
+        read_rules=config.read_rules,
+        max_tasks=config.max_tasks,
+    )
+
+
 async def run_daemon(
     config: Config,
     notices: engine.Notices,
     tokens: TokenCounter,
     notifier: Notifier,
+    *,
+    stores: StoreOpener = open_store,
 ) -> int:
     """Run ctxwind until SIGTERM or SIGINT.
 
@@ -189,6 +232,8 @@ async def run_daemon(
         notices: notice texts.
         tokens: the token counter (loaded in the background at start).
         notifier: the systemd notifier.
+        stores: opens the state store the configuration names
+            (:func:`~ctxwin.daemon.store.open_store`).
 
     Returns:
         The exit status: 0 once every task's state is durable, 1 otherwise.
@@ -198,19 +243,21 @@ async def run_daemon(
     """
     with _locks(config):
         stop = anyio.Event()
-        server = Server(config, notices, tokens)
+        spawn = _Spawn()
+        system = _actor_system(config, stores(config, notices, spawn), notices, tokens, spawn)
+        server = Server(config, system, tokens, spawn)
         try:
-            server.bind()
+            gated = server.bind()
         except BaseException:
             server.close()
             raise
         async with anyio.create_task_group() as task_group:
-            server.task_group = task_group
+            spawn.task_group = task_group
             # Before the first request is read: a client that has its answer may
             # signal at once, and SIGTERM must then stop the daemon cleanly.
             await task_group.start(_watch_signals, stop)
-            task_group.start_soon(server.system.reap_idle)
-            task_group.start_soon(MemoryRelease(server.system).run)
+            task_group.start_soon(system.reap_idle)
+            task_group.start_soon(MemoryRelease(system).run)
             task_group.start_soon(anyio.to_thread.run_sync, _preload, tokens)
             server.start_reading()
             notifier.ready()
@@ -221,11 +268,11 @@ async def run_daemon(
                 state_dir=str(config.state_dir),
                 endpoints=list(config.endpoints),
                 open_files_limit=soft_open_files_limit(),
-                accept_gated=len(server.gate.listeners),
+                accept_gated=gated,
             )
             await stop.wait()
             notifier.stopping()
-            _log.info("stopping", actors=len(server.system.actors), in_flight=server.in_flight)
+            _log.info("stopping", actors=len(system.actors), in_flight=server.in_flight)
             durable = await server.shutdown()
             task_group.cancel_scope.cancel()
         server.close()

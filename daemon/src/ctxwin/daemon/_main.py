@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import resource
 import signal
 import sys
@@ -13,12 +14,14 @@ import structlog
 
 from ctxwin import engine
 
-from ._config import Config, ConfigError, load_config
+from ._config import Config, ConfigError
+from ._config_sources import load_config
+from ._errors import StartupError
 from ._lifecycle import run_daemon
 from ._logging import configure_logging
 from ._notify import Notifier
-from ._server import StartupError
 from ._tokens import TokenCounter
+from .store import StoreOpener, open_store
 
 __all__ = ["main"]
 
@@ -53,11 +56,12 @@ def build_notices(config: Config) -> engine.Notices:
     return dataclasses.replace(engine.DEFAULT_NOTICES, **dict(config.notices))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, stores: StoreOpener = open_store) -> int:
     """Run ctxwind until SIGTERM or SIGINT.
 
     Args:
         argv: command-line arguments without the program name (``sys.argv[1:]``).
+        stores: opens the state store the configuration names (see :func:`run_daemon`).
 
     Returns:
         The exit status: 0 after a clean stop, 1 when start-up failed or some
@@ -77,7 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     tokens = TokenCounter(config.encoding)
     try:
-        return anyio.run(run_daemon, config, build_notices(config), tokens, notifier)
+        return anyio.run(
+            functools.partial(run_daemon, stores=stores),
+            config,
+            build_notices(config),
+            tokens,
+            notifier,
+        )
     except StartupError as exc:
         log.error("startup_failed", reason=str(exc))
         sys.stderr.write(f"ctxwind: {exc}\n")

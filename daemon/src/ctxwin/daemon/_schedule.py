@@ -7,7 +7,7 @@ task never overlap: a flush waits for the write under way, then writes
 whatever that one did not cover.
 
 What a write does is injected (:attr:`WriteSchedule.write`, the task's
-:meth:`~._store.TaskStore.save`), so the schedule knows nothing of files.
+:meth:`~.store.TaskStore.save`), so the schedule knows nothing of files.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from ._store import StoreError
+from .store import StoreError
 
 __all__ = ["FlushError", "WriteCounters", "WriteSchedule"]
 
@@ -45,7 +45,7 @@ class WriteSchedule:
     Args:
         task: the task id (for logs and errors).
         write: makes the current state durable unless it is; returns whether
-            anything was written; raises :class:`~._store.StoreError`.
+            anything was written; raises :class:`~.store.StoreError`.
         revision: the state's revision now (it grows with every change).
         loop: the event loop whose clock and timers are used.
         spawn: starts a coroutine function in the daemon's task group.

@@ -5,9 +5,7 @@ Keys of a task share one hash tag, so a Redis Cluster keeps them in one slot:
 - ``<prefix>:{<task>}:lease``: ``<owner>\\n<fence>`` with a TTL (the lease);
 - ``<prefix>:{<task>}:fence``: a counter that only grows, one step per lease taken;
 - ``<prefix>:{<task>}:state``: the task's record as ``ctxwin.json`` holds it
-  (``_persist.encode_task``), with the fence of the daemon that wrote it;
-- ``<prefix>:{<task>}:audit``: in test mode only, every accepted write as
-  ``<fence>\\n<state>``, in order.
+  (``_record.encode_task``), with the fence of the daemon that wrote it.
 
 Taking a task (one script, so nothing can come between): set the lease if
 absent with its TTL, increment the fence, put the fence in the lease, read the
@@ -30,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from ._redact import redact_url
+from .._redact import redact_url
 
 try:  # an optional extra: ctxwin[redis]
     import redis.asyncio as aioredis
@@ -104,14 +102,14 @@ _WRITE = (
 local odd_content = odd(KEYS[2], true)
 if odd_content then return {2, odd_content} end
 local current = redis.call('GET', KEYS[2])
-if ARGV[3] == '1' and current ~= ARGV[1] then
+if current ~= ARGV[1] then
   return {0, current or '0'}
 end
 redis.call('SET', KEYS[3], ARGV[2])
-if ARGV[4] == '1' then redis.call('RPUSH', KEYS[4], ARGV[1] .. '\\n' .. ARGV[2]) end
 return {1, current or '0'}
 """
 )
+"""Lua: set the state (``ARGV[2]``) only while the fence counter is the writer's (``ARGV[1]``)."""
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -211,8 +209,6 @@ class RedisStore:
         wait_replicas: replicas a write waits for (``WAIT``; 0: none).
         wait_timeout_ms: longest ``WAIT``.
         timeout_s: longest wait for one command (connect or reply).
-        audit: test mode: keep every accepted write in the audit list.
-        fence_check: test mode only: False accepts every write (a control run).
     """
 
     def __init__(
@@ -226,8 +222,6 @@ class RedisStore:
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
         timeout_s: float = 2.0,
-        audit: bool = False,
-        fence_check: bool = True,
     ) -> None:
         if aioredis is None:
             raise RuntimeError(
@@ -239,8 +233,6 @@ class RedisStore:
         self.lease_ttl_ms = lease_ttl_ms
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
-        self.audit = audit
-        self.fence_check = fence_check
         self.owner = f"{advertise} {os.urandom(6).hex()}"
         self.client = aioredis.Redis.from_url(
             url,
@@ -257,10 +249,10 @@ class RedisStore:
         self._write = self.client.register_script(_WRITE)
         self._release = self.client.register_script(_RELEASE)
 
-    def keys(self, task: str) -> tuple[str, str, str, str]:
-        """The lease, fence, state and audit keys of ``task``."""
+    def keys(self, task: str) -> tuple[str, str, str]:
+        """The lease, fence and state keys of ``task``."""
         base = f"{self.prefix}:{{{task}}}:"
-        return base + "lease", base + "fence", base + "state", base + "audit"
+        return base + "lease", base + "fence", base + "state"
 
     @property
     def description(self) -> str:
@@ -282,7 +274,7 @@ class RedisStore:
             BadContent: the task's keys hold what no daemon wrote (nothing changed).
             StoreUnavailable: the store could not be reached.
         """
-        lease_key, fence_key, state_key, _ = self.keys(task)
+        lease_key, fence_key, state_key = self.keys(task)
         reply = await self._run(
             f"take {task}",
             self._acquire(
@@ -315,7 +307,7 @@ class RedisStore:
         Raises:
             StoreUnavailable: the store could not be reached (the lease may still hold).
         """
-        lease_key, fence_key, _, _ = self.keys(lease.task)
+        lease_key, fence_key, _ = self.keys(lease.task)
         reply = await self._run(
             f"renew {lease.task}",
             self._renew(
@@ -334,19 +326,7 @@ class RedisStore:
             BadContent: the fence key holds no fence (not written; retried).
             StoreUnavailable: not written (unreachable, out of memory, too few replicas).
         """
-        lease_key, fence_key, state_key, audit_key = self.keys(lease.task)
-        reply = await self._run(
-            f"write {lease.task}",
-            self._write(
-                keys=[lease_key, fence_key, state_key, audit_key],
-                args=[
-                    lease.fence,
-                    state,
-                    "1" if self.fence_check else "0",
-                    "1" if self.audit else "0",
-                ],
-            ),
-        )
+        reply = await self._run(f"write {lease.task}", self._write_script(lease, state))
         if reply[0] == 2:
             raise _bad_content(f"write {lease.task}", reply[1])
         if reply[0] == 0:
@@ -365,6 +345,10 @@ class RedisStore:
                     f"write {lease.task}: {int(acked)} of {self.wait_replicas} replicas "
                     f"acknowledged within {self.wait_timeout_ms} ms"
                 )
+
+    def _write_script(self, lease: Lease, state: bytes) -> Any:
+        """The fenced write's script call (its reply: ``[1|0|2, fence or reason]``)."""
+        return self._write(keys=list(self.keys(lease.task)), args=[lease.fence, state])
 
     async def release(self, lease: Lease) -> bool:
         """Delete the lease if it is still this daemon's; returns whether it was.

@@ -24,16 +24,9 @@ import structlog
 
 from ctxwin import engine, proto
 
-from ._persist import TaskRecord, decode_record, encode_task
+from ._base import StoreError, StoreUnavailableError, TaskExtras
+from ._record import TaskRecord, build_state, decode_record, encode_task, extras_of, record_of
 from ._redis import BadContent, Fenced, Lease, OwnedElsewhere, RedisStore, StoreUnavailable
-from ._store import (
-    StoreError,
-    StoreUnavailableError,
-    TaskExtras,
-    build_state,
-    extras_of,
-    record_of,
-)
 
 __all__ = ["RedisStateStore", "RedisTaskStore"]
 

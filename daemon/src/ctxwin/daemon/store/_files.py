@@ -1,4 +1,4 @@
-"""Durable task files: one authority, a compatible export, corrupt files set aside, locks.
+"""The file store: durable task files, one authority, a compatible export, locks.
 
 A task lives in ``<state_dir>/tasks/<task_id>/``:
 
@@ -25,6 +25,8 @@ directory of the daemon user's (:class:`NotOursError` otherwise), and files are
 opened with ``O_NOFOLLOW``.
 
 Every function here blocks; the daemon runs them in worker threads.
+:class:`FileStore` and :class:`FileTaskStore` are the store built on them,
+which :func:`ctxwin.daemon.store.open_store` chooses for ``state_store = "file:"``.
 """
 
 from __future__ import annotations
@@ -33,217 +35,53 @@ import errno
 import fcntl
 import itertools
 import json
-import math
 import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
+import anyio.to_thread
 import structlog
 
-from ctxwin import proto
+from ctxwin import engine
+
+from ._base import StoreError, StoreUnavailableError, TaskExtras
+from ._record import (
+    Encoded,
+    TaskRecord,
+    build_state,
+    decode_record,
+    encode_task,
+    extras_of,
+    record_of,
+    valid_range,
+)
 
 __all__ = [
-    "DEFAULT_DIALECT",
-    "FORMAT",
     "HISTORY_FILE",
     "META_FILE",
-    "Encoded",
+    "FileStore",
+    "FileTaskStore",
     "LockedError",
     "NotOursError",
     "TaskFiles",
-    "TaskRecord",
     "acquire_lock",
     "check_private_dir",
-    "decode_record",
-    "encode_history",
-    "encode_task",
     "fsync_dir",
     "write_atomic",
 ]
 
 HISTORY_FILE = "context_history.json"
 META_FILE = "ctxwin.json"
-FORMAT = 2
-"""Version of ``ctxwin.json`` (1: the deleted range alone, beside the history file)."""
 _OLD_FORMAT = 1
-DEFAULT_DIALECT = "cline"
 
 _TEMP_SUFFIX = ".tmp"
 _temp_ids = itertools.count()
 _log = structlog.get_logger("ctxwin.daemon.persist")
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    """A task's whole stored state, in the form every store keeps.
-
-    Attributes:
-        updates: the overlay in on-disk form (``dump_updates()``), or None for none.
-        deleted_range: the deleted range, or None.
-        calibration: ``(ratio, samples)`` of the task's calibration, or None when
-            it has no sample.
-        dialect: the task's message dialect, stored as given.
-        read_tools: the task's own read tools in their wire form (``read_tools``).
-        pricing: the task's price sheet in its wire form (docs/PRICING.md), or None.
-        summaries: the task's summaries in their stored form, oldest first.
-        basis: ``(length, digest)`` of the history prefix the range and the
-            overlay were made on (``TaskState.basis``), or None.
-    """
-
-    updates: Any = None
-    deleted_range: list[int] | None = None
-    calibration: tuple[float, int] | None = None
-    dialect: str = DEFAULT_DIALECT
-    read_tools: tuple[dict[str, Any], ...] = ()
-    pricing: dict[str, Any] | None = None
-    summaries: tuple[dict[str, Any], ...] = ()
-    basis: tuple[int, bytes] | None = None
-
-    @property
-    def empty(self) -> bool:
-        """Whether the record holds nothing a new task would not."""
-        return (
-            self.updates is None
-            and self.deleted_range is None
-            and self.calibration is None
-            and self.dialect == DEFAULT_DIALECT
-            and not self.read_tools
-            and self.pricing is None
-            and not self.summaries
-        )
-
-
-class Encoded(NamedTuple):
-    """A record's bytes: the authority (``ctxwin.json``) and the export."""
-
-    authority: bytes
-    export: bytes
-
-
-def encode_history(updates: object) -> bytes:
-    """``context_history.json`` content for an overlay in on-disk form."""
-    return json.dumps(updates).encode("utf-8")
-
-
-def _calibration_map(calibration: tuple[float, int] | None) -> dict[str, Any] | None:
-    if calibration is None:
-        return None
-    return {"ratio": calibration[0], "samples": calibration[1]}
-
-
-def encode_task(record: TaskRecord, fence: int | None = None) -> Encoded:
-    """The authority and export bytes of a record.
-
-    The overlay is encoded once and spliced into the authority as its last
-    member. ``fence`` (the Redis store's fencing token of the writer) is
-    added to the authority when given.
-    """
-    export = encode_history(record.updates if record.updates is not None else [])
-    head: dict[str, Any] = {
-        "format": FORMAT,
-        "dialect": record.dialect,
-        "deleted_range": record.deleted_range,
-        "calibration": _calibration_map(record.calibration),
-    }
-    if record.read_tools:
-        head["read_tools"] = list(record.read_tools)
-    if record.pricing is not None:
-        head["pricing"] = record.pricing
-    if record.summaries:
-        head["summaries"] = list(record.summaries)
-    if record.basis is not None:
-        head["basis"] = {"length": record.basis[0], "digest": record.basis[1].hex()}
-    if fence is not None:
-        head["fence"] = fence
-    prefix = json.dumps(head).encode("utf-8")
-    return Encoded(prefix[:-1] + b', "updates": ' + export + b"}", export)
-
-
-def _valid_calibration(value: object) -> bool:
-    if value is None:
-        return True
-    if not isinstance(value, dict) or set(value) != {"ratio", "samples"}:
-        return False
-    ratio, samples = value["ratio"], value["samples"]
-    return (
-        isinstance(ratio, int | float)
-        and not isinstance(ratio, bool)
-        and math.isfinite(ratio)
-        and ratio > 0
-        and isinstance(samples, int)
-        and not isinstance(samples, bool)
-        and samples >= 0
-    )
-
-
-def _basis_of(value: object) -> tuple[int, bytes] | None:
-    """A stored basis; None for none.
-
-    Raises:
-        ValueError: a basis of another shape.
-    """
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) != {"length", "digest"}:
-        raise ValueError("unexpected content")
-    length, digest = value["length"], value["digest"]
-    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
-        raise ValueError("unexpected content")
-    if not isinstance(digest, str) or len(digest) != 2 * proto.DIGEST_SIZE:
-        raise ValueError("unexpected content")
-    return length, bytes.fromhex(digest)
-
-
-def decode_record(value: object) -> tuple[TaskRecord, int | None]:
-    """The record (and the fence, when stored) of a parsed format-2 authority.
-
-    Raises:
-        ValueError: not a format-2 authority (the message names no content).
-    """
-    if not isinstance(value, dict) or value.get("format") != FORMAT:
-        raise ValueError("not a format 2 ctxwin.json")
-    dialect = value.get("dialect", DEFAULT_DIALECT)
-    calibration = value.get("calibration")
-    fence = value.get("fence")
-    read_tools = value.get("read_tools", [])
-    pricing = value.get("pricing")
-    if pricing is not None:
-        try:
-            pricing = proto.sheet_from_wire(pricing).wire()
-        except ValueError:
-            raise ValueError("unexpected content") from None
-    summaries = value.get("summaries", [])
-    if (
-        not _valid_range(value.get("deleted_range"))
-        or not _valid_calibration(calibration)
-        or not isinstance(dialect, str)
-        or not dialect
-        or "updates" not in value
-        or not isinstance(read_tools, list)
-        or not all(isinstance(tool, dict) for tool in read_tools)
-        or not isinstance(summaries, list)
-        or not all(isinstance(summary, dict) for summary in summaries)
-        or not (fence is None or (isinstance(fence, int) and not isinstance(fence, bool)))
-    ):
-        raise ValueError("unexpected content")
-    pair = None if calibration is None else (float(calibration["ratio"]), calibration["samples"])
-    record = TaskRecord(
-        value["updates"],
-        value.get("deleted_range"),
-        pair,
-        dialect,
-        tuple(read_tools),
-        pricing,
-        tuple(summaries),
-        _basis_of(value.get("basis")),
-    )
-    return record, fence
 
 
 class NotOursError(PermissionError):
@@ -350,10 +188,6 @@ def _is_temp(name: str) -> bool:
         and name.endswith(_TEMP_SUFFIX)
         and (name.startswith(f".{HISTORY_FILE}.") or name.startswith(f".{META_FILE}."))
     )
-
-
-def _valid_range(value: object) -> bool:
-    return proto.deleted_range_error(value) is None
 
 
 class TaskFiles:
@@ -484,7 +318,7 @@ class TaskFiles:
         deleted_range: list[int] | None = None
         if found_meta:
             if isinstance(meta, dict) and meta.get("format") == _OLD_FORMAT:
-                if _valid_range(meta.get("deleted_range")) and set(meta) <= {
+                if valid_range(meta.get("deleted_range")) and set(meta) <= {
                     "format",
                     "deleted_range",
                 }:
@@ -607,3 +441,104 @@ def acquire_lock(path: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+class FileTaskStore:
+    """One task kept in ``<state_dir>/tasks/<task>/`` (see :class:`TaskFiles`).
+
+    Args:
+        files: the task's files.
+        notices: notice texts for the loaded state.
+        advertise: this daemon's endpoint (the owner ``inspect`` shows).
+    """
+
+    def __init__(self, files: TaskFiles, notices: engine.Notices, advertise: str) -> None:
+        self.files = files
+        self.notices = notices
+        self.advertise = advertise
+
+    async def load(self) -> tuple[engine.TaskState, TaskExtras]:
+        """Read the task's files in a worker thread (see :meth:`TaskFiles.load`).
+
+        Raises:
+            StoreUnavailableError: the task's directory is not the daemon's own
+                (a planted link, say): the task is not served until it is removed.
+        """
+        notices = self.notices
+
+        def build(record: TaskRecord) -> tuple[engine.TaskState, TaskExtras]:
+            return build_state(record, notices), extras_of(record)
+
+        try:
+            state, extras = await anyio.to_thread.run_sync(self.files.load, build)
+        except NotOursError as exc:
+            _log.error("task_dir_refused", task=self.files.task, reason=exc.strerror)
+            raise StoreUnavailableError(f"refused: {exc.strerror}") from None
+        self.files.mark_current(_encode(state, extras))
+        return state, extras
+
+    async def save(self, state: engine.TaskState, extras: TaskExtras) -> bool:
+        """Write the files in a worker thread unless they hold this state already.
+
+        Raises:
+            StoreError: the write failed (the reason names the errno).
+        """
+        encoded = _encode(state, extras)
+        if self.files.is_current(encoded):
+            return False
+        try:
+            await anyio.to_thread.run_sync(self.files.write, encoded)
+        except OSError as exc:
+            raise StoreError(f"{exc.strerror or exc} ({_errno_name(exc)})") from None
+        return True
+
+    def is_current(self, state: engine.TaskState, extras: TaskExtras) -> bool:
+        """Whether the files hold this state."""
+        return self.files.is_current(_encode(state, extras))
+
+    def serving(self) -> bool:
+        """Always: the state dir's lock file makes this daemon its only user."""
+        return True
+
+    async def release(self) -> None:
+        """Nothing to give up."""
+
+    def describe(self) -> dict[str, Any]:
+        """The file store, this daemon as owner, no fence."""
+        return {"store": "file", "owner": self.advertise, "fence": None}
+
+
+def _encode(state: engine.TaskState, extras: TaskExtras) -> Encoded:
+    return encode_task(record_of(state, extras))
+
+
+class FileStore:
+    """Every task in its own directory under ``<state_dir>/tasks``.
+
+    Args:
+        state_dir: the daemon's state dir.
+        notices: notice texts for loaded states.
+        advertise: this daemon's endpoint.
+    """
+
+    features: tuple[str, ...] = ()
+
+    def __init__(self, state_dir: Path, notices: engine.Notices, advertise: str = "") -> None:
+        self.state_dir = state_dir
+        self.notices = notices
+        self.advertise = advertise
+
+    def open(self, task: str, on_lost: Callable[[str], None] | None = None) -> FileTaskStore:
+        """The files of ``task`` (an id already validated by the protocol layer)."""
+        return FileTaskStore(TaskFiles(self.state_dir, task), self.notices, self.advertise)
+
+    def describe(self) -> dict[str, Any]:
+        """The store's kind and directory."""
+        return {"kind": "file", "path": str(self.state_dir / "tasks")}
+
+    async def close(self) -> None:
+        """Nothing to close."""
