@@ -244,7 +244,8 @@ async def run_daemon(
     with _locks(config):
         stop = anyio.Event()
         spawn = _Spawn()
-        system = _actor_system(config, stores(config, notices, spawn), notices, tokens, spawn)
+        store = stores(config, notices, spawn)
+        system = _actor_system(config, store, notices, tokens, spawn)
         server = Server(config, system, tokens, spawn)
         try:
             gated = server.bind()
@@ -274,6 +275,7 @@ async def run_daemon(
             notifier.stopping()
             _log.info("stopping", actors=len(system.actors), in_flight=server.in_flight)
             durable = await server.shutdown()
+            await store.close()
             task_group.cancel_scope.cancel()
         server.close()
     stats = server.statistics()

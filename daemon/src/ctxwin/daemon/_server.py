@@ -462,7 +462,7 @@ class Server:
         )
 
     async def shutdown(self) -> bool:
-        """Stop accepting, finish what is queued, flush every task.
+        """Stop accepting, finish what is queued, flush every task (the store stays open).
 
         Returns:
             Whether every task's state is durable.
@@ -473,7 +473,6 @@ class Server:
             while self.in_flight > 0:
                 self._quiet.clear()
                 await self._quiet.wait()
-        await self.system.store.close()
         return self.system.final_flush_failures == 0 and not self.system.actors
 
 
