@@ -72,6 +72,8 @@ def test_builders_validate_before_anything_is_sent() -> None:
         _ops.compact("t1", MESSAGES, "half", ts=1)  # type: ignore[arg-type]
     with pytest.raises(ctxwin.client.BadRequestError, match="exactly one"):
         _ops.count_tokens(MESSAGES, text="both")
+    with pytest.raises(TypeError, match="estimat"):  # an option misspelt: as Python would
+        _ops.inspect("t1", estimat=True)  # type: ignore[call-arg]
 
 
 def test_deleted_range_distinguishes_unset_from_none() -> None:

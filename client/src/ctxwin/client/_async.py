@@ -25,7 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ctxwin import proto
 from ctxwin.proto import Reply
 
-from . import _auth, _autostart, _core, _link, _ops
+from . import _auth, _autostart, _core, _link, _methods, _ops
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import AsyncTask
@@ -380,23 +380,23 @@ class AsyncClient:
 
     # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 
-    ping = _ops.awaiting(_ops.ping)
-    stats = _ops.awaiting(_ops.stats)
-    context_window_info = _ops.awaiting(_ops.context_window_info)
-    should_compact = _ops.awaiting(_ops.should_compact)
-    next_truncation_range = _ops.awaiting(_ops.next_truncation_range)
-    prepare_request = _ops.awaiting(_ops.prepare_request)
-    plan = _ops.awaiting(_ops.plan)
-    truncated_messages = _ops.awaiting(_ops.truncated_messages)
-    optimize_file_reads = _ops.awaiting(_ops.optimize_file_reads)
-    optimize_file_reads_in_memory = _ops.awaiting(_ops.optimize_file_reads_in_memory)
-    compact_subagent = _ops.awaiting(_ops.compact_subagent)
-    apply_truncation_notice = _ops.awaiting(_ops.apply_truncation_notice)
-    compact = _ops.awaiting(_ops.compact)
-    condense = _ops.awaiting(_ops.condense)
-    condensed = _ops.awaiting(_ops.condensed)
-    rollback = _ops.awaiting(_ops.rollback)
-    inspect = _ops.awaiting(_ops.inspect)
-    flush = _ops.awaiting(_ops.flush)
-    close_task = _ops.awaiting(_ops.close)
-    count_tokens = _ops.awaiting(_ops.count_tokens)
+    ping = _methods.awaiting(_ops.ping)
+    stats = _methods.awaiting(_ops.stats)
+    context_window_info = _methods.awaiting(_ops.context_window_info)
+    should_compact = _methods.awaiting(_ops.should_compact)
+    next_truncation_range = _methods.awaiting(_ops.next_truncation_range)
+    prepare_request = _methods.awaiting(_ops.prepare_request)
+    plan = _methods.awaiting(_ops.plan)
+    truncated_messages = _methods.awaiting(_ops.truncated_messages)
+    optimize_file_reads = _methods.awaiting(_ops.optimize_file_reads)
+    optimize_file_reads_in_memory = _methods.awaiting(_ops.optimize_file_reads_in_memory)
+    compact_subagent = _methods.awaiting(_ops.compact_subagent)
+    apply_truncation_notice = _methods.awaiting(_ops.apply_truncation_notice)
+    compact = _methods.awaiting(_ops.compact)
+    condense = _methods.awaiting(_ops.condense)
+    condensed = _methods.awaiting(_ops.condensed)
+    rollback = _methods.awaiting(_ops.rollback)
+    inspect = _methods.awaiting(_ops.inspect)
+    flush = _methods.awaiting(_ops.flush)
+    close_task = _methods.awaiting(_ops.close)
+    count_tokens = _methods.awaiting(_ops.count_tokens)

@@ -2,18 +2,19 @@
 
 Each builder checks its arguments against proto's schema and returns the
 :class:`~ctxwin.client._core.Call` to send. The clients' and the task handles'
-methods are made from these builders (:func:`blocking`, :func:`awaiting` here,
-the handles' own in ``_task.py``), so a method takes exactly its builder's
+methods are made from these builders (``_methods.py`` for the clients,
+``_task.py`` for the handles), so a method takes exactly its builder's
 arguments: adding an argument to an op means editing its builder, nothing else.
+What every task op takes besides its own (``ephemeral``, ``dialect``,
+``read_tools``, ``timeout``) is written once, as :class:`TaskOptions`.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import inspect as _inspect
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
 
 from ctxwin import proto
 from ctxwin.proto import (
@@ -57,12 +58,8 @@ from ._core import (
 )
 
 __all__ = [
-    "AsyncCaller",
-    "Caller",
+    "TaskOptions",
     "apply_truncation_notice",
-    "as_method",
-    "awaiting",
-    "blocking",
     "close",
     "compact",
     "compact_subagent",
@@ -82,6 +79,7 @@ __all__ = [
     "rollback",
     "should_compact",
     "stats",
+    "takes_options",
     "task_should_compact",
     "truncated_messages",
 ]
@@ -107,6 +105,69 @@ def _ts(ts: int | None) -> int:
     return proto.now_ms() if ts is None else ts
 
 
+class TaskOptions(TypedDict, total=False):
+    """What every task op takes besides its own arguments (a task handle fills in its own).
+
+    Attributes:
+        ephemeral: keep the task in the daemon's memory only.
+        dialect: the task's message dialect (fixed at its first use).
+        read_tools: the task's own read tools, besides the daemon's table.
+        timeout: seconds for the call (the client's default when None).
+    """
+
+    ephemeral: bool | None
+    dialect: str | None
+    read_tools: ReadTools | None
+    timeout: float | None
+
+
+_OPTIONS = [
+    _inspect.Parameter(
+        name,
+        _inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=getattr(hint, "__forward_arg__", hint),
+    )
+    for name, hint in TaskOptions.__annotations__.items()
+]
+
+
+def takes_options(build_call: Callable[P, Call[T]]) -> Callable[P, Call[T]]:
+    """Show a builder's ``**options`` as the keyword arguments of :class:`TaskOptions`.
+
+    ``help()``, the methods made from the builder and the handles' defaults
+    (``_task.py``) read the signature, so they see ``ephemeral=None, ...,
+    timeout=None`` as if written out.
+    """
+    signature = _inspect.signature(build_call)
+    kept = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    build_call.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*kept, *_OPTIONS]
+    )
+    return build_call
+
+
+def _task_call(op: str, args: dict[str, Any], options: TaskOptions, **optional: Any) -> Call[Any]:
+    """``build`` for a task op: its own optional arguments, then ``options``.
+
+    Raises:
+        TypeError: ``options`` holds a name :class:`TaskOptions` does not know
+            (as for a misspelt keyword argument).
+    """
+    unknown = options.keys() - TaskOptions.__optional_keys__
+    if unknown:
+        raise TypeError(f"{op}() got unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+    return build(
+        op,
+        args,
+        options.get("timeout"),
+        **optional,
+        ephemeral=options.get("ephemeral"),
+        dialect=options.get("dialect"),
+        read_tools=copy_read_tools(options.get("read_tools")),
+    )
+
+
 def ping(*, timeout: float | None = None) -> Call[PingResult]:
     """``ping``: whether the daemon answers, its version and protocol."""
     return build("ping", {}, timeout)
@@ -124,6 +185,7 @@ def context_window_info(
     return build("context_window_info", {"model": dict(model)}, timeout)
 
 
+@takes_options
 def should_compact(
     usage: Usage | None,
     model: Model,
@@ -131,29 +193,24 @@ def should_compact(
     threshold: float | None = None,
     task: str | None = None,
     messages: Messages | None = None,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[ShouldCompactResult]:
     """``should_compact``: whether the last request's usage calls for compaction.
 
     ``messages``, ``ephemeral``, ``dialect`` and ``read_tools`` act on a task:
     without ``task`` the daemon refuses them (``bad_request``).
     """
-    return build(
+    return _task_call(
         "should_compact",
         {"usage": None if usage is None else dict(usage), "model": dict(model)},
-        timeout,
+        options,
         threshold=threshold,
         task=task,
         messages=None if messages is None else copy_messages(messages),
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def task_should_compact(
     task: str,
     usage: Usage | None,
@@ -161,10 +218,7 @@ def task_should_compact(
     *,
     threshold: float | None = None,
     messages: Messages | None = None,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[ShouldCompactResult]:
     """``should_compact`` for a task: whether the last request's usage calls for compaction.
 
@@ -177,10 +231,7 @@ def task_should_compact(
         threshold=threshold,
         task=task,
         messages=messages,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=read_tools,
-        timeout=timeout,
+        **options,
     )
 
 
@@ -203,6 +254,7 @@ def next_truncation_range(
     )
 
 
+@takes_options
 def prepare_request(
     task: str,
     messages: Messages,
@@ -213,14 +265,11 @@ def prepare_request(
     summaries: bool | None = None,
     threshold: float | None = None,
     deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
     strategy: Strategy | None = None,
     proactive: bool | None = None,
     estimate: bool | None = None,
     pricing: Pricing | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[PrepareRequestResult]:
     """``prepare_request``: the messages to send to the model this turn (SPEC.md §7).
 
@@ -235,18 +284,15 @@ def prepare_request(
     ``summary_due`` and carries the ``summary_prompt`` to send (then call
     :func:`condense`).
     """
-    return build(
+    return _task_call(
         "prepare_request",
         {"task": task, "messages": copy_messages(messages), "model": dict(model)},
-        timeout,
+        options,
         previous_request=None if previous_request is None else dict(previous_request),
         use_auto_condense=use_auto_condense,
         summaries=summaries,
         threshold=threshold,
         deleted_range=deleted_range,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
         strategy=strategy,
         proactive=proactive,
         estimate=estimate,
@@ -254,6 +300,7 @@ def prepare_request(
     )
 
 
+@takes_options
 def plan(
     task: str,
     messages: Messages,
@@ -261,147 +308,117 @@ def plan(
     *,
     previous_request: Usage | None = None,
     use_auto_condense: bool | None = None,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
     strategy: Strategy | None = None,
     proactive: bool | None = None,
     pricing: Pricing | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[PlanResult]:
     """``plan``: what ``prepare_request`` with these arguments would do now, changing nothing."""
-    return build(
+    return _task_call(
         "plan",
         {"task": task, "messages": copy_messages(messages), "model": dict(model)},
-        timeout,
+        options,
         previous_request=None if previous_request is None else dict(previous_request),
         use_auto_condense=use_auto_condense,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
         strategy=strategy,
         proactive=proactive,
         pricing=copy_pricing(pricing),
     )
 
 
+@takes_options
 def truncated_messages(
     task: str,
     messages: Messages,
     *,
     deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[TruncatedMessagesResult]:
     """``truncated_messages``: the view under the task's range and overlay (SPEC.md §4)."""
-    return build(
+    return _task_call(
         "truncated_messages",
         {"task": task, "messages": copy_messages(messages)},
-        timeout,
+        options,
         deleted_range=deleted_range,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def optimize_file_reads(
     task: str,
     messages: Messages,
     *,
     ts: int | None = None,
     deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[OptimizeFileReadsResult]:
     """``optimize_file_reads``: replace stale duplicate file reads (SPEC.md §6; ``ts``: now)."""
-    return build(
+    return _task_call(
         "optimize_file_reads",
         {"task": task, "messages": copy_messages(messages), "ts": _ts(ts)},
-        timeout,
+        options,
         deleted_range=deleted_range,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def optimize_file_reads_in_memory(
     task: str,
     messages: Messages,
     *,
     ts: int | None = None,
     deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[OptimizeFileReadsInMemoryResult]:
     """``optimize_file_reads_in_memory`` (SPEC.md §8; ``ts`` defaults to now)."""
-    return build(
+    return _task_call(
         "optimize_file_reads_in_memory",
         {"task": task, "messages": copy_messages(messages), "ts": _ts(ts)},
-        timeout,
+        options,
         deleted_range=deleted_range,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def compact_subagent(
     task: str,
     messages: Messages,
     *,
     deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[CompactSubagentResult]:
     """``compact_subagent``: compact a subagent's conversation (SPEC.md §8)."""
-    return build(
+    return _task_call(
         "compact_subagent",
         {"task": task, "messages": copy_messages(messages)},
-        timeout,
+        options,
         deleted_range=deleted_range,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def apply_truncation_notice(
     task: str,
     messages: Messages,
     *,
     ts: int | None = None,
     keep_task: bool | None = None,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[ApplyTruncationNoticeResult]:
     """``apply_truncation_notice`` (SPEC.md §5; ``ts`` defaults to now).
 
     ``keep_task=True`` adds only the notice in message 1 and leaves the task,
     the first user message, as it is (by default it is replaced too).
     """
-    return build(
+    return _task_call(
         "apply_truncation_notice",
         {"task": task, "messages": copy_messages(messages), "ts": _ts(ts)},
-        timeout,
+        options,
         keep_task=keep_task,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def compact(
     task: str,
     messages: Messages,
@@ -409,27 +426,22 @@ def compact(
     *,
     ts: int | None = None,
     keep_task: bool | None = None,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[CompactResult]:
     """``compact``: force a cut (``quarter`` after a context-window error) (SPEC.md §8).
 
     ``keep_task=True`` leaves the task, the first user message, as it is; by
     default (SPEC.md §5) it is replaced by a notice asking the model to carry on.
     """
-    return build(
+    return _task_call(
         "compact",
         {"task": task, "messages": copy_messages(messages), "keep": keep, "ts": _ts(ts)},
-        timeout,
+        options,
         keep_task=keep_task,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def condense(
     task: str,
     messages: Messages,
@@ -439,10 +451,7 @@ def condense(
     threshold: float | None = None,
     usage: Usage | None = None,
     ts: int | None = None,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[CondenseResult]:
     """``condense``: store a summary for the turns a new range removes (docs/SUMMARIES.md).
 
@@ -453,77 +462,57 @@ def condense(
     request that asked the model for ``summary`` reported; its cost is added
     to the task's cache ledger (docs/PRICING.md).
     """
-    return build(
+    return _task_call(
         "condense",
         {"task": task, "messages": copy_messages(messages), "model": dict(model), "ts": _ts(ts)},
-        timeout,
+        options,
         summary=summary,
         threshold=threshold,
         usage=None if usage is None else dict(usage),
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def condensed(
     task: str,
     messages: Messages,
-    *,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[CondensedResult]:
     """``condensed``: hide the summary request and its turn (SPEC.md §8)."""
-    return build(
+    return _task_call(
         "condensed",
         {"task": task, "messages": copy_messages(messages)},
-        timeout,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
+        options,
     )
 
 
+@takes_options
 def rollback(
     task: str,
     ts: int,
     *,
     deleted_range: RangeArg = UNSET,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[RollbackResult]:
     """``rollback``: drop overlay updates newer than ``ts`` (SPEC.md §9)."""
-    return build(
+    return _task_call(
         "rollback",
         {"task": task, "ts": ts},
-        timeout,
+        options,
         deleted_range=deleted_range,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
     )
 
 
+@takes_options
 def inspect(
     task: str,
-    *,
-    ephemeral: bool | None = None,
-    dialect: str | None = None,
-    read_tools: ReadTools | None = None,
-    timeout: float | None = None,
+    **options: Unpack[TaskOptions],
 ) -> Call[InspectResult]:
     """``inspect``: the task's overlay, range and dirty flag."""
-    return build(
+    return _task_call(
         "inspect",
         {"task": task},
-        timeout,
-        ephemeral=ephemeral,
-        dialect=dialect,
-        read_tools=copy_read_tools(read_tools),
+        options,
     )
 
 
@@ -553,74 +542,3 @@ def count_tokens(
         text=text,
         dialect=dialect,
     )
-
-
-# Methods made from builders: what a client needs to send a Call.
-
-
-class Caller(Protocol):
-    """What a blocking client offers to the methods made from builders and to task handles."""
-
-    endpoint: str
-    timeout: float
-
-    def call(self, call: Call[T], *, timeout: float | None = None) -> T:
-        """Send ``call``; return its typed result."""
-        ...
-
-    def _features(self, deadline: float) -> frozenset[str]:
-        """What the daemon on this connection supports (ping's ``features``), asked once."""
-        ...
-
-
-class AsyncCaller(Protocol):
-    """What an asyncio client offers to the methods made from builders and to task handles."""
-
-    endpoint: str
-    timeout: float
-
-    async def call(self, call: Call[T], *, timeout: float | None = None) -> T:  # noqa: ASYNC109
-        """Send ``call``; return its typed result."""
-        ...
-
-    async def _features(self, deadline: float) -> frozenset[str]:
-        """What the daemon on this connection supports (ping's ``features``), asked once."""
-        ...
-
-
-def as_method(method: Callable[..., Any], build_call: Callable[..., Any], drop: int = 0) -> None:
-    """Give ``method`` the name, docstring and signature of ``build_call`` (``self`` first).
-
-    Args:
-        method: the method made from the builder.
-        build_call: the builder.
-        drop: how many of the builder's leading arguments the method fills in
-            itself (a task handle's id).
-    """
-    functools.update_wrapper(method, build_call)
-    signature = _inspect.signature(build_call)
-    this = _inspect.Parameter("self", _inspect.Parameter.POSITIONAL_ONLY)
-    kept = list(signature.parameters.values())[drop:]
-    method.__signature__ = signature.replace(parameters=[this, *kept])  # type: ignore[attr-defined]
-
-
-def blocking(build_call: Callable[P, Call[T]]) -> Callable[Concatenate[Caller, P], T]:
-    """A blocking client method taking exactly ``build_call``'s arguments."""
-
-    def method(self: Caller, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.call(build_call(*args, **kwargs))
-
-    as_method(method, build_call)
-    return method
-
-
-def awaiting(
-    build_call: Callable[P, Call[T]],
-) -> Callable[Concatenate[AsyncCaller, P], Coroutine[Any, Any, T]]:
-    """An asyncio client method taking exactly ``build_call``'s arguments."""
-
-    async def method(self: AsyncCaller, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self.call(build_call(*args, **kwargs))
-
-    as_method(method, build_call)
-    return method

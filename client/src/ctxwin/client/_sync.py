@@ -16,7 +16,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ctxwin import proto
 from ctxwin.proto import Reply
 
-from . import _auth, _autostart, _core, _link, _ops
+from . import _auth, _autostart, _core, _link, _methods, _ops
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import Task
@@ -286,23 +286,23 @@ class Client:
 
     # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 
-    ping = _ops.blocking(_ops.ping)
-    stats = _ops.blocking(_ops.stats)
-    context_window_info = _ops.blocking(_ops.context_window_info)
-    should_compact = _ops.blocking(_ops.should_compact)
-    next_truncation_range = _ops.blocking(_ops.next_truncation_range)
-    prepare_request = _ops.blocking(_ops.prepare_request)
-    plan = _ops.blocking(_ops.plan)
-    truncated_messages = _ops.blocking(_ops.truncated_messages)
-    optimize_file_reads = _ops.blocking(_ops.optimize_file_reads)
-    optimize_file_reads_in_memory = _ops.blocking(_ops.optimize_file_reads_in_memory)
-    compact_subagent = _ops.blocking(_ops.compact_subagent)
-    apply_truncation_notice = _ops.blocking(_ops.apply_truncation_notice)
-    compact = _ops.blocking(_ops.compact)
-    condense = _ops.blocking(_ops.condense)
-    condensed = _ops.blocking(_ops.condensed)
-    rollback = _ops.blocking(_ops.rollback)
-    inspect = _ops.blocking(_ops.inspect)
-    flush = _ops.blocking(_ops.flush)
-    close_task = _ops.blocking(_ops.close)
-    count_tokens = _ops.blocking(_ops.count_tokens)
+    ping = _methods.blocking(_ops.ping)
+    stats = _methods.blocking(_ops.stats)
+    context_window_info = _methods.blocking(_ops.context_window_info)
+    should_compact = _methods.blocking(_ops.should_compact)
+    next_truncation_range = _methods.blocking(_ops.next_truncation_range)
+    prepare_request = _methods.blocking(_ops.prepare_request)
+    plan = _methods.blocking(_ops.plan)
+    truncated_messages = _methods.blocking(_ops.truncated_messages)
+    optimize_file_reads = _methods.blocking(_ops.optimize_file_reads)
+    optimize_file_reads_in_memory = _methods.blocking(_ops.optimize_file_reads_in_memory)
+    compact_subagent = _methods.blocking(_ops.compact_subagent)
+    apply_truncation_notice = _methods.blocking(_ops.apply_truncation_notice)
+    compact = _methods.blocking(_ops.compact)
+    condense = _methods.blocking(_ops.condense)
+    condensed = _methods.blocking(_ops.condensed)
+    rollback = _methods.blocking(_ops.rollback)
+    inspect = _methods.blocking(_ops.inspect)
+    flush = _methods.blocking(_ops.flush)
+    close_task = _methods.blocking(_ops.close)
+    count_tokens = _methods.blocking(_ops.count_tokens)

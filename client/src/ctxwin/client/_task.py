@@ -19,10 +19,10 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from ctxwin.proto import OPS, TASK_ID_PATTERN, is_valid_task_id
 
-from . import _core, _delta, _ops
+from . import _core, _delta, _methods, _ops
 from ._core import Call, Messages
 from ._errors import CtxwinError, InvalidTaskIdError
-from ._ops import AsyncCaller, Caller
+from ._methods import AsyncCaller, Caller
 from ._turns import Turns
 
 __all__ = ["AsyncTask", "Task"]
@@ -139,7 +139,7 @@ def _blocking(build: Callable[Concatenate[str, P], Call[T]]) -> Callable[Concate
             return self.client.call(call)
         return self._history(call, messages)
 
-    _ops.as_method(method, build, drop=1)
+    _methods.as_method(method, build, drop=1)
     return method
 
 
@@ -154,7 +154,7 @@ def _awaiting(
             return await self.client.call(call)
         return await self._history(call, messages)
 
-    _ops.as_method(method, build, drop=1)
+    _methods.as_method(method, build, drop=1)
     return method
 
 
