@@ -15,8 +15,9 @@ imports none of them.
 
 from __future__ import annotations
 
+from ._conversations import Turn, derive_task_id
 from ._models import KNOWN_CONTEXT_WINDOWS, known_context_window
-from ._window import AsyncWindow, Turn, Window, derive_task_id, is_window_error, window_of
+from ._window import AsyncWindow, Window, is_window_error, window_of
 
 __all__ = [
     "KNOWN_CONTEXT_WINDOWS",

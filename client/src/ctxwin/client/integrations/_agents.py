@@ -20,9 +20,10 @@ from agents.run_config import CallModelData, ModelInputData
 
 from ctxwin.proto import Usage
 
+from ._conversations import Request, Turn
 from ._openai import usage_from_responses
 from ._plain import Plain
-from ._window import Request, Turn, WindowOptions
+from ._window import WindowOptions
 
 __all__ = ["ContextWindowFilter"]
 

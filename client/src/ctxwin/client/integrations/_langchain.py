@@ -18,8 +18,9 @@ from langchain_core.messages import (
 
 from ctxwin.proto import Usage
 
+from ._conversations import Request, Turn
 from ._mapping import Converted, convert, origins, text_of
-from ._window import AsyncWindow, Request, Turn, Window, WindowOptions
+from ._window import AsyncWindow, Window, WindowOptions
 
 __all__ = ["ContextWindowMiddleware", "from_openai_chat", "to_openai_chat", "usage_from_langchain"]
 

@@ -10,8 +10,9 @@ import openai
 from ctxwin.proto import Usage
 
 from .._usage import usage_from_openai
+from ._conversations import Request, Turn
 from ._plain import Plain
-from ._window import AsyncWindow, Request, Turn, Window, WindowOptions, answered, keep_wrapped
+from ._window import AsyncWindow, Window, WindowOptions, answered, keep_wrapped
 
 __all__ = ["usage_from_responses", "wrap"]
 

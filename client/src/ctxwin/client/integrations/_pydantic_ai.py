@@ -39,8 +39,9 @@ from pydantic_ai.settings import ModelSettings
 
 from ctxwin.proto import Usage
 
+from ._conversations import Request, Turn
 from ._mapping import Converted, convert, origins, text_of
-from ._window import Request, Turn, WindowOptions, is_window_error
+from ._window import WindowOptions, is_window_error
 
 __all__ = ["ContextWindow", "from_openai_chat", "to_openai_chat", "usage_from_pydantic_ai"]
 

@@ -2,113 +2,51 @@
 
 Before the request: pick the conversation's task, send the caller's full history
 with the previous request's usage to ``prepare_request`` and get the view to
-send instead. If the provider answers that the request did not fit: ``compact``
-(keep a quarter, SPEC.md §8) and send again, once. After the answer: keep its
-usage for the next turn, and report what was done as a :class:`Turn`.
+send instead (when a summary is due, ``_summary.py`` stores one first). If the
+provider answers that the request did not fit: ``compact`` (keep a quarter,
+SPEC.md §8) and send again, once. After the answer: keep its usage for the
+next turn, and report what was done as a :class:`Turn`.
 
-The pure parts (task ids, the model map, the report, the error test) live in
-:class:`_Conversations`; :class:`Window` and :class:`AsyncWindow` only add the
-daemon calls.
+The pure parts (task ids, the model map, the report) live in
+:class:`~ctxwin.client.integrations._conversations.Conversations`;
+:class:`Window` and :class:`AsyncWindow` only add the daemon calls.
 """
 
 from __future__ import annotations
 
-import collections
-import hashlib
-import json
-import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from ctxwin.proto import (
-    Model,
-    PrepareRequestResult,
-    Usage,
-    is_context_window_error,
-    sheet_for_model,
-)
+from ctxwin.proto import Usage, is_context_window_error, sheet_for_model
 
 from .._async import AsyncClient
 from .._sync import Client
 from .._task import AsyncTask, Task
-from ._models import known_context_window
+from ._conversations import Conversations, Request, Turn
 from ._streams import AsyncWatchedStream, WatchedStream
+from ._summary import (
+    SUMMARY_MODES,
+    AsyncSummarize,
+    Summarize,
+    condense,
+    condense_async,
+    summary_request,
+)
 
 __all__ = [
-    "SUMMARY_MODES",
-    "AsyncSummarize",
     "AsyncWindow",
-    "Request",
-    "Summarize",
-    "Turn",
     "Window",
     "WindowOptions",
     "answered",
-    "derive_task_id",
     "is_window_error",
     "keep_wrapped",
-    "summary_request",
     "window_of",
 ]
 
 R = TypeVar("R")
-
-log = logging.getLogger("ctxwin.integrations")
-
-MAX_CONVERSATIONS = 64
-"""Conversations (task handles) a window keeps when it derives task ids; the oldest go first."""
-
-
-@dataclass(frozen=True)
-class Turn:
-    """What ctxwin did for one model request, for logging.
-
-    Attributes:
-        task: the ctxwin task id of the conversation.
-        model: the model id of the request.
-        messages: how many messages the caller's history held.
-        sent: how many messages were sent instead (the view).
-        deleted_range: the task's deleted range after this request (``[start, end]`` or None).
-        range_updated: whether this request moved the range.
-        estimated_tokens: the daemon's (calibrated) estimate of the view, when it made one.
-        fits: whether the view fits the model's budget, when estimated.
-        stalled: a compaction was due but could not make the view smaller.
-        retried: the provider refused the first try as too long; ctxwin compacted
-            and sent once more.
-        usage: the usage the provider reported for the request (None when it
-            reported none, e.g. a stream that was not read to its end).
-        cache: the view's ``cached_tokens``, ``written_tokens``, ``cost`` and
-            ``keep_all_cost`` under the provider's price sheet (docs/PRICING.md).
-        summary: when a summary was due before this request: ``kind`` (``model``
-            or ``basic``), ``range``, ``chars`` and ``fallback`` (why a model's
-            summary was not used) of the summary stored, or ``reason`` when
-            none was (docs/SUMMARIES.md).
-        summary_usage: the usage of the request that asked the model for the
-            summary (None when none was sent or it reported none).
-        restarted: the task held a range or edits made on another history (the
-            same conversation run again, or rewound): they were dropped and the
-            task started over from this one.
-    """
-
-    task: str
-    model: str
-    messages: int
-    sent: int
-    deleted_range: list[int] | None
-    range_updated: bool
-    estimated_tokens: int | None
-    fits: bool | None
-    stalled: bool
-    retried: bool = False
-    usage: Usage | None = None
-    cache: dict[str, Any] | None = None
-    summary: dict[str, Any] | None = None
-    summary_usage: Usage | None = None
-    restarted: bool = False
-
 
 DEFAULT_STRATEGY = "auto"
 """The strategy adapters ask for (docs/STRATEGIES.md)."""
@@ -127,69 +65,6 @@ def pricing_for(dialect: str | None, model: str, pricing: Any) -> Any:
     if dialect == "openai-responses":
         return "openai"
     return DIALECT_SHEETS.get(dialect or "")
-
-
-SUMMARY_MODES = ("model", "basic")
-"""How an adapter summarises when a summary is due: ask the model, or ctxwin's basic summary."""
-
-AsyncSummarize = Callable[[list[Any], str], Awaitable[tuple[str | None, Usage | None]]]
-"""The asyncio twin of :data:`Summarize`."""
-
-Summarize = Callable[[list[Any], str], tuple[str | None, Usage | None]]
-"""Sends a summary request (its messages, the model id) with the caller's own client;
-returns the answer's text and usage."""
-
-
-def summary_request(dialect: str | None, view: Sequence[Any], prompt: str) -> list[Any]:
-    """The view with the summary instruction at its end, as one more user message.
-
-    The view's messages stay as they are, so the request shares its prefix
-    with the one before it (the provider's prompt cache covers it). Where a
-    dialect wants one user turn at a time (Anthropic, Gemini) and the view
-    ends with one, the instruction is a text part added at the end of it.
-    """
-    out = list(view)
-    last = out[-1] if out else None
-    if dialect == "anthropic":
-        if isinstance(last, Mapping) and last.get("role") == "user":
-            content = last.get("content")
-            blocks = (
-                [{"type": "text", "text": content}]
-                if isinstance(content, str)
-                else list(content or [])
-            )
-            out[-1] = {**last, "content": [*blocks, {"type": "text", "text": prompt}]}
-            return out
-        return [*out, {"role": "user", "content": prompt}]
-    if dialect == "gemini":
-        if isinstance(last, Mapping) and last.get("role") == "user":
-            out[-1] = {**last, "parts": [*last.get("parts", []), {"text": prompt}]}
-            return out
-        return [*out, {"role": "user", "parts": [{"text": prompt}]}]
-    if dialect == "openai-responses":
-        return [*out, {"type": "message", "role": "user", "content": prompt}]
-    return [*out, {"role": "user", "content": prompt}]
-
-
-def derive_task_id(prefix: str, head: Sequence[Any]) -> str:
-    """A stable task id for a conversation: ``<prefix>-`` and a digest of its head.
-
-    The head is what an agent never changes once a conversation has started:
-    its system prompt and the first user message (``head``, already as plain
-    JSON values). The same conversation resumed later (a new process, the
-    history loaded from disk) gets the same id; two conversations that start
-    with the same words share one, so name the task explicitly when such
-    conversations run side by side.
-
-    Args:
-        prefix: names the adapter (``openai-chat``, ``anthropic``, ...).
-        head: the conversation's head.
-
-    Returns:
-        A valid task id of ``prefix`` plus 32 hex digits.
-    """
-    encoded = json.dumps(list(head), sort_keys=True, separators=(",", ":"), default=str)
-    return f"{prefix}-{hashlib.blake2b(encoded.encode(), digest_size=16).hexdigest()}"
 
 
 def _plain(value: Any) -> Any:
@@ -235,166 +110,6 @@ def is_window_error(error: BaseException) -> bool:
     return is_context_window_error(as_map)
 
 
-@dataclass
-class Request:
-    """One model request in flight: the view to send, and what is known of it so far."""
-
-    task: str
-    messages: Sequence[Any]
-    view: list[Any]
-    model: str
-    ts: int
-    turn: Turn
-    conversation: _Conversation
-    retried: bool = False
-
-
-@dataclass
-class _Conversation:
-    handle: Any  # Task or AsyncTask
-    previous: Usage | None = None
-    last: Turn | None = None
-
-
-@dataclass
-class _Conversations:
-    """The pure state of a window: options, and one entry per conversation (task)."""
-
-    task: str | None
-    prefix: str
-    dialect: str | None
-    context_window: int | None
-    on_turn: Callable[[Turn], None] | None
-    ephemeral: bool = False
-    open: Callable[[str], Any] = field(default=lambda task: None)
-    entries: collections.OrderedDict[str, _Conversation] = field(
-        default_factory=collections.OrderedDict
-    )
-
-    def model(self, model_id: str) -> Model:
-        window = self.context_window or known_context_window(model_id)
-        model = Model(id=model_id)
-        if window:
-            model["context_window"] = window
-        return model
-
-    def entry(self, head: Sequence[Any]) -> tuple[str, _Conversation]:
-        task = self.task or derive_task_id(self.prefix, head)
-        entry = self.entries.get(task)
-        if entry is None:
-            entry = _Conversation(self.open(task))
-            self.entries[task] = entry
-            while len(self.entries) > MAX_CONVERSATIONS:
-                self.entries.popitem(last=False)
-        else:
-            self.entries.move_to_end(task)
-        return task, entry
-
-    def request(
-        self,
-        task: str,
-        entry: _Conversation,
-        messages: Sequence[Any],
-        model: str,
-        prepared: PrepareRequestResult,
-        ts: int,
-    ) -> Request:
-        view = list(prepared["messages"])
-        deleted = prepared["deleted_range"]
-        turn = Turn(
-            task=task,
-            model=model,
-            messages=len(messages),
-            sent=len(view),
-            deleted_range=list(deleted) if deleted is not None else None,
-            range_updated=bool(prepared["range_updated"]),
-            estimated_tokens=prepared.get("estimated_tokens"),
-            fits=prepared.get("fits"),
-            stalled=bool(prepared.get("stalled", False)),
-            cache=prepared.get("cache"),
-            restarted=bool(prepared.get("restarted", False)),
-        )
-        return Request(task, messages, view, model, ts, turn, entry)
-
-    def _cut(self, request: Request, view: Sequence[Any], deleted: Any, **noted: Any) -> None:
-        """Take the view after a cut; the turn notes its size, the new range and ``noted``."""
-        request.view = list(view)
-        request.turn = replace(
-            request.turn,
-            sent=len(request.view),
-            deleted_range=list(deleted) if deleted is not None else None,
-            range_updated=True,
-            **noted,
-        )
-
-    def compacted(self, request: Request, view: Sequence[Any], deleted: Any) -> None:
-        request.retried = True
-        self._cut(request, view, deleted, retried=True)
-
-    def condensed(
-        self,
-        request: Request,
-        result: Mapping[str, Any],
-        usage: Usage | None,
-        failure: str | None,
-    ) -> None:
-        """Take the view after a ``condense`` and note what it stored in the turn."""
-        if usage is not None:
-            usage["ts"] = request.ts
-        stored = result.get("summary")
-        if result.get("condensed") and stored is not None:
-            summary: dict[str, Any] = {
-                "kind": stored["kind"],
-                "range": stored["range"],
-                "chars": stored["chars"],
-                "fallback": failure or result.get("fallback"),
-            }
-            self._cut(
-                request,
-                result["messages"],
-                result["deleted_range"],
-                summary=summary,
-                summary_usage=usage,
-            )
-            return
-        request.turn = replace(
-            request.turn,
-            summary={"reason": result.get("reason"), "fallback": failure},
-            summary_usage=usage,
-        )
-
-    def finish(self, request: Request, usage: Usage | None) -> Turn:
-        """Keep the request's usage for the conversation's next turn; report the turn."""
-        if usage is not None:
-            usage["ts"] = request.ts
-        turn = replace(request.turn, usage=usage)
-        if usage is not None:
-            request.conversation.previous = usage
-        request.conversation.last = turn
-        log.debug(
-            "ctxwin turn",
-            extra={
-                "ctxwin_task": turn.task,
-                "ctxwin_sent": turn.sent,
-                "ctxwin_messages": turn.messages,
-                "ctxwin_range": turn.deleted_range,
-                "ctxwin_retried": turn.retried,
-            },
-        )
-        if self.on_turn is not None:
-            self.on_turn(turn)
-        return turn
-
-    def last(self, task: str | None = None) -> Turn | None:
-        """The latest turn of ``task`` (default: of the conversation used last)."""
-        if task is None:
-            if not self.entries:
-                return None
-            task = next(reversed(self.entries))
-        entry = self.entries.get(task)
-        return entry.last if entry is not None else None
-
-
 def _task_options(dialect: str | None, ephemeral: bool) -> dict[str, Any]:
     options: dict[str, Any] = {"ephemeral": ephemeral}
     if dialect is not None:
@@ -405,7 +120,7 @@ def _task_options(dialect: str | None, ephemeral: bool) -> dict[str, Any]:
 class _Shared:
     """What both twins share: the conversations, the finish of a request, the latest turn."""
 
-    state: _Conversations
+    state: Conversations
     _options: dict[str, Any]
     strategy: str
     pricing: Any
@@ -436,7 +151,7 @@ class _Shared:
     ) -> None:
         self._options = _task_options(dialect, ephemeral)
         self._dialect = dialect
-        self.state = _Conversations(
+        self.state = Conversations(
             task, prefix, dialect, context_window, on_turn, ephemeral, open_task
         )
         if task is not None:
@@ -554,25 +269,9 @@ class Window(_Shared):
         )
         request = self.state.request(task, entry, messages, model, prepared, ts)
         if prepared.get("summary_due") and self.summaries is not None:
-            self._condense(request, prepared.get("summary_prompt", ""), summarize)
+            call = self._summary_call(request, prepared.get("summary_prompt", ""), summarize)
+            condense(request, self.state.model(model), call, summarize)
         return request
-
-    def _condense(self, request: Request, prompt: str, summarize: Summarize | None) -> None:
-        text: str | None = None
-        usage: Usage | None = None
-        failure: str | None = None
-        call = self._summary_call(request, prompt, summarize is not None)
-        if call is not None and summarize is not None:
-            try:
-                text, usage = summarize(*call)
-            except Exception as exc:  # any failure of the summary call: the basic summary
-                failure = f"the summary request failed: {type(exc).__name__}"
-                log.warning("ctxwin summary request failed", exc_info=True)
-        handle = request.conversation.handle
-        result = handle.condense(
-            request.messages, self.state.model(request.model), summary=text, usage=usage
-        )
-        self.state.condensed(request, result, usage, failure)
 
     def send(self, request: Request, call: Callable[[list[Any]], R]) -> R:
         """``call(view)``; when the provider refuses it as too long, compact and call once more."""
@@ -589,7 +288,7 @@ class Window(_Shared):
         handle = request.conversation.handle
         compacted = handle.compact(request.messages, "quarter")
         view = handle.truncated_messages(request.messages)["messages"]
-        self.state.compacted(request, view, compacted["deleted_range"])
+        request.compacted(view, compacted["deleted_range"])
 
     def close(self) -> None:
         """Close the ctxwin client, if this window made it."""
@@ -642,27 +341,9 @@ class AsyncWindow(_Shared):
         )
         request = self.state.request(task, entry, messages, model, prepared, ts)
         if prepared.get("summary_due") and self.summaries is not None:
-            await self._condense(request, prepared.get("summary_prompt", ""), summarize)
+            call = self._summary_call(request, prepared.get("summary_prompt", ""), summarize)
+            await condense_async(request, self.state.model(model), call, summarize)
         return request
-
-    async def _condense(
-        self, request: Request, prompt: str, summarize: AsyncSummarize | None
-    ) -> None:
-        text: str | None = None
-        usage: Usage | None = None
-        failure: str | None = None
-        call = self._summary_call(request, prompt, summarize is not None)
-        if call is not None and summarize is not None:
-            try:
-                text, usage = await summarize(*call)
-            except Exception as exc:  # any failure of the summary call: the basic summary
-                failure = f"the summary request failed: {type(exc).__name__}"
-                log.warning("ctxwin summary request failed", exc_info=True)
-        handle = request.conversation.handle
-        result = await handle.condense(
-            request.messages, self.state.model(request.model), summary=text, usage=usage
-        )
-        self.state.condensed(request, result, usage, failure)
 
     async def send(self, request: Request, call: Callable[[list[Any]], Awaitable[R]]) -> R:
         """``await call(view)``; when refused as too long, compact and call once more."""
@@ -679,7 +360,7 @@ class AsyncWindow(_Shared):
         handle = request.conversation.handle
         compacted = await handle.compact(request.messages, "quarter")
         view = (await handle.truncated_messages(request.messages))["messages"]
-        self.state.compacted(request, view, compacted["deleted_range"])
+        request.compacted(view, compacted["deleted_range"])
 
     def close(self) -> None:
         """Close the ctxwin client now, if this window made it."""
