@@ -190,7 +190,7 @@ async def test_async_cancelled_call_leaves_the_client_usable(tmp_path: Path) -> 
             with anyio.move_on_after(0.2) as scope:
                 await client.stats()
             assert scope.cancelled_caught
-            assert {} == client._pending
+            assert {} == client._wire.pending
             assert (await client.ping())["pong"] is True
 
 
