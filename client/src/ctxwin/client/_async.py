@@ -24,7 +24,7 @@ from ctxwin import proto
 
 from . import _auth, _core, _link, _methods, _ops
 from ._async_socket import AsyncSocket
-from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
+from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy, left
 from ._task import AsyncTask
 
 T = TypeVar("T")
@@ -210,13 +210,11 @@ class AsyncClient:
             attempt += 1
 
     async def _features(self, deadline: float) -> frozenset[str]:
-        """What the daemon on this connection supports: ping's ``features``, asked
-        once per connection (and again on the next one) within ``deadline``."""
-        features = self._wire.link.features if self._wire.connected else None
-        if features is None:
-            pong = await self.call(_ops.ping(), timeout=_core.left(deadline))
-            features = self._wire.link.features = _link.features_of(pong)
-        return features
+        """What the daemon on this connection supports, asked once per connection."""
+        link = self._wire.link
+        if not self._wire.connected or link.features is None:
+            link.features = _link.features_of(await self.call(_ops.ping(), timeout=left(deadline)))
+        return link.features
 
     # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 

@@ -81,13 +81,8 @@ class AsyncSocket:
         """Close the socket, stop its readers, fail the calls still waiting on it."""
         tasks = [task for task in (self._reader, self._watcher) if task is not None]
         self._reader = self._watcher = None
-        if self._socket is not None:
-            self._socket.disable_monitor()
-            self._socket.close(linger=0)
-            self._socket = None
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = self._monitor_now = None
+        _link.close_dealer(self._socket, self._monitor)
+        self._socket = self._monitor = self._monitor_now = None
         for task in tasks:
             if not task.get_loop().is_closed():
                 task.cancel()
@@ -114,17 +109,7 @@ class AsyncSocket:
                     await loop.run_in_executor(None, _autostart.ensure_daemon, self.endpoint)
                     if self.closed:
                         raise ClientClosedError("the client is closed")
-                sock = self.context.socket(zmq.DEALER)
-                sock.setsockopt(zmq.LINGER, 0)
-                curve = self.curve is not None and self.curve.apply(sock, self.endpoint)
-                monitor = sock.get_monitor_socket(_link.MONITOR_EVENTS)
-                try:
-                    sock.connect(self.endpoint)
-                except zmq.ZMQError as exc:
-                    sock.disable_monitor()
-                    monitor.close(linger=0)
-                    sock.close(linger=0)
-                    raise _link.connect_error(self.endpoint, exc) from None
+                sock, monitor, curve = _link.open_dealer(self.context, self.endpoint, self.curve)
                 self._socket, self._monitor = sock, monitor
                 self._monitor_now = zmq.Socket.shadow(monitor.underlying)
                 self.link.fresh(curve)

@@ -1,21 +1,23 @@
 """A socket's connection to the daemon: what its monitor reports, and what that means for a call.
 
-Pure like ``_core.py``: the twins feed monitor events into a :class:`Link` and
-ask it whether the daemon is reachable, whether the security handshake was
-refused, and whether a call in flight when the connection dropped may be sent
-again.
+The twins open their socket with :func:`open_dealer`, feed its monitor's
+events into a :class:`Link` and ask it (purely, like ``_core.py``) whether the
+daemon is reachable, whether the security handshake was refused, what the
+daemon supports, and whether a call in flight when the connection dropped may
+be sent again.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
 from ctxwin import proto
 from ctxwin.proto import PingResult
 
+from ._auth import Curve
 from ._core import Call
 from ._errors import (
     AuthenticationError,
@@ -23,6 +25,38 @@ from ._errors import (
     CtxwinError,
     DaemonUnavailableError,
 )
+
+SocketT = TypeVar("SocketT", bound="zmq.Socket[Any]")
+
+
+def open_dealer(
+    context: zmq.Context[SocketT], endpoint: str, curve: Curve | None
+) -> tuple[SocketT, SocketT, bool]:
+    """A DEALER (linger 0) connected to ``endpoint``, its monitor of :data:`MONITOR_EVENTS`,
+    and whether it authenticates with CURVE; nothing is left open when it fails.
+
+    Raises:
+        CtxwinError: :func:`connect_error`'s, when the socket cannot connect.
+    """
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    uses_curve = curve is not None and curve.apply(sock, endpoint)
+    monitor = sock.get_monitor_socket(MONITOR_EVENTS)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        close_dealer(sock, monitor)
+        raise connect_error(endpoint, exc) from None
+    return sock, monitor, uses_curve
+
+
+def close_dealer(sock: zmq.Socket[Any] | None, monitor: zmq.Socket[Any] | None) -> None:
+    """Close a socket :func:`open_dealer` made and its monitor (linger 0), those not None."""
+    if sock is not None:
+        sock.disable_monitor()
+        sock.close(linger=0)
+    if monitor is not None:
+        monitor.close(linger=0)
 
 
 def connect_error(endpoint: str, exc: zmq.ZMQError) -> CtxwinError:

@@ -17,7 +17,7 @@ from ctxwin import proto
 from ctxwin.proto import Reply
 
 from . import _auth, _autostart, _core, _link, _methods, _ops
-from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy
+from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy, left
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 from ._task import Task
 from ._turns import Turns
@@ -149,13 +149,8 @@ class Client:
     # Transport.
 
     def _drop_socket(self) -> None:
-        if self._socket is not None:
-            self._socket.disable_monitor()
-            self._socket.close(linger=0)
-            self._socket = None
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None
+        _link.close_dealer(self._socket, self._monitor)
+        self._socket = self._monitor = None
 
     def _connect(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         """The socket and its monitor, made (and connected) if there are none."""
@@ -164,17 +159,7 @@ class Client:
         if self._socket is None or self._monitor is None:
             if self.autostart:
                 _autostart.ensure_daemon(self.endpoint)
-            sock = self._context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            curve = self.curve is not None and self.curve.apply(sock, self.endpoint)
-            monitor = sock.get_monitor_socket(_link.MONITOR_EVENTS)
-            try:
-                sock.connect(self.endpoint)
-            except zmq.ZMQError as exc:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-                sock.close(linger=0)
-                raise _link.connect_error(self.endpoint, exc) from None
+            sock, monitor, curve = _link.open_dealer(self._context, self.endpoint, self.curve)
             self._socket, self._monitor = sock, monitor
             self._link.fresh(curve)
             return sock, monitor
@@ -276,13 +261,10 @@ class Client:
                 attempt += 1
 
     def _features(self, deadline: float) -> frozenset[str]:
-        """What the daemon on this connection supports: ping's ``features``, asked
-        once per connection (and again on the next one) within ``deadline``."""
-        features = self._link.features if self._socket is not None else None
-        if features is None:
-            pong = self.call(_ops.ping(), timeout=_core.left(deadline))
-            features = self._link.features = _link.features_of(pong)
-        return features
+        """What the daemon on this connection supports, asked once per connection."""
+        if self._socket is None or self._link.features is None:
+            self._link.features = _link.features_of(self.call(_ops.ping(), timeout=left(deadline)))
+        return self._link.features
 
     # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 
