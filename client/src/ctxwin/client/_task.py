@@ -3,7 +3,7 @@
 A handle's methods are made from the op builders in ``_ops`` (every builder
 whose first argument is the task): each takes its builder's arguments after
 the task id, and arguments the handle holds (``ephemeral``) default to the
-handle's. Handles type against the small :class:`~ctxwin.client._ops.Caller`
+handle's. Handles type against the small :class:`~ctxwin.client._methods.Caller`
 protocols, not against the clients.
 """
 
