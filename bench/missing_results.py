@@ -24,7 +24,7 @@ from typing import Any
 from ctxwin import engine
 from ctxwin.client import Client
 from ctxwin.client.cli._corpus import default_model, load_conversation
-from ctxwin.client.cli.replay import ReplayReport, replay
+from ctxwin.client.cli.replay import ReplayOptions, ReplayReport, replay
 from tests._daemon import DaemonProcess
 
 MISSING = engine.DEFAULT_NOTICES.missing_result
@@ -96,9 +96,7 @@ def measure(path: Path, window: int, dialect: str | None, endpoint: str) -> dict
             client,
             history,
             default_model(history, window),
-            task_id=f"missing-{window}",
-            dialect=dialect,
-            file=path.name,
+            ReplayOptions(task_id=f"missing-{window}", dialect=dialect, file=path.name),
         )
     notices: list[int] = []
     left_out = 0

@@ -16,7 +16,7 @@ from ctxwin import engine, proto
 from ctxwin.client import BadRequestError, Client
 from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.client.cli._dialects import message_chars, user_side
-from ctxwin.client.cli.replay import ReplayReport, ViewState, replay
+from ctxwin.client.cli.replay import ReplayOptions, ReplayReport, ViewState, replay
 from tests import _daemon
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
@@ -328,7 +328,9 @@ def test_a_replay_names_the_history_messages_whose_reads_were_replaced(
     result, and counts the characters and tokens its notice saved."""
     messages = RENDER[dialect](_growing(30))
     model: proto.Model = {"id": "m", "context_window": 6_000}
-    report = replay(client, messages, model, task_id=f"replay-reads-{dialect}", dialect=dialect)
+    report = replay(
+        client, messages, model, ReplayOptions(task_id=f"replay-reads-{dialect}", dialect=dialect)
+    )
     events = [event for event in report.events if event.kind == "optimisation"]
     assert events, "no duplicate read replaced"
     for event in events:
@@ -372,7 +374,9 @@ def test_a_replay_names_the_history_messages_a_cut_removed_from_the_view(
     saves the characters they held as they were sent; its range stays the engine's."""
     messages = RENDER[dialect](_growing(30))
     model: proto.Model = {"id": "m", "context_window": 6_000}
-    report = replay(client, messages, model, task_id=f"replay-cuts-{dialect}", dialect=dialect)
+    report = replay(
+        client, messages, model, ReplayOptions(task_id=f"replay-cuts-{dialect}", dialect=dialect)
+    )
     events = [event for event in report.events if event.kind == "truncation"]
     assert events, "no cut"
     head = _head(messages, dialect)
@@ -413,7 +417,9 @@ def test_a_corpus_replay_names_the_results_of_reads_read_again(client: Client) -
     messages, dialect = load_conversation(CORPUS / "anthropic_claude_code_campusops_session2.jsonl")
     calls = _read_calls(messages)
     model: proto.Model = {"id": "corpus", "context_window": 48_000}
-    report = replay(client, messages, model, task_id="replay-reads-corpus", dialect=dialect)
+    report = replay(
+        client, messages, model, ReplayOptions(task_id="replay-reads-corpus", dialect=dialect)
+    )
     events = [event for event in report.events if event.kind == "optimisation"]
     assert events, "no duplicate read replaced"
     for event in events:

@@ -19,6 +19,7 @@ from ctxwin.client.cli.replay import (
     FILE_READ,
     NOTICE,
     REPAIRED,
+    ReplayOptions,
     ReplayReport,
     message_tokens,
     replay,
@@ -71,7 +72,9 @@ def _reading(count: int) -> list[Turn]:
 def _replayed(client: Client, dialect: str, name: str) -> tuple[list[Any], ReplayReport, str]:
     history = RENDER[dialect](_reading(24))
     model: proto.Model = {"id": "m", "context_window": 6_000}
-    report = replay(client, history, model, task_id=f"page-{name}-{dialect}", dialect=dialect)
+    report = replay(
+        client, history, model, ReplayOptions(task_id=f"page-{name}-{dialect}", dialect=dialect)
+    )
     counts = message_tokens(client, history, report.variants, dialect)
     return history, report, replay_page(report, history, counts)
 
@@ -285,7 +288,9 @@ def test_a_message_the_view_rebuilt_is_drawn_as_its_history_message(client: Clie
     as saved."""
     history = _unanswered_and_repeated()
     model: proto.Model = {"id": "m", "context_window": 64_000}
-    report = replay(client, history, model, task_id="page-rebuilt", dialect="anthropic")
+    report = replay(
+        client, history, model, ReplayOptions(task_id="page-rebuilt", dialect="anthropic")
+    )
     last = report.views[-1]
     assert last.order is not None
     assert [index for index, _ in last.order] == list(range(7))

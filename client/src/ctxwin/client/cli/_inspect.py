@@ -25,6 +25,8 @@ from ._dialects import chars_of, message_chars
 from .page import inspect_page, page_problem, write_page
 from .replay import (
     NativeViews,
+    Overlay,
+    Sources,
     Variant,
     ViewState,
     message_tokens,
@@ -36,6 +38,8 @@ from .replay import (
 
 
 def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``ctxwin inspect``: the task's state; with ``--messages``, what its overlay saves and
+    what its range hides; with ``--html``, the page of its view."""
     if args.html is not None:
         problem = page_problem(args.html) if args.messages else "--html needs --messages FILE"
         if problem is not None:
@@ -45,17 +49,59 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     if result.get("exists") is False:
         err.write(f"ctxwin: task {args.task} does not exist (nothing stored, not loaded)\n")
         return EXIT_DAEMON_ERROR
-    view = None
-    origins: list[int | None] | None = None
+    mapped: tuple[list[Any], list[int | None]] | None = None
     if history is not None and dialect != proto.CLINE:
         # So that the daemon holds the mapped history and inspect names the sources; the
         # view comes as a patch, which says which history message each view message is.
         handle = Task(client, args.task, dialect=dialect)
         view = handle.truncated_messages(history)["messages"]
-        origins = handle.view_origins()
+        mapped = view, handle.view_origins() or [None] * len(view)
         result = client.inspect(args.task)
     overlay = parse_updates(result["updates"])
-    sources = parse_sources(result.get("sources", [])) if view is not None else None
+    sources = parse_sources(result.get("sources", [])) if mapped is not None else None
+    rows = _overlay_rows(overlay, sources, history)
+    variants: list[Variant] = []
+    state: ViewState | None = None
+    if history is not None and mapped is not None and sources is not None:
+        view, origins = mapped
+        state = NativeViews(history, variants).state(
+            view, origins, len(history), result["deleted_range"], overlay, sources
+        )
+    elif history is not None and args.html is not None:
+        view = client.truncated_messages(args.task, history)["messages"]
+        state = view_state(history, view, result["deleted_range"], overlay, variants)
+    hidden, hidden_chars = _hidden(result, history, state, dialect)
+    saved_values = [row["saved"] for row in rows if row["saved"] is not None]
+    summary = {
+        "task": args.task,
+        "deleted_range": result["deleted_range"],
+        "hidden_messages": hidden,
+        "hidden_chars": hidden_chars,
+        "overlay_chars_saved": sum(saved_values) if history is not None else None,
+        "dirty": result["dirty"],
+    }
+    if args.html is not None and history is not None and state is not None:
+        counts = message_tokens(client, history, variants, dialect)
+        page = inspect_page(args.task, history, state, variants, counts, rows, dialect)
+        try:
+            write_page(args.html, page)
+        except OSError as exc:
+            raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
+        if not args.json:
+            out.write(f"page written to {args.html}\n")
+    if args.json:
+        # The daemon's "summary" (the one the view carries) is the last of "summaries".
+        print_json({**result, "summary": summary, "blocks": rows}, out)
+    else:
+        _write_text(result, summary, rows, out)
+    return EXIT_OK
+
+
+def _overlay_rows(
+    overlay: Overlay, sources: Sources | None, history: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """One row per block the overlay edits: its edit, updates, size now, and (with the
+    history) the characters it saves: from ``inspect``'s sources in another dialect."""
     rows: list[dict[str, Any]] = []
     for (index, block), (edit_type, texts) in sorted(overlay.items()):
         row: dict[str, Any] = {
@@ -75,6 +121,20 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             if original is not None:
                 row["saved"] = len(original) - len(texts[-1])
         rows.append(row)
+    return rows
+
+
+def _hidden(
+    result: Mapping[str, Any],
+    history: list[dict[str, Any]] | None,
+    state: ViewState | None,
+    dialect: str,
+) -> tuple[int, int | None]:
+    """The messages the view hides, and their characters when the history is given: the
+    ones another dialect's view neither sends nor rebuilds, else the range's."""
+    if history is not None and state is not None and state.order is not None:
+        removed = state.removed(len(history))
+        return len(removed), sum(message_chars(history[i], dialect) for i in removed)
     deleted_range = result["deleted_range"]
     # Messages 2..end, within the history when its length is known (a range may
     # run past the end, or before its start, and then hides what exists of it).
@@ -83,57 +143,20 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     if isinstance(length, int):
         end = min(end, length - 1)
     hidden = max(0, end - 1)
-    hidden_chars = (
-        sum(chars_of(history[i].get("content")) for i in range(2, 2 + hidden) if i < len(history))
-        if history is not None
-        else None
+    if history is None:
+        return hidden, None
+    return hidden, sum(
+        chars_of(history[i].get("content")) for i in range(2, 2 + hidden) if i < len(history)
     )
-    variants: list[Variant] = []
-    state: ViewState | None = None
-    if history is not None and view is not None and sources is not None:
-        state = NativeViews(history, variants).state(
-            view,
-            origins if origins is not None else [None] * len(view),
-            len(history),
-            deleted_range,
-            overlay,
-            sources,
-        )
-        removed = state.removed(len(history))
-        hidden = len(removed)
-        hidden_chars = sum(message_chars(history[i], dialect) for i in removed)
-    elif history is not None and args.html is not None:
-        state = view_state(
-            history,
-            client.truncated_messages(args.task, history)["messages"],
-            deleted_range,
-            overlay,
-            variants,
-        )
-    saved_values = [row["saved"] for row in rows if row["saved"] is not None]
-    summary = {
-        "task": args.task,
-        "deleted_range": deleted_range,
-        "hidden_messages": hidden,
-        "hidden_chars": hidden_chars,
-        "overlay_chars_saved": sum(saved_values) if history is not None else None,
-        "dirty": result["dirty"],
-    }
-    if args.html is not None and history is not None and state is not None:
-        counts = message_tokens(client, history, variants, dialect)
-        page = inspect_page(args.task, history, state, variants, counts, rows, dialect)
-        try:
-            write_page(args.html, page)
-        except OSError as exc:
-            raise UsageError(f"--html: cannot write {args.html}: {exc}") from None
-        if not args.json:
-            out.write(f"page written to {args.html}\n")
-    if args.json:
-        # The daemon's "summary" (the one the view carries) is the last of "summaries".
-        print_json({**result, "summary": summary, "blocks": rows}, out)
-        return EXIT_OK
+
+
+def _write_text(
+    result: Mapping[str, Any], summary: Mapping[str, Any], rows: list[dict[str, Any]], out: TextIO
+) -> None:
+    hidden_chars = summary["hidden_chars"]
     out.write(
-        f"task {args.task}: range {shown_range(deleted_range)} ({hidden} messages hidden"
+        f"task {summary['task']}: range {shown_range(summary['deleted_range'])} "
+        f"({summary['hidden_messages']} messages hidden"
         + (f", {hidden_chars:,} chars" if hidden_chars is not None else "")
         + f"), {'unsaved changes' if result['dirty'] else 'saved'}\n"
     )
@@ -159,7 +182,7 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     _write_summaries(result, out)
     if not rows:
         out.write("overlay: empty\n")
-        return EXIT_OK
+        return
     out.write(f"overlay: {len({row['message'] for row in rows})} messages, {len(rows)} blocks\n")
     table(
         [
@@ -176,11 +199,10 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         ("message", "block", "edit", "updates", "chars now", "chars saved"),
         out,
     )
-    if history is not None:
+    if summary["overlay_chars_saved"] is not None:
         out.write(f"overlay saves {summary['overlay_chars_saved']:,} chars\n")
     else:
         out.write("(give --messages FILE to compute what the overlay saves)\n")
-    return EXIT_OK
 
 
 def _write_summaries(result: Mapping[str, Any], out: TextIO) -> None:

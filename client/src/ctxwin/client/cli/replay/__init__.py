@@ -5,6 +5,7 @@ would, and what changed the model's view on the way.
 :mod:`._report` holds what was found, :mod:`._command` is the command itself.
 """
 
+from ._events import message_tokens
 from ._report import (
     CALIBRATION_FLOOR,
     OverWindow,
@@ -17,9 +18,9 @@ from ._report import (
 from ._run import (
     USAGE_MODES,
     Progress,
+    ReplayOptions,
     UsageMode,
     input_tokens,
-    message_tokens,
     replay,
 )
 from ._views import (
@@ -55,6 +56,7 @@ __all__ = [
     "Overlay",
     "Progress",
     "ReplayEvent",
+    "ReplayOptions",
     "ReplayReport",
     "ReplayTurn",
     "Sources",

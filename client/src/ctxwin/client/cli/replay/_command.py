@@ -9,6 +9,7 @@ import io
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, TextIO
 
 from ctxwin import proto
@@ -29,8 +30,9 @@ from .._commands import (
 from .._corpus import About, model_for
 from .._dialects import no_request, request_points
 from ..page import page_problem, replay_page, write_page
+from ._events import message_tokens
 from ._report import ReplayReport, ReplayTurn, usage_line
-from ._run import message_tokens, replay
+from ._run import ReplayOptions, replay
 
 
 class _Bar:
@@ -94,56 +96,70 @@ def _drop_task(client: Client, task_id: str, timeout: float) -> None:
 
 
 def run(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``ctxwin replay``: replay the file, print the report, write the page and the plot."""
     about = About()
     history, detected = read_conversation(args.file, err, about)
     dialect = args.dialect or detected
+    _check_outputs(args)  # before the replay, not after it
+    if not request_points(history, dialect):
+        raise UsageError(f"cannot replay {args.file}: {no_request(dialect)}")
+    model, window_source = model_for(history, args.model_window, about.model, args.model)
+    if args.provider:
+        model["provider"] = args.provider
+    options = ReplayOptions(
+        task_id=args.task or f"replay-{os.getpid()}-{time.time_ns() // 1_000_000}",
+        ephemeral=not args.keep,
+        file=str(args.file),
+        usage=args.usage,
+        dialect=dialect,
+        summaries=args.summaries,
+        strategy=args.strategy[0],
+        pricing=args.pricing,
+    )
+    if len(args.strategy) > 1:
+        return _compare(client, args, history, model, options, out, err)
+    bar = _progress(args, err)
+    try:
+        report = replay(client, history, model, replace(options, progress=bar))
+    except BaseException:  # Ctrl-C included
+        if bar is not None:
+            bar.clear()
+        if not args.keep:  # a failed replay leaves no task behind either
+            _drop_task(client, options.task_id, args.timeout)
+        raise
+    report.window_source = window_source
+    if not args.keep:
+        client.close_task(options.task_id)
+    if args.json:
+        print_json({**report.as_dict(), "task": options.task_id}, out)
+    else:
+        _write_report(report, options.task_id, out, args.per_turn)
+    return _write_outputs(client, args, history, report, out, err)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse a ``--plot`` or ``--html`` file that cannot be written."""
     if args.plot is not None:
-        problem = _plot.plot_problem(args.plot)  # before the replay, not after it
+        problem = _plot.plot_problem(args.plot)
         if problem is not None:
             raise UsageError(problem)
     if args.html is not None:
         problem = page_problem(args.html)
         if problem is not None:
             raise UsageError(problem)
-    if not request_points(history, dialect):
-        raise UsageError(f"cannot replay {args.file}: {no_request(dialect)}")
-    model, window_source = model_for(history, args.model_window, about.model, args.model)
-    if args.provider:
-        model["provider"] = args.provider
-    if len(args.strategy) > 1:
-        return _compare(client, args, history, model, dialect, out, err)
-    task_id = args.task or f"replay-{os.getpid()}-{time.time_ns() // 1_000_000}"
-    bar = _progress(args, err)
-    try:
-        report = replay(
-            client,
-            history,
-            model,
-            task_id=task_id,
-            ephemeral=not args.keep,
-            file=str(args.file),
-            progress=bar,
-            usage=args.usage,
-            dialect=dialect,
-            summaries=args.summaries,
-            strategy=args.strategy[0],
-            pricing=args.pricing,
-        )
-    except BaseException:  # Ctrl-C included
-        if bar is not None:
-            bar.clear()
-        if not args.keep:  # a failed replay leaves no task behind either
-            _drop_task(client, task_id, args.timeout)
-        raise
-    report.window_source = window_source
-    if not args.keep:
-        client.close_task(task_id)
-    if args.json:
-        print_json({**report.as_dict(), "task": task_id}, out)
-    else:
-        _write_report(report, task_id, out, args.per_turn)
+
+
+def _write_outputs(
+    client: Client,
+    args: argparse.Namespace,
+    history: list[dict[str, Any]],
+    report: ReplayReport,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Write the ``--html`` page and the ``--plot`` asked for."""
     if args.html is not None:
-        counts = message_tokens(client, history, report.variants, dialect)
+        counts = message_tokens(client, history, report.variants, report.dialect)
         try:
             write_page(args.html, replay_page(report, history, counts))
         except OSError as exc:
@@ -167,7 +183,7 @@ def _compare(
     args: argparse.Namespace,
     history: list[dict[str, Any]],
     model: proto.Model,
-    dialect: str,
+    options: ReplayOptions,
     out: TextIO,
     err: TextIO,
 ) -> int:
@@ -181,18 +197,10 @@ def _compare(
         task_id = f"replay-{strategy}-{os.getpid()}-{time.time_ns() // 1_000_000}"
         bar = _progress(args, err)
         try:
-            report = replay(
-                client,
-                history,
-                model,
-                task_id=task_id,
-                file=str(args.file),
-                progress=bar,
-                usage=args.usage,
-                dialect=dialect,
-                strategy=strategy,
-                pricing=args.pricing,
+            each = replace(
+                options, task_id=task_id, strategy=strategy, summaries=None, progress=bar
             )
+            report = replay(client, history, model, each)
         finally:
             if bar is not None:
                 bar.clear()

@@ -18,6 +18,7 @@ it was, so only turns whose views agree calibrate.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ctxwin.proto import CLINE, DeletedRange, Model, Usage, now_ms
@@ -26,23 +27,20 @@ from ..._sync import Client
 from ..._task import Task
 from ..._usage import usage_from_metrics
 from .._dialects import describe, message_chars, no_request, request_points
+from ._events import count_text, count_tokens, cut_from_view, optimisation
 from ._report import (
     CALIBRATION_FLOOR,
     OverWindow,
     ReplayEvent,
     ReplayReport,
     ReplayTurn,
-    TokenCounts,
 )
 from ._views import (
-    NOTICE_EDIT,
     NativeViews,
     Overlay,
     Sources,
-    Variant,
     ViewState,
     keeps_content,
-    original_text,
     parse_sources,
     parse_updates,
     view_state,
@@ -63,74 +61,11 @@ _CUT_SIGN = 0.99
 means the recorded run cut its own view (provider counts do not shrink otherwise)."""
 
 
-def _tokens(client: Client, messages: Sequence[Mapping[str, Any]], dialect: str = CLINE) -> int:
-    if not messages:
-        return 0
-    if dialect == CLINE:
-        return client.count_tokens(list(messages))["tokens"]
-    return client.count_tokens(list(messages), dialect=dialect)["tokens"]
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """How a replay runs.
 
-
-def _cut_from_view(
-    history: Sequence[Mapping[str, Any]],
-    variants: Sequence[Variant],
-    before: ViewState | None,
-    after: ViewState,
-    end: int,
-) -> tuple[list[int], list[Mapping[str, Any]]]:
-    """What a native view's cut removed: the history indices of the messages the view
-    ``before`` sent (as they are or rebuilt) that the view ``after``, of the history's
-    first ``end`` messages, neither sends nor rebuilds, and those messages as ``before``
-    sent them, in its order.
-
-    A message only rebuilt by ``after`` (the notice put in it, a repaired pair) is still
-    sent and not named; a message ``before`` added (a filled-in result) stands for no
-    history message and is not counted. Before the first view (``before`` None) nothing
-    was sent.
-    """
-    if before is None or before.order is None:
-        return [], []
-    gone = set(after.removed(end))
-    removed: list[Mapping[str, Any]] = []
-    named: set[int] = set()
-    for index, number in before.order:
-        if index not in gone:
-            continue
-        if number is None:
-            removed.append(history[index])
-        elif not variants[number].added:
-            removed.append(variants[number].message)
-        else:
-            continue
-        named.add(index)
-    return sorted(named), removed
-
-
-def _text_tokens(client: Client, text: str) -> int:
-    return client.count_tokens(text=text)["tokens"] if text else 0
-
-
-def replay(
-    client: Client,
-    history: Sequence[Mapping[str, Any]],
-    model: Model,
-    *,
-    task_id: str,
-    ephemeral: bool = True,
-    file: str = "",
-    progress: Progress | None = None,
-    usage: UsageMode = "auto",
-    dialect: str = CLINE,
-    summaries: str | None = None,
-    strategy: str = "default",
-    pricing: Any = None,
-) -> ReplayReport:
-    """Send ``history`` to the daemon turn by turn and record what changed.
-
-    Args:
-        client: a connected client.
-        history: the whole conversation.
-        model: the model the requests go to (its window decides when to cut).
+    Attributes:
         task_id: the task to replay into.
         ephemeral: keep the task in memory only (the default).
         file: the file name, for the report.
@@ -161,6 +96,43 @@ def replay(
         strategy: the strategy of every request (docs/STRATEGIES.md).
         pricing: the price sheet (a name or multipliers), or None for the
             model's (docs/PRICING.md); each turn then records its cache figures.
+    """
+
+    task_id: str
+    ephemeral: bool = True
+    file: str = ""
+    progress: Progress | None = None
+    usage: UsageMode = "auto"
+    dialect: str = CLINE
+    summaries: str | None = None
+    strategy: str = "default"
+    pricing: Any = None
+
+    def request_arguments(self) -> dict[str, Any]:
+        """What every ``prepare_request`` of the replay asks besides the history and model."""
+        arguments: dict[str, Any] = {"estimate": True}
+        if self.summaries is not None:
+            arguments.update(use_auto_condense=True, summaries=True)
+        if self.strategy != "default":
+            arguments["strategy"] = self.strategy
+        if self.pricing is not None:
+            arguments["pricing"] = self.pricing
+        return arguments
+
+
+def replay(
+    client: Client,
+    history: Sequence[Mapping[str, Any]],
+    model: Model,
+    options: ReplayOptions,
+) -> ReplayReport:
+    """Send ``history`` to the daemon turn by turn and record what changed.
+
+    Args:
+        client: a connected client.
+        history: the whole conversation.
+        model: the model the requests go to (its window decides when to cut).
+        options: the task, the dialect, where usage comes from, ...
 
     Returns:
         The report.
@@ -169,168 +141,258 @@ def replay(
         CtxwinError: from the daemon.
         ValueError: ``history`` holds no model request.
     """
-    points = request_points(history, dialect)
+    points = request_points(history, options.dialect)
     if not points:
-        raise ValueError(no_request(dialect))
+        raise ValueError(no_request(options.dialect))
     if history:
         # The whole file first: a message the dialect cannot carry is named by its index.
-        _tokens(client, history, dialect)
+        count_tokens(client, history, options.dialect)
+    run = _Run(client, history, model, options, points)
+    for turn, end in enumerate(points, start=1):
+        run.turn(turn, end)
+        if options.progress is not None:
+            options.progress(turn, len(points), run.deleted_range)
+    run.report.final_range = run.deleted_range
+    return run.report
+
+
+def _new_report(
+    client: Client,
+    history: Sequence[Mapping[str, Any]],
+    model: Model,
+    options: ReplayOptions,
+    turns: int,
+) -> ReplayReport:
     info = client.context_window_info(model)
     has_metrics = any(isinstance(m.get("metrics"), Mapping) for m in history)
-    report = ReplayReport(
-        file=file,
+    return ReplayReport(
+        file=options.file,
         messages=len(history),
-        turns=len(points),
+        turns=turns,
         model=dict(model),
         context_window=int(info["context_window"]),
         max_allowed_size=info["max_allowed_size"],
         usage_source="metrics.tokens" if has_metrics else "count_tokens",
-        usage_mode=usage,
-        dialect=dialect,
-        strategy=strategy,
-        pricing=pricing,
+        usage_mode=options.usage,
+        dialect=options.dialect,
+        strategy=options.strategy,
+        pricing=options.pricing,
     )
-    native = dialect != CLINE
-    mapper = NativeViews(history, report.variants)
-    task = Task(client, task_id, ephemeral=ephemeral, dialect=dialect if native else None)
-    last_state: ViewState | None = None
-    start = task.inspect()
-    deleted_range: DeletedRange = start["deleted_range"]
-    overlay = parse_updates(start["updates"])
-    clock = now_ms()
-    previous: Usage | None = None
-    agrees = True
-    last_recorded = 0
-    options: dict[str, Any] = {"estimate": True}
-    if strategy != "default":
-        options["strategy"] = strategy
-    if pricing is not None:
-        options["pricing"] = pricing
-    for turn, end in enumerate(points, start=1):
-        sent: Any = task.prepare_request(
-            history[:end],
-            model,
-            previous_request=previous,
-            use_auto_condense=True if summaries is not None else None,
-            summaries=True if summaries is not None else None,
-            **options,
+
+
+class _Run:
+    """A replay from turn to turn: its task and report, the range and overlay of the view
+    the model last saw, the usage handed to the next request, and whether ctxwin's views
+    are still the recorded run's.
+
+    Each turn takes these steps, in order: the request (and a condense when a
+    summary is due), the view mapped back to the history, its truncation and
+    optimisation events, the turn's row, the usage handed on, the window.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        history: Sequence[Mapping[str, Any]],
+        model: Model,
+        options: ReplayOptions,
+        points: Sequence[int],
+    ) -> None:
+        self.client = client
+        self.history = history
+        self.model = model
+        self.options = options
+        self.points = points
+        self.dialect = options.dialect
+        self.native = options.dialect != CLINE
+        self.arguments = options.request_arguments()
+        self.report = _new_report(client, history, model, options, len(points))
+        self.mapper = NativeViews(history, self.report.variants)
+        self.task = Task(
+            client,
+            options.task_id,
+            ephemeral=options.ephemeral,
+            dialect=options.dialect if self.native else None,
         )
-        if summaries is not None and sent.get("summary_due"):
-            sent = _condensed(client, task, history[:end], model, sent, turn, report, dialect)
+        start = self.task.inspect()
+        self.deleted_range: DeletedRange = start["deleted_range"]
+        self.overlay = parse_updates(start["updates"])
+        self.last_state: ViewState | None = None
+        self.clock = now_ms()
+        self.previous: Usage | None = None
+        self.agrees = True
+        self.last_recorded = 0
+
+    def turn(self, turn: int, end: int) -> None:
+        """The model request of the history's first ``end`` messages, and what it changed."""
+        sent = self._request(turn, end)
         view = sent["messages"]
         new_range = sent["deleted_range"]
-        inspected = task.inspect()
-        now = parse_updates(inspected["updates"])
-        sources = parse_sources(inspected.get("sources", [])) if native else None
-        if sources is not None:
-            origins = task.view_origins()
-            if origins is None:  # a view holding no message of the history came whole
-                origins = [None] * len(view)
-            state = mapper.state(view, origins, end, new_range, now, sources)
-        else:
-            state = view_state(history, view, new_range, now, report.variants)
-        if new_range != deleted_range and new_range is not None:
-            # As the model last saw them: with the overlay of the previous turn.
-            if native:
-                hidden, removed = _cut_from_view(history, report.variants, last_state, state, end)
-            else:
-                first = deleted_range[1] + 1 if deleted_range else 2
-                hidden = list(range(first, new_range[1] + 1))
-                removed = [with_overlay(history[index], index, overlay) for index in hidden]
-            report.events.append(
-                ReplayEvent(
-                    turn=turn,
-                    message=end,
-                    kind="truncation",
-                    deleted_range=list(new_range),
-                    removed_messages=len(hidden),
-                    messages=hidden,
-                    chars_saved=sum(message_chars(message, dialect) for message in removed),
-                    tokens_saved=_tokens(client, removed, dialect),
-                )
-            )
-        deleted_range = new_range
-        event = _optimisation(client, history, overlay, now, turn, end, deleted_range, sources)
+        inspected = self.task.inspect()
+        overlay = parse_updates(inspected["updates"])
+        sources = parse_sources(inspected.get("sources", [])) if self.native else None
+        state = self._state(view, end, new_range, overlay, sources)
+        if new_range != self.deleted_range and new_range is not None:
+            self.report.events.append(self._truncation(turn, end, new_range, state))
+        self.deleted_range = new_range
+        event = optimisation(
+            self.client, self.history, self.overlay, overlay, turn, end, new_range, sources
+        )
         if event is not None:
-            report.events.append(event)
-        overlay = now
-        last_state = state
-        if sources is not None:
-            same = len(view) == end and all(
-                sent_message is original or sent_message == original
-                for sent_message, original in zip(view, history, strict=False)
+            self.report.events.append(event)
+        self.overlay = overlay
+        self.last_state = state
+        row = self._row(turn, end, view, state, sent)
+        self._usage(row, end, view)
+        self._window(row, sent)
+        self.report.per_turn.append(row)
+        self.report.last_request_messages = len(view)
+
+    def _request(self, turn: int, end: int) -> dict[str, Any]:
+        sent: Any = self.task.prepare_request(
+            self.history[:end], self.model, previous_request=self.previous, **self.arguments
+        )
+        if self.options.summaries is not None and sent.get("summary_due"):
+            sent = _condensed(
+                self.client, self.task, self.history[:end], self.model, sent, turn, self.report
+            )
+        return dict(sent)
+
+    def _state(
+        self,
+        view: Sequence[Mapping[str, Any]],
+        end: int,
+        deleted_range: DeletedRange,
+        overlay: Overlay,
+        sources: Sources | None,
+    ) -> ViewState:
+        """The view mapped back to the history: by the range (Cline), else by its origins."""
+        if sources is None:
+            return view_state(self.history, view, deleted_range, overlay, self.report.variants)
+        origins = self.task.view_origins()
+        if origins is None:  # a view holding no message of the history came whole
+            origins = [None] * len(view)
+        return self.mapper.state(view, origins, end, deleted_range, overlay, sources)
+
+    def _truncation(
+        self, turn: int, end: int, new_range: list[int], state: ViewState
+    ) -> ReplayEvent:
+        """The event of a range that grew: the messages the cut removed, as the model last
+        saw them (with the previous turn's overlay)."""
+        if self.native:
+            hidden, removed = cut_from_view(
+                self.history, self.report.variants, self.last_state, state, end
             )
         else:
-            same = len(view) == end and all(
-                keeps_content(history[index], report.variants[number].message)
-                for index, number in state.altered.items()
-            )
+            first = self.deleted_range[1] + 1 if self.deleted_range else 2
+            hidden = list(range(first, new_range[1] + 1))
+            removed = [with_overlay(self.history[index], index, self.overlay) for index in hidden]
+        return ReplayEvent(
+            turn=turn,
+            message=end,
+            kind="truncation",
+            deleted_range=list(new_range),
+            removed_messages=len(hidden),
+            messages=hidden,
+            chars_saved=sum(message_chars(message, self.dialect) for message in removed),
+            tokens_saved=count_tokens(self.client, removed, self.dialect),
+        )
+
+    def _row(
+        self,
+        turn: int,
+        end: int,
+        view: Sequence[Mapping[str, Any]],
+        state: ViewState,
+        sent: Mapping[str, Any],
+    ) -> ReplayTurn:
+        """The turn's row, its view kept (once per distinct view); the first view that is
+        not the recorded run's says so."""
+        report = self.report
         if not report.views or report.views[-1] != state:
             report.views.append(state)
-        if agrees and not same:
-            agrees = False
+        if self.agrees and not self._whole(view, end, state):
+            self.agrees = False
             report.differs = f"from turn {turn} ctxwin's view hides or edits messages"
-        estimated = sent.get("estimated_tokens", 0)
-        calibration = sent.get("calibration", 1.0)
-        row = ReplayTurn(
+        return ReplayTurn(
             turn=turn,
             sent=len(view),
-            estimated=estimated,
+            estimated=sent.get("estimated_tokens", 0),
             reported=None,
-            calibration=calibration,
-            agrees=agrees,
+            calibration=sent.get("calibration", 1.0),
+            agrees=self.agrees,
             view=len(report.views) - 1,
             messages=end,
             cache=sent.get("cache"),
         )
-        answer = history[end] if end < len(history) else None
-        previous, row.source = _usage_after(client, answer, view, clock + turn, dialect)
-        if previous is not None:
-            # A counted usage is of ctxwin's own view; a recorded one of the recorded run's.
-            of_this_view = row.source == "counted" or agrees
-            implausible = False
-            if row.source == "recorded":
-                row.recorded = input_tokens(previous)
-                implausible = (of_this_view or usage == "recorded") and _implausible(
-                    row.recorded, estimated, calibration
+
+    def _whole(self, view: Sequence[Mapping[str, Any]], end: int, state: ViewState) -> bool:
+        """Whether the view sends the whole conversation as the recorded run did: in another
+        dialect every history message as it is, in its place; in Cline's, a repaired pair
+        that keeps every recorded block still counts."""
+        if len(view) != end:
+            return False
+        if state.order is not None:
+            return state.order == [(index, None) for index in range(end)]
+        variants = self.report.variants
+        return all(
+            keeps_content(self.history[index], variants[number].message)
+            for index, number in state.altered.items()
+        )
+
+    def _usage(self, row: ReplayTurn, end: int, view: Sequence[Mapping[str, Any]]) -> None:
+        """The usage of the request just made, handed to the next (see :class:`ReplayOptions`)."""
+        answer = self.history[end] if end < len(self.history) else None
+        previous, row.source = _usage_after(
+            self.client, answer, view, self.clock + row.turn, self.dialect
+        )
+        self.previous = previous
+        if previous is None:
+            return
+        usage, report = self.options.usage, self.report
+        # A counted usage is of ctxwin's own view; a recorded one of the recorded run's.
+        of_this_view = row.source == "counted" or self.agrees
+        implausible = False
+        if row.source == "recorded":
+            row.recorded = input_tokens(previous)
+            implausible = (of_this_view or usage == "recorded") and _implausible(
+                row.recorded, row.estimated, row.calibration
+            )
+            if implausible:
+                # No count of a request this long: neither reported nor fed back.
+                report.implausible.append(row.turn)
+                of_this_view = False
+            elif self.agrees and 0 < row.recorded < self.last_recorded * _CUT_SIGN:
+                # The conversation only grew: the recorded run's view lost messages.
+                self.agrees = row.agrees = of_this_view = False
+                report.differs = (
+                    f"from turn {row.turn} the recorded run sent less: its prompt fell "
+                    f"from {self.last_recorded:,} to {row.recorded:,} tokens"
                 )
-                if implausible:
-                    # No count of a request this long: neither reported nor fed back.
-                    report.implausible.append(turn)
-                    of_this_view = False
-                elif agrees and 0 < row.recorded < last_recorded * _CUT_SIGN:
-                    # The conversation only grew: the recorded run's view lost messages.
-                    agrees = row.agrees = of_this_view = False
-                    report.differs = (
-                        f"from turn {turn} the recorded run sent less: its prompt fell "
-                        f"from {last_recorded:,} to {row.recorded:,} tokens"
-                    )
-                if not implausible:
-                    last_recorded = row.recorded or last_recorded
-            if of_this_view:
-                row.reported = input_tokens(previous)
-            if implausible or usage == "estimated" or (usage == "auto" and not of_this_view):
-                previous = _estimated_usage(
-                    client, answer, previous, estimated, calibration, dialect
-                )
-                row.source = "estimated"
-                if report.estimated_from is None and not implausible:
-                    report.estimated_from = turn
-            row.usage = input_tokens(previous)
-        view_tokens = row.reported if row.reported is not None else estimated
-        report.peak_tokens = max(report.peak_tokens, view_tokens)
-        if view_tokens > report.context_window:
-            report.over_window.append(turn)
+            if not implausible:
+                self.last_recorded = row.recorded or self.last_recorded
+        if of_this_view:
+            row.reported = input_tokens(previous)
+        if implausible or usage == "estimated" or (usage == "auto" and not of_this_view):
+            previous = self.previous = _estimated_usage(
+                self.client, answer, previous, row.estimated, row.calibration, self.dialect
+            )
+            row.source = "estimated"
+            if report.estimated_from is None and not implausible:
+                report.estimated_from = row.turn
+        row.usage = input_tokens(previous)
+
+    def _window(self, row: ReplayTurn, sent: Mapping[str, Any]) -> None:
+        """The peak so far, and whether the request went over the window (and why, first)."""
+        report = self.report
+        tokens = row.reported if row.reported is not None else row.estimated
+        report.peak_tokens = max(report.peak_tokens, tokens)
+        if tokens > report.context_window:
+            report.over_window.append(row.turn)
             if report.over_window_cause is None:  # the first: what the later ones follow
                 report.over_window_cause = _over_window_cause(
-                    history, sent.get("largest"), turn, points, view_tokens, report, dialect
+                    self.history, sent.get("largest"), row.turn, self.points, tokens, report
                 )
-        report.per_turn.append(row)
-        report.last_request_messages = len(view)
-        if progress is not None:
-            progress(turn, len(points), deleted_range)
-    report.final_range = deleted_range
-    return report
 
 
 def _condensed(
@@ -341,7 +403,6 @@ def _condensed(
     sent: dict[str, Any],
     turn: int,
     report: ReplayReport,
-    dialect: str,
 ) -> dict[str, Any]:
     """The request after a basic condense (``sent`` itself when it was refused), recorded."""
     done: Any = task.condense(history, model)
@@ -353,7 +414,7 @@ def _condensed(
             "reason": done["reason"],
             "range": None if stored is None else stored["range"],
             "chars": None if stored is None else stored["chars"],
-            "tokens": None if stored is None else _text_tokens(client, stored["text"]),
+            "tokens": None if stored is None else count_text(client, stored["text"]),
             "tokens_before": done["tokens_before"],
             "tokens_after": done["tokens_after"],
         }
@@ -375,7 +436,6 @@ def _over_window_cause(
     points: Sequence[int],
     tokens: int,
     report: ReplayReport,
-    dialect: str,
 ) -> OverWindow | None:
     """What made a request go over the window: its largest message (the daemon's
     ``largest``), and what would have prevented it."""
@@ -400,7 +460,9 @@ def _over_window_cause(
             f'"auto", cutting to the estimate) or a window of at least {tokens:,} tokens '
             "would have prevented it"
         )
-    return OverWindow(turn, tokens, index, describe(history[index], dialect), size, new, prevent)
+    return OverWindow(
+        turn, tokens, index, describe(history[index], report.dialect), size, new, prevent
+    )
 
 
 def _implausible(recorded: int, estimated: int, calibration: float) -> bool:
@@ -419,62 +481,8 @@ def _estimated_usage(
     dialect: str = CLINE,
 ) -> Usage:
     """The usage the request of ctxwin's own view would have had, by the daemon's estimate."""
-    out = _tokens(client, [answer], dialect) if answer is not None else 0
+    out = count_tokens(client, [answer], dialect) if answer is not None else 0
     return Usage(ts=recorded["ts"], tokens_in=estimated, tokens_out=round(out * calibration))
-
-
-def _optimisation(
-    client: Client,
-    history: Sequence[Mapping[str, Any]],
-    before: Overlay,
-    after: Overlay,
-    turn: int,
-    end: int,
-    deleted_range: DeletedRange,
-    sources: Sources | None = None,
-) -> ReplayEvent | None:
-    """The optimisation event of a turn: blocks whose latest update is new (notices excluded).
-
-    ``sources``: for a dialect other than ``cline``, where each overlay key
-    (internal indices) came from in the history, and its text before any edit.
-    """
-    old_texts: list[str] = []
-    new_texts: list[str] = []
-    touched: set[int] = set()
-    visible_from = deleted_range[1] + 1 if deleted_range else 2
-    for (index, block), (edit_type, texts) in after.items():
-        known = before.get((index, block), (edit_type, []))[1]
-        if edit_type == NOTICE_EDIT or len(texts) <= len(known) or not texts:
-            continue
-        if 2 <= index < visible_from:
-            continue  # hidden by this turn's range: its truncation event counts it
-        at, original = index, None
-        if sources is not None:
-            if (index, block) not in sources:
-                continue  # the daemon holds no history to name it by
-            at, original = sources[index, block]
-        if known:
-            previous_text = known[-1]
-        elif original is not None:
-            previous_text = original
-        else:
-            previous_text = original_text(history, index, block) or ""
-        old_texts.append(previous_text)
-        new_texts.append(texts[-1])
-        touched.add(at)
-    if not touched:
-        return None
-    old, new = "\n".join(old_texts), "\n".join(new_texts)
-    return ReplayEvent(
-        turn=turn,
-        message=end,
-        kind="optimisation",
-        deleted_range=deleted_range,
-        removed_messages=0,
-        messages=sorted(touched),
-        chars_saved=len(old) - len(new),
-        tokens_saved=_text_tokens(client, old) - _text_tokens(client, new),
-    )
 
 
 def _usage_after(
@@ -499,8 +507,8 @@ def _usage_after(
         return usage_from_metrics(tokens, ts=ts), "recorded"
     counted = Usage(
         ts=ts,
-        tokens_in=_tokens(client, sent, dialect),
-        tokens_out=_tokens(client, [answer], dialect),
+        tokens_in=count_tokens(client, sent, dialect),
+        tokens_out=count_tokens(client, [answer], dialect),
     )
     return counted, "counted"
 
@@ -511,17 +519,4 @@ def input_tokens(usage: Usage) -> int:
         (usage.get("tokens_in") or 0)
         + (usage.get("cache_writes") or 0)
         + (usage.get("cache_reads") or 0)
-    )
-
-
-def message_tokens(
-    client: Client,
-    history: Sequence[Mapping[str, Any]],
-    variants: Sequence[Variant],
-    dialect: str = CLINE,
-) -> TokenCounts:
-    """Count every message of ``history`` and every variant, one message at a time."""
-    return TokenCounts(
-        [_tokens(client, [message], dialect) for message in history],
-        [_tokens(client, [variant.message], dialect) for variant in variants],
     )

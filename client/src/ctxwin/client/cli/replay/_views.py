@@ -294,36 +294,43 @@ class NativeViews:
         """
         if len(origins) != len(view) or any(at is not None and not 0 <= at < end for at in origins):
             raise ValueError("view origins do not fit the view or the history")
-        # The notices and replaced texts of the overlay, by the history index they stand in
-        # (None: a notice block of its own, from no history message).
-        marks: dict[int | None, list[tuple[str, str]]] = {}
-        for key, (edit_type, updates) in overlay.items():
-            if updates:
-                kind = NOTICE if edit_type == NOTICE_EDIT else FILE_READ
-                marks.setdefault(sources[key][0] if key in sources else None, []).append(
-                    (updates[-1], kind)
-                )
+        marks = _overlay_marks(overlay, sources)
         state = ViewState(None if deleted_range is None else list(deleted_range), order=[])
         assert state.order is not None
         for position, (message, at) in enumerate(zip(view, origins, strict=True)):
-            if at is not None and (message is self.history[at] or message == self.history[at]):
+            if at is None:
+                stands = self._stands(message, origins, position, end)
+                kinds = self._kinds(message, None, marks)
+                state.order.append((stands, self._variant(stands, kinds, message, added=True)))
+            elif message is self.history[at] or message == self.history[at]:
                 state.order.append((at, None))
-                continue
-            ids, texts = _leaves_pair(message)
-            if at is not None:
-                original_ids, original_texts = self._leaves_of(at)
-                kinds = _marked(texts - original_texts, marks, at) + _summary_kind(texts)
-                if not kinds or ids != original_ids:
-                    kinds.append(REPAIRED)
-                number = self._variant(at, kinds, message, added=False)
+            else:
+                number = self._variant(at, self._kinds(message, at, marks), message, added=False)
                 state.altered[at] = number
                 state.order.append((at, number))
-                continue
-            calls = sorted(i for name in ids for i in self._holding(name) if i < end)
-            stands = calls[0] if calls else _next_origin(origins, position)
-            kinds = _marked(texts, marks, None) + _summary_kind(texts) or [REPAIRED]
-            state.order.append((stands, self._variant(stands, kinds, message, added=True)))
         return state
+
+    def _kinds(self, message: Mapping[str, Any], at: int | None, marks: _Marks) -> list[str]:
+        """What changed ``message``, rebuilt from history message ``at`` or added (None):
+        the overlay texts it holds that its history message does not (a notice, a replaced
+        read), a summary; a repair when it holds none of them, or other calls or results."""
+        ids, texts = _leaves_pair(message)
+        if at is None:
+            return _marked(texts, marks, None) + _summary_kind(texts) or [REPAIRED]
+        original_ids, original_texts = self._leaves_of(at)
+        kinds = _marked(texts - original_texts, marks, at) + _summary_kind(texts)
+        if not kinds or ids != original_ids:
+            kinds.append(REPAIRED)
+        return kinds
+
+    def _stands(
+        self, message: Mapping[str, Any], origins: Sequence[int | None], position: int, end: int
+    ) -> int:
+        """Where a message the view added is shown: with the message holding the call it
+        answers, else before the next history message sent."""
+        ids = _leaves_pair(message)[0]
+        calls = sorted(i for name in ids for i in self._holding(name) if i < end)
+        return calls[0] if calls else _next_origin(origins, position)
 
     def _variant(
         self, index: int, kinds: list[str], message: Mapping[str, Any], added: bool
@@ -334,6 +341,22 @@ class NativeViews:
                 return number
         self.variants.append(Variant(index, kinds, dict(message), added))
         return len(self.variants) - 1
+
+
+_Marks = dict[int | None, list[tuple[str, str]]]
+"""The overlay's latest texts and their kinds, by the history index they stand in (None: a
+notice block of its own, from no history message)."""
+
+
+def _overlay_marks(overlay: Overlay, sources: Sources) -> _Marks:
+    marks: _Marks = {}
+    for key, (edit_type, updates) in overlay.items():
+        if updates:
+            kind = NOTICE if edit_type == NOTICE_EDIT else FILE_READ
+            marks.setdefault(sources[key][0] if key in sources else None, []).append(
+                (updates[-1], kind)
+            )
+    return marks
 
 
 def _next_origin(origins: Sequence[int | None], position: int) -> int:
@@ -371,9 +394,7 @@ def _summary_kind(texts: set[str]) -> list[str]:
     return [SUMMARY] if any(text.startswith(SUMMARY_MARK) for text in texts) else []
 
 
-def _marked(
-    texts: set[str], marks: Mapping[int | None, list[tuple[str, str]]], index: int | None
-) -> list[str]:
+def _marked(texts: set[str], marks: _Marks, index: int | None) -> list[str]:
     """The kinds of the overlay texts (of history message ``index``, or of none) among ``texts``."""
     found = {kind for at in {index, None} for text, kind in marks.get(at, ()) if text in texts}
     return [kind for kind in (NOTICE, FILE_READ) if kind in found]
