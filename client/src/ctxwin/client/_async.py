@@ -87,14 +87,14 @@ class AsyncClient:
         client_key: str | os.PathLike[str] | None = None,
         trusted_endpoints: Sequence[str] | None = None,
     ) -> None:
-        endpoint = proto.resolve_endpoint(endpoint)
+        self.endpoint = proto.resolve_endpoint(endpoint)
         self.curve = _auth.curve_keys(server_key, client_key)
         self.trusted_endpoints = _auth.trusted_endpoints(trusted_endpoints)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._wire = AsyncSocket(
-            endpoint, self.curve, autostart, context or zmq.asyncio.Context.instance()
-        )
+        self.autostart = autostart
+        self._closed = False
+        self._wire = AsyncSocket(self, context or zmq.asyncio.Context.instance())
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -109,7 +109,7 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """Close the socket (linger 0) and fail calls still waiting; later calls raise."""
-        self._wire.closed = True
+        self._closed = True
         tasks = self._wire.drop()
         if tasks and tasks[0].get_loop() is asyncio.get_running_loop():
             # Wait for the readers to end without taking a cancellation of our own caller.
@@ -121,31 +121,13 @@ class AsyncClient:
         Unlike :meth:`aclose` it does not wait for the socket's reader to end;
         for owners that close from a finalizer or from blocking code.
         """
-        self._wire.closed = True
+        self._closed = True
         self._wire.drop()
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` or :meth:`close` was called."""
-        return self._wire.closed
-
-    @property
-    def endpoint(self) -> str:
-        """Where the daemon listens (a task's owner after following a referral to it)."""
-        return self._wire.endpoint
-
-    @endpoint.setter
-    def endpoint(self, endpoint: str) -> None:
-        self._wire.endpoint = endpoint
-
-    @property
-    def autostart(self) -> bool:
-        """Whether ``ctxwind`` is started on the endpoint when nothing answers."""
-        return self._wire.autostart
-
-    @autostart.setter
-    def autostart(self, autostart: bool) -> None:
-        self._wire.autostart = autostart
+        return self._closed
 
     def task(
         self,

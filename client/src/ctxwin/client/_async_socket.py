@@ -21,7 +21,6 @@ from zmq.utils.monitor import parse_monitor_message
 from ctxwin.proto import Reply
 
 from . import _autostart, _core, _link
-from ._auth import Curve
 from ._core import Call
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
 
@@ -29,28 +28,17 @@ __all__ = ["AsyncSocket"]
 
 
 class AsyncSocket:
-    """The socket of an :class:`~ctxwin.client.AsyncClient` to ``endpoint``.
+    """The socket of an :class:`~ctxwin.client.AsyncClient`.
 
     Attributes:
-        endpoint: where the daemon listens (changed by :meth:`move_to`).
-        curve: the CURVE keys of TCP connections, or None.
-        autostart: start ``ctxwind`` on the endpoint when nothing answers.
+        owner: the client, whose endpoint, keys and settings it connects with.
         context: the ZeroMQ asyncio context.
         link: the connection as the socket's monitor reports it.
         pending: the calls waiting for a reply, by request id.
-        closed: set by the client's close; later calls raise.
     """
 
-    def __init__(
-        self,
-        endpoint: str,
-        curve: Curve | None,
-        autostart: bool,
-        context: zmq.asyncio.Context,
-    ) -> None:
-        self.endpoint = endpoint
-        self.curve = curve
-        self.autostart = autostart
+    def __init__(self, owner: _link.SocketOwner, context: zmq.asyncio.Context) -> None:
+        self.owner = owner
         self.context = context
         self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -61,7 +49,6 @@ class AsyncSocket:
         self.pending: dict[int, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._connecting: asyncio.Lock | None = None
-        self.closed = False
 
     @property
     def connected(self) -> bool:
@@ -69,13 +56,13 @@ class AsyncSocket:
         return self._socket is not None
 
     async def move_to(self, endpoint: str, deadline: float) -> None:
-        """Use ``endpoint`` from now on, once the calls in flight on this socket are answered."""
+        """Move the client to ``endpoint``, once the calls in flight on this socket are answered."""
         waiting = [future for future in self.pending.values() if not future.done()]
         if waiting:
             await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
-        if self.endpoint != endpoint:
+        if self.owner.endpoint != endpoint:
             self.drop()
-            self.endpoint = endpoint
+            self.owner.endpoint = endpoint
 
     def drop(self, reason: Exception | None = None) -> list[asyncio.Task[None]]:
         """Close the socket, stop its readers, fail the calls still waiting on it."""
@@ -93,7 +80,7 @@ class AsyncSocket:
         return tasks
 
     async def _connect(self) -> zmq.asyncio.Socket:
-        if self.closed:
+        if self.owner.closed:
             raise ClientClosedError("the client is closed")
         loop = asyncio.get_running_loop()
         if self._reader is not None and self._reader.get_loop() is not loop:
@@ -105,11 +92,13 @@ class AsyncSocket:
             self._connecting = asyncio.Lock()
         async with self._connecting:
             if self._socket is None:
-                if self.autostart:
-                    await loop.run_in_executor(None, _autostart.ensure_daemon, self.endpoint)
-                    if self.closed:
+                if self.owner.autostart:
+                    await loop.run_in_executor(None, _autostart.ensure_daemon, self.owner.endpoint)
+                    if self.owner.closed:
                         raise ClientClosedError("the client is closed")
-                sock, monitor, curve = _link.open_dealer(self.context, self.endpoint, self.curve)
+                sock, monitor, curve = _link.open_dealer(
+                    self.context, self.owner.endpoint, self.owner.curve
+                )
                 self._socket, self._monitor = sock, monitor
                 self._monitor_now = zmq.Socket.shadow(monitor.underlying)
                 self.link.fresh(curve)
@@ -134,7 +123,7 @@ class AsyncSocket:
             if self._socket is sock:
                 self._reader = None
                 self.drop(
-                    DaemonUnavailableError(f"receiving failed: {exc}", endpoint=self.endpoint)
+                    DaemonUnavailableError(f"receiving failed: {exc}", endpoint=self.owner.endpoint)
                 )
 
     async def _watch(self, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
@@ -151,13 +140,13 @@ class AsyncSocket:
                 self.link.feed(event["event"], now)
                 if self.link.handshake is not None:  # refused: nothing was sent
                     self._watcher = None
-                    self.drop(_link.handshake_error(self.endpoint, self.link))
+                    self.drop(_link.handshake_error(self.owner.endpoint, self.link))
                 elif self.link.dropped:
                     self._watcher = None
                     self.drop(_link.Dropped())
                 elif self.pending and self.link.unreachable(now):
                     self._watcher = None
-                    self.drop(_link.unreachable_error(self.endpoint, self.link))
+                    self.drop(_link.unreachable_error(self.owner.endpoint, self.link))
         except zmq.ZMQError:
             pass  # the monitor was closed with its socket
 
@@ -167,7 +156,7 @@ class AsyncSocket:
         while now is not None and now.poll(0, zmq.POLLIN):
             self.link.feed(parse_monitor_message(now.recv_multipart())["event"], time.monotonic())
         if self.link.handshake is not None:
-            self.drop(_link.handshake_error(self.endpoint, self.link))
+            self.drop(_link.handshake_error(self.owner.endpoint, self.link))
         elif self.link.dropped:
             self.drop(_link.Dropped())  # calls already waiting were in flight
 
@@ -190,14 +179,14 @@ class AsyncSocket:
                     self._catch_up()
                 if self.link.handshake is not None:
                     self.drop()
-                    raise _link.handshake_error(self.endpoint, self.link) from None
+                    raise _link.handshake_error(self.owner.endpoint, self.link) from None
                 raise DaemonUnavailableError(
-                    f"{call.op}: cannot queue the request for {self.endpoint}",
-                    endpoint=self.endpoint,
+                    f"{call.op}: cannot queue the request for {self.owner.endpoint}",
+                    endpoint=self.owner.endpoint,
                 ) from None
             if self.link.unreachable(time.monotonic()):
                 self.drop()
-                raise _link.unreachable_error(self.endpoint, self.link)
+                raise _link.unreachable_error(self.owner.endpoint, self.link)
             if call.sending is not None:
                 call.sending()  # while the daemon works on the request
             try:
@@ -206,8 +195,8 @@ class AsyncSocket:
             except TimeoutError:
                 timed_out = True
                 raise RequestTimeoutError(
-                    f"{call.op}: no reply from {self.endpoint} within the timeout",
-                    endpoint=self.endpoint,
+                    f"{call.op}: no reply from {self.owner.endpoint} within the timeout",
+                    endpoint=self.owner.endpoint,
                 ) from None
         finally:
             self.pending.pop(request_id, None)

@@ -10,7 +10,7 @@ be sent again.
 from __future__ import annotations
 
 import errno
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import zmq
 
@@ -27,6 +27,19 @@ from ._errors import (
 )
 
 SocketT = TypeVar("SocketT", bound="zmq.Socket[Any]")
+
+
+class SocketOwner(Protocol):
+    """What a client's socket reads of its client whenever it connects (both clients)."""
+
+    endpoint: str
+    curve: Curve | None
+    autostart: bool
+
+    @property
+    def closed(self) -> bool:
+        """Whether the client was closed: the socket makes no new connection."""
+        ...
 
 
 def open_dealer(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import time
 from collections.abc import Sequence
@@ -11,14 +10,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from ctxwin import proto
-from ctxwin.proto import Reply
 
-from . import _auth, _autostart, _core, _link, _methods, _ops
+from . import _auth, _core, _link, _methods, _ops
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy, left
-from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
+from ._sync_socket import BlockingSocket
 from ._task import Task
 from ._turns import Turns
 
@@ -87,11 +84,7 @@ class Client:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
-        self._context = context or zmq.Context.instance()
-        self._socket: zmq.Socket[bytes] | None = None
-        self._monitor: zmq.Socket[bytes] | None = None  # set and cleared with _socket
-        self._link = _link.Link()
-        self._ids = itertools.count(1)
+        self._wire = BlockingSocket(self, context or zmq.Context.instance())
         self._turns = Turns()
         self._closed = False
 
@@ -110,7 +103,7 @@ class Client:
         """Close the socket (linger 0); later calls raise ClientClosedError."""
         with self._turns.take(None, RuntimeError):  # after the call in flight, if any
             self._closed = True
-            self._drop_socket()
+            self._wire.drop()
 
     @property
     def closed(self) -> bool:
@@ -146,83 +139,6 @@ class Client:
             read_tools=read_tools,
         )
 
-    # Transport.
-
-    def _drop_socket(self) -> None:
-        _link.close_dealer(self._socket, self._monitor)
-        self._socket = self._monitor = None
-
-    def _connect(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-        """The socket and its monitor, made (and connected) if there are none."""
-        if self._closed:
-            raise ClientClosedError("the client is closed")
-        if self._socket is None or self._monitor is None:
-            if self.autostart:
-                _autostart.ensure_daemon(self.endpoint)
-            sock, monitor, curve = _link.open_dealer(self._context, self.endpoint, self.curve)
-            self._socket, self._monitor = sock, monitor
-            self._link.fresh(curve)
-            return sock, monitor
-        return self._socket, self._monitor
-
-    def _catch_up(self) -> None:
-        """Take the monitor's events so far into the link."""
-        monitor = self._monitor
-        while monitor is not None and monitor.poll(0, zmq.POLLIN):
-            event = parse_monitor_message(monitor.recv_multipart())
-            self._link.feed(event["event"], time.monotonic())
-
-    def _exchange(self, call: Call[Any], deadline: float) -> Reply:
-        self._connect()
-        self._catch_up()
-        if self._link.dropped:  # while no call was waiting: nothing was lost, start afresh
-            self._drop_socket()
-        sock, monitor = self._connect()
-        request_id = next(self._ids)
-        try:
-            sock.send(_core.encode(call, request_id), zmq.NOBLOCK)
-        except zmq.Again:
-            # No pipe to queue on: a refused handshake takes it away. Its event follows at once.
-            if monitor.poll(_link.HANDSHAKE_EVENT_MS, zmq.POLLIN):
-                self._catch_up()
-            self._drop_socket()
-            if self._link.handshake is not None:
-                raise _link.handshake_error(self.endpoint, self._link) from None
-            raise DaemonUnavailableError(
-                f"{call.op}: cannot queue the request for {self.endpoint}", endpoint=self.endpoint
-            ) from None
-        if call.sending is not None:
-            call.sending()  # while the daemon works on the request
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        while True:
-            remaining = deadline - time.monotonic()
-            if not remaining > 0:  # NaN included
-                # A late reply must never meet a later request: start over.
-                self._drop_socket()
-                raise RequestTimeoutError(
-                    f"{call.op}: no reply from {self.endpoint} within the timeout",
-                    endpoint=self.endpoint,
-                )
-            ready = dict(poller.poll(_core.poll_ms(remaining)))
-            if sock in ready:
-                reply = _core.decode(sock.recv_multipart())
-                if reply is not None and _core.reply_target(reply, (request_id,)) == request_id:
-                    return reply
-            if monitor in ready:
-                self._catch_up()
-            if self._link.handshake is not None:  # refused: the request never left
-                self._drop_socket()
-                raise _link.handshake_error(self.endpoint, self._link)
-            # Whatever is queued must not reach a daemon later: start over.
-            if self._link.dropped:
-                self._drop_socket()
-                raise _link.Dropped
-            if self._link.unreachable(time.monotonic()):
-                self._drop_socket()
-                raise _link.unreachable_error(self.endpoint, self._link)
-
     def call(self, call: Call[T], *, timeout: float | None = None) -> T:
         """Send a built request and return its typed result.
 
@@ -242,7 +158,7 @@ class Client:
             followed = False
             while True:
                 try:
-                    reply = self._exchange(call, deadline)
+                    reply = self._wire.exchange(call, deadline)
                 except _link.Dropped:
                     _link.after_drop(call, self.endpoint)
                     continue
@@ -252,8 +168,7 @@ class Client:
                     # The task's owner is another daemon: move this client to it.
                     _auth.check_referral(step.owner, self.curve, self.trusted_endpoints)
                     followed = True
-                    self._drop_socket()
-                    self.endpoint = step.owner
+                    self._wire.move_to(step.owner)
                     continue
                 if not isinstance(step, _core.Retry):
                     return step
@@ -262,9 +177,10 @@ class Client:
 
     def _features(self, deadline: float) -> frozenset[str]:
         """What the daemon on this connection supports, asked once per connection."""
-        if self._socket is None or self._link.features is None:
-            self._link.features = _link.features_of(self.call(_ops.ping(), timeout=left(deadline)))
-        return self._link.features
+        link = self._wire.link
+        if not self._wire.connected or link.features is None:
+            link.features = _link.features_of(self.call(_ops.ping(), timeout=left(deadline)))
+        return link.features
 
     # One method per wire op (DESIGN.md table), each taking exactly its builder's arguments.
 
