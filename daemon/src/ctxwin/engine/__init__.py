@@ -23,8 +23,9 @@ from ._reads import (
     ReadTool,
     read_tool_from_config,
 )
-from ._state import STRATEGIES, TaskState
-from ._strategy import ViewStrategy
+from ._request import Request, ViewStrategy
+from ._state import TaskState
+from ._strategy import STRATEGIES
 from ._summary import SUMMARY_MARK, SUMMARY_PROMPT, Summary, basic_summary, summary_prompt
 from ._view import keep_from, truncated_messages
 from ._window import (
@@ -71,6 +72,7 @@ __all__ = [
     "ReadRules",
     "ReadTool",
     "Receipt",
+    "Request",
     "ResyncRequired",
     "Strategy",
     "Summary",

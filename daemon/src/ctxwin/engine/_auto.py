@@ -39,14 +39,13 @@ from ._auto_edits import Planner
 from ._blocks import Message
 from ._budget import Budgeting
 from ._ledger import Receipt
-from ._strategy import prepared
+from ._request import Request, prepared
 from ._window import context_window_info
 
 if TYPE_CHECKING:
     from ._state import TaskState
 
 __all__ = [
-    "AUTO",
     "DEFAULT_POLICY",
     "AutoMemory",
     "AutoOutcome",
@@ -240,29 +239,21 @@ class AutoStrategy:
     """``strategy: "auto"``: decide on the view about to be sent (see the module docstring)."""
 
     def prepare(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        previous_request: Mapping[str, Any] | None,
-        model: Mapping[str, Any],
-        use_auto_condense: bool,
-        budgeting: Budgeting | None,
-        ts: int | None,
+        self, state: TaskState, request: Request
     ) -> tuple[PrepareRequestResult, Sequence[Receipt]]:
+        messages, model, budgeting = request.messages, request.model, request.budgeting
         assert budgeting is not None  # auto is asked for through budgeting
         sheet = state.sheet_for(model, budgeting)
         budget = state.auto.budget(model)
         outcome = AutoOutcome()
-        if not use_auto_condense:
+        if not request.use_auto_condense:
             before = state.overlay.version
             policy = state.auto.policy
-            outcome = run_auto(state, messages, budgeting, budget, sheet, ts or 0, policy)
+            ts = request.ts or 0
+            outcome = run_auto(state, messages, budgeting, budget, sheet, ts, policy)
             if state.overlay.version != before:
                 state.mark_changed()
         result = prepared(
             state, messages, outcome.range_updated, outcome.stalled, budget, budgeting
         )
         return result, outcome.receipts
-
-
-AUTO = AutoStrategy()

@@ -17,6 +17,7 @@ from ctxwin.proto import PRICE_SHEETS, PriceSheet
 
 from ._blocks import Message, text_of, tool_calls
 from ._budget import Budgeting, fit_range
+from ._cuts import add_truncation_notice, keep_newest
 from ._ledger import Receipt, payback_turns
 from ._optimize import TOOL_HEADER
 from ._overlay import EDIT_NO_FILE_READ, EDIT_READ_FILE, EDIT_UNDEFINED
@@ -291,13 +292,13 @@ class Planner:
         state = self.state
         before = state.deleted_range
         proposed, fits = fit_range(self.messages, before, state.overlay, target, self.budgeting)
-        proposed = state.keep_newest(self.messages, before, proposed)
+        proposed = keep_newest(state, self.messages, before, proposed)
         if proposed == before or proposed is None:
             return None, fits
         start_before = keep_from(before)
         removed = self.view_tokens()
         state.deleted_range = proposed
-        state.add_truncation_notice(self.ts, self.messages)
+        add_truncation_notice(state, self.ts, self.messages)
         removed -= self.view_tokens()
         rewrite = self.view_tokens()
         receipt = Receipt(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxwin.proto import CondenseResult
@@ -17,6 +18,7 @@ from ctxwin.proto import CondenseResult
 from ._auto import shorten_oversized
 from ._blocks import Message, wire_view
 from ._budget import Budgeting
+from ._cuts import add_truncation_notice, keep_newest
 from ._ledger import Receipt
 from ._range import Keep, next_truncation_range
 from ._summary import Summary, SummaryKind, basic_summary
@@ -26,7 +28,14 @@ from ._window import context_window_info, should_compact
 if TYPE_CHECKING:
     from ._state import TaskState
 
-__all__ = ["AUTO_CONDENSE_FRACTION", "condense", "condensed", "fit_oversized", "summary_due"]
+__all__ = [
+    "AUTO_CONDENSE_FRACTION",
+    "condense",
+    "condensed",
+    "fit_oversized",
+    "rollback_summaries",
+    "summary_due",
+]
 
 AUTO_CONDENSE_FRACTION = 0.75
 """The fraction of the window at which a summary is due (SPEC.md §8)."""
@@ -121,7 +130,7 @@ def condense(
         if found[1] >= before_tokens:
             return outcome("no summary makes the view smaller", None, None, before_tokens)
     stored, after_tokens = found
-    state.add_truncation_notice(ts, messages)
+    add_truncation_notice(state, ts, messages)
     state.summaries.append(stored)
     state.deleted_range = [2, stored.end]  # always further on: the change to write
     return outcome(None, stored, fallback, after_tokens)
@@ -133,8 +142,8 @@ def _candidates(state: TaskState, messages: Sequence[Message]) -> list[list[int]
     current = state.deleted_range
     candidates: list[list[int]] = []
     for keep in CONDENSE_KEEPS:
-        proposed = state.keep_newest(
-            messages, current, next_truncation_range(messages, current, keep)
+        proposed = keep_newest(
+            state, messages, current, next_truncation_range(messages, current, keep)
         )
         if proposed is None or proposed[1] < proposed[0]:
             continue
@@ -144,28 +153,22 @@ def _candidates(state: TaskState, messages: Sequence[Message]) -> list[list[int]
     return candidates
 
 
+@dataclass
 class _Attempt:
     """The candidate ranges tried with a summary, on a copy of the task."""
 
-    def __init__(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        candidates: list[list[int]],
-        ts: int,
-        budgeting: Budgeting,
-        target: float,
-    ) -> None:
-        self.state = state
-        self.messages = messages
-        self.candidates = candidates
-        self.ts = ts
-        self.budgeting = budgeting
-        self.target = target
-        self.previous = state.summary
-        self.current = state.deleted_range
-        self.probe = state.clone()
-        self.probe.add_truncation_notice(ts, messages)
+    state: TaskState
+    messages: Sequence[Message]
+    candidates: list[list[int]]
+    ts: int
+    budgeting: Budgeting
+    target: float
+
+    def __post_init__(self) -> None:
+        self.previous = self.state.summary
+        self.current = self.state.deleted_range
+        self.probe = self.state.clone()
+        add_truncation_notice(self.probe, self.ts, self.messages)
 
     def count(self, text: str) -> int:
         return self.budgeting.tokens({"role": "user", "content": [{"type": "text", "text": text}]})
@@ -248,3 +251,16 @@ def condensed(state: TaskState, messages: Sequence[Message]) -> list[int] | None
     if current is not None and current[1] + 2 <= len(messages) - 1:
         state.deleted_range = [current[0], current[1] + 2]
     return state.deleted_range
+
+
+def rollback_summaries(state: TaskState, ts: int) -> int:
+    """Remove the summaries stored after ``ts`` and put back the range the first of them
+    replaced (a rollback, SPEC.md §9, docs/SUMMARIES.md); returns how many were removed."""
+    keep = len(state.summaries)
+    while keep and state.summaries[keep - 1].ts > ts:
+        keep -= 1
+    removed = len(state.summaries) - keep
+    if removed:
+        state.deleted_range = state.summaries[keep].before
+        del state.summaries[keep:]
+    return removed

@@ -1,12 +1,16 @@
-"""Duplicate file read optimisation and its savings (SPEC.md §6)."""
+"""Duplicate file read optimisation and its savings (SPEC.md §6), and the two ops that
+run it on a task."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ._blocks import Message, text_of, utf16_len
+from ctxwin.proto import OptimizeFileReadsInMemoryResult, OptimizeFileReadsResult
+
+from ._blocks import Message, text_of, utf16_len, wire_view
 from ._notices import Notices
 from ._overlay import (
     EDIT_FILE_CHANGE,
@@ -18,6 +22,9 @@ from ._overlay import (
     update_text,
 )
 from ._reads import ReadRules, native_reads
+
+if TYPE_CHECKING:
+    from ._state import TaskState
 
 # JavaScript's \s, spelled out so that the header rule reads the same characters
 # as the reference strategy (Python's \s differs on \ufeff and \x1c-\x1f, \x85).
@@ -454,3 +461,29 @@ def optimize_file_reads(
     total, saved = savings(messages, start, overlay, indices, facts)
     percent = saved / total if total else 0.0
     return Optimisation(True, percent < SAVINGS_NEEDED, percent, frozenset(indices))
+
+
+def optimize_task(
+    state: TaskState, messages: Sequence[Message], ts: int
+) -> OptimizeFileReadsResult:
+    """``optimize_file_reads``: replace superseded file reads after the task's range and
+    persist (SPEC.md §6)."""
+    result = state.optimize(messages, ts)
+    if result.changed:
+        state.mark_changed()
+    return {
+        "changed": result.changed,
+        "need_to_truncate": result.need_to_truncate,
+        "percent_saved": result.percent_saved,
+    }
+
+
+def optimize_task_in_memory(
+    state: TaskState, messages: Sequence[Message], ts: int
+) -> OptimizeFileReadsInMemoryResult:
+    """``optimize_file_reads_in_memory``: as :func:`optimize_task` without asking for a
+    write (SPEC.md §8); the view when something changed, else ``messages`` untouched."""
+    result = state.optimize(messages, ts)
+    view = state.truncated_messages(messages) if result.changed else list(messages)
+    need = result.need_to_truncate
+    return {"changed": result.changed, "need_to_truncate": need, "messages": wire_view(view)}

@@ -1,13 +1,15 @@
-"""One task's state, overlay plus deleted range, and the SPEC operations on it (SPEC.md §5-§9).
+"""One task's state: its overlay, deleted range, summaries, ledger and settings, with
+SPEC.md's operations on them (§4-§9).
 
-The strategies ``prepare_request`` picks from are ``_strategy.py``'s and
-``_auto.py``'s; the summaries path (``condense``) is ``_condense.py``'s.
+The operations' bodies live by concept: the strategies ``prepare_request``
+picks from in ``_strategy.py`` and ``_auto.py``, the cuts and their notices in
+``_cuts.py``, the summaries path (``condense``) in ``_condense.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from ctxwin.proto import (
     CompactResult,
@@ -21,22 +23,28 @@ from ctxwin.proto import (
     sheet_for_model,
 )
 
-from ._auto import AUTO, AutoMemory
-from ._blocks import Message, text_of, wire_view
-from ._budget import Budgeting, Strategy
+from ._auto import AutoMemory
+from ._blocks import Message
+from ._budget import Budgeting
+from ._condense import rollback_summaries
+from ._cuts import apply_truncation_notice, compact, compact_subagent
 from ._dialect import CLINE_DIALECT, Dialect
 from ._ledger import CacheLedger
 from ._notices import DEFAULT_NOTICES, Notices
-from ._optimize import MessageFacts, Optimisation, optimize_file_reads
-from ._overlay import EDIT_UNDEFINED, CorruptStateError, Overlay
-from ._range import Keep, next_truncation_range
+from ._optimize import (
+    MessageFacts,
+    Optimisation,
+    optimize_file_reads,
+    optimize_task,
+    optimize_task_in_memory,
+)
+from ._overlay import CorruptStateError, Overlay
+from ._range import Keep
 from ._reads import DEFAULT_READ_RULES, ReadRules
-from ._strategy import FIT, SPEC, ViewStrategy, plan
-from ._summary import Summary
-from ._view import NEW_TEXT_BLOCK, ViewCache, keep_from, truncated_messages
-
-STRATEGIES: dict[Strategy, ViewStrategy] = {"default": SPEC, "fit": FIT, "auto": AUTO}
-"""The strategies by name (``Budgeting.strategy``; docs/STRATEGIES.md)."""
+from ._request import Request
+from ._strategy import plan, prepare
+from ._summary import Summary, carried
+from ._view import ViewCache, keep_from, truncated_messages
 
 
 def _check_range(value: object) -> list[int] | None:
@@ -48,20 +56,13 @@ def _check_range(value: object) -> list[int] | None:
     return None if value is None else [value[0], value[1]]  # type: ignore[index]
 
 
-def _no_text_first(message: Message) -> bool:
-    """Whether a message's content is a list whose block 0 holds no text to replace."""
-    content = message.get("content")
-    return isinstance(content, list) and bool(content) and text_of(content[0]) is None
-
-
-def _first_text_block(message: Message) -> int:
-    """The index of the first text block, or :data:`NEW_TEXT_BLOCK` when there is none."""
-    content = message.get("content")
-    if isinstance(content, list):
-        for index, block in enumerate(content):
-            if block.get("type") == "text":
-                return index
-    return NEW_TEXT_BLOCK
+def _reads_for(dialect: Dialect, reads: ReadRules | None) -> ReadRules | None:
+    """The read tools a task of ``dialect`` counts: None for Cline's text reads."""
+    if not dialect.native:
+        if reads is not None:
+            raise ValueError(f"the {dialect.name} dialect's file reads are its text headers")
+        return None
+    return DEFAULT_READ_RULES if reads is None else reads
 
 
 class TaskState:
@@ -110,7 +111,7 @@ class TaskState:
         """
         self.notices = notices
         self._dialect = dialect
-        self.reads = self._reads_of(dialect, reads)
+        self.reads = _reads_for(dialect, reads)
         # The view cache of the history the ops are given (its owner's), or None.
         self.cache: ViewCache | None = None
         self.overlay = Overlay()
@@ -133,30 +134,16 @@ class TaskState:
 
     def set_dialect(self, dialect: Dialect, reads: ReadRules | None) -> None:
         """Give the task its dialect and, for a native one, the read tools it counts."""
-        self.reads = self._reads_of(dialect, reads)
+        self.reads = _reads_for(dialect, reads)
         if dialect is not self._dialect:
             self._dialect = dialect
             self.revision += 1
 
-    @staticmethod
-    def _reads_of(dialect: Dialect, reads: ReadRules | None) -> ReadRules | None:
-        """The read tools a task of ``dialect`` counts: None for Cline's text reads."""
-        if not dialect.native:
-            if reads is not None:
-                raise ValueError(f"the {dialect.name} dialect's file reads are its text headers")
-            return None
-        return DEFAULT_READ_RULES if reads is None else reads
-
-    def _cache_for(self, messages: Sequence[Message]) -> ViewCache | None:
+    def cache_for(self, messages: Sequence[Message]) -> ViewCache | None:
         """:attr:`cache` when it is the one of ``messages`` (a view built with it is built
         faster, the same), else None."""
         cache = self.cache
         return cache if cache is not None and cache.messages is messages else None
-
-    def _facts_of(self, messages: Sequence[Message]) -> MessageFacts | None:
-        """The parse results kept beside ``messages``, when :attr:`cache` is theirs."""
-        cache = self._cache_for(messages)
-        return None if cache is None else cache.facts
 
     @property
     def pricing(self) -> PriceSheet | None:
@@ -193,15 +180,8 @@ class TaskState:
 
     @property
     def summary(self) -> Summary | None:
-        """The summary the view carries: the newest, while the range covers what it stands for.
-
-        A range moved back (a caller's range, a rewound history) below the
-        summary's end shows the messages it stood for again, and not the summary.
-        """
-        if not self.summaries or self._deleted_range is None:
-            return None
-        newest = self.summaries[-1]
-        return newest if self._deleted_range[1] >= newest.end else None
+        """The summary the view carries (:func:`~._summary.carried`)."""
+        return carried(self.summaries, self._deleted_range)
 
     @property
     def deleted_range(self) -> list[int] | None:
@@ -282,13 +262,10 @@ class TaskState:
         if updates is not None:
             state.overlay = Overlay.load(updates)
         state._deleted_range = _check_range(deleted_range)
-        if summaries is not None:
-            if not isinstance(summaries, list):
-                raise CorruptStateError("summaries must be a list")
-            try:
-                state.summaries = [Summary.load(item) for item in summaries]
-            except ValueError as exc:
-                raise CorruptStateError(str(exc)) from None
+        try:
+            state.summaries = Summary.load_all(summaries)
+        except ValueError as exc:
+            raise CorruptStateError(str(exc)) from None
         state._basis = basis
         return state
 
@@ -312,111 +289,33 @@ class TaskState:
             self.notices,
             self.summary,
             strict=self._dialect.strict,
-            cache=self._cache_for(messages),
+            cache=self.cache_for(messages),
         )
-
-    def keep_newest(
-        self, messages: Sequence[Message], before: list[int] | None, proposed: list[int] | None
-    ) -> list[int] | None:
-        """A native dialect's range stops short of the turn the newest message answers.
-
-        SPEC.md §4 drops the results after a cut; when those are the newest
-        message, the view would lose it, so the cut keeps that whole turn
-        (docs/DIALECTS.md). The range still never shrinks.
-        """
-        if (
-            not self._dialect.native
-            or proposed is None
-            or len(messages) < 2
-            or proposed[1] != len(messages) - 2
-        ):
-            return proposed
-        content = messages[-1].get("content")
-        if not isinstance(content, list) or not any(
-            block.get("type") == "tool_result" for block in content
-        ):
-            return proposed
-        floor = before[1] if before else proposed[0] - 1
-        return [proposed[0], max(proposed[1] - 2, floor)]
-
-    # §5 -----------------------------------------------------------------
-
-    def add_truncation_notice(self, ts: int, messages: Sequence[Message] = ()) -> bool:
-        """Replace message 1 with the truncation notice unless it has edits already.
-
-        In a native dialect the notice replaces message 1's first text block,
-        or is added as a new text block when it has none (never into an
-        opaque part, docs/DIALECTS.md). The Cline dialect edits block 0 as
-        SPEC.md §5 says, unless block 0 holds no text (a ``tool_use``), where
-        the edit would change nothing and the model would never read it: then
-        the first text block, or a new one put first.
-        """
-        if 1 in self.overlay:
-            return False
-        block = 0
-        if len(messages) > 1 and (self._dialect.native or _no_text_first(messages[1])):
-            block = _first_text_block(messages[1])
-        self.overlay.append(1, EDIT_UNDEFINED, block, [ts, "text", [self.notices.truncation], []])
-        return True
-
-    def add_first_user_replacement(self, ts: int, messages: Sequence[Message]) -> bool:
-        """Replace message 0's first text block unless it has edits already."""
-        if 0 in self.overlay or not messages:
-            return False
-        content = messages[0].get("content")
-        if not isinstance(content, list) or not content:
-            return False
-        first = content[0]
-        if first.get("type") != "text" or not text_of(first):
-            return False
-        self.overlay.append(0, EDIT_UNDEFINED, 0, [ts, "text", [self.notices.first_user], []])
-        return True
-
-    def apply_truncation_notice(
-        self, ts: int, messages: Sequence[Message], keep_task: bool = False
-    ) -> bool:
-        """Both notices of SPEC.md §5; True when either was added.
-
-        With ``keep_task`` only the message-1 notice: the task in message 0 stays as it is.
-        """
-        changed = self.add_truncation_notice(ts, messages)
-        if not keep_task:
-            changed = self.add_first_user_replacement(ts, messages) or changed
-        if changed:
-            self.mark_changed()
-        return changed
 
     # §6 -----------------------------------------------------------------
 
-    def optimize(self, messages: Sequence[Message], ts: int) -> Optimisation:
-        """Replace superseded file reads after the range in the overlay (SPEC.md §6)."""
-        start = keep_from(self._deleted_range)
+    def optimize(self, messages: Sequence[Message], ts: int, whole: bool = False) -> Optimisation:
+        """Replace superseded file reads after the range (``whole``: from message 2) in the
+        overlay, with no write asked for (SPEC.md §6)."""
+        start = 2 if whole else keep_from(self._deleted_range)
         return optimize_file_reads(
             messages, start, self.overlay, ts, self.notices, self._facts_of(messages), self.reads
         )
 
+    def _facts_of(self, messages: Sequence[Message]) -> MessageFacts | None:
+        """The parse results kept beside ``messages``, when :attr:`cache` is theirs."""
+        cache = self.cache_for(messages)
+        return None if cache is None else cache.facts
+
     def optimize_file_reads(self, messages: Sequence[Message], ts: int) -> OptimizeFileReadsResult:
         """Replace superseded file reads after the range and persist (SPEC.md §6)."""
-        result = self.optimize(messages, ts)
-        if result.changed:
-            self.mark_changed()
-        return {
-            "changed": result.changed,
-            "need_to_truncate": result.need_to_truncate,
-            "percent_saved": result.percent_saved,
-        }
+        return optimize_task(self, messages, ts)
 
     def optimize_file_reads_in_memory(
         self, messages: Sequence[Message], ts: int
     ) -> OptimizeFileReadsInMemoryResult:
-        """As :meth:`optimize_file_reads` without asking for a write (SPEC.md §8).
-
-        Returns the view when something changed, else ``messages`` untouched.
-        """
-        result = self.optimize(messages, ts)
-        view = self.truncated_messages(messages) if result.changed else list(messages)
-        need = result.need_to_truncate
-        return {"changed": result.changed, "need_to_truncate": need, "messages": wire_view(view)}
+        """As :meth:`optimize_file_reads` without asking for a write (SPEC.md §8)."""
+        return optimize_task_in_memory(self, messages, ts)
 
     # §7 -----------------------------------------------------------------
 
@@ -429,36 +328,11 @@ class TaskState:
         budgeting: Budgeting | None = None,
         ts: int | None = None,
     ) -> PrepareRequestResult:
-        """Decide whether to cut before the next request and build its view (SPEC.md §7).
-
-        The request's strategy decides (:data:`STRATEGIES`); with a price sheet
-        known, the view's cache figures are recorded in the ledger.
-
-        Args:
-            messages: the task's full history.
-            previous_request: the last request's usage ``{ts, tokens_*}``, or None.
-            model: the model of the next request.
-            use_auto_condense: the agent condenses by summary; never cut here.
-            budgeting: opt-in estimation, ``fit`` and ``auto`` cuts and proactive
-                compaction; None keeps SPEC.md's behaviour exactly.
-            ts: the time of a proactive compaction (there is no previous request).
-        """
-        if previous_request is not None:
-            self.auto.max_out = max(self.auto.max_out, int(previous_request.get("tokens_out") or 0))
-        strategy = STRATEGIES[budgeting.strategy if budgeting is not None else "default"]
-        result, receipts = strategy.prepare(
-            self, messages, previous_request, model, use_auto_condense, budgeting, ts
-        )
-        sheet = None if budgeting is None else self.sheet_for(model, budgeting)
-        if budgeting is not None and sheet is not None:
-            count, fixed = budgeting.count, budgeting.fixed
-            view = cast("list[Message]", result["messages"])  # the engine's own view
-            entry = self.ledger.record(view, messages, count, sheet, fixed)
-            self.ledger.add_receipts(receipts)
-            result["cache"] = entry.wire()
-        if receipts:
-            result["receipts"] = [receipt.wire() for receipt in receipts]
-        return result
+        """Decide whether to cut before the next request and build its view (SPEC.md §7):
+        the request's strategy decides (``_strategy.prepare``; the arguments are
+        :class:`~._request.Request`'s; ``budgeting`` None is SPEC.md exactly)."""
+        request = Request(messages, previous_request, model, use_auto_condense, budgeting, ts)
+        return prepare(self, request)
 
     def plan(
         self,
@@ -469,10 +343,8 @@ class TaskState:
         use_auto_condense: bool = False,
         ts: int | None = None,
     ) -> PlanResult:
-        """What :meth:`prepare_request` would do now; this state is left unchanged.
-
-        Only a ``pricing`` the request names is kept as the task's sheet.
-        """
+        """What :meth:`prepare_request` would do now; this state is left unchanged but
+        for a ``pricing`` the request names (``_strategy.plan``)."""
         return plan(self, messages, previous_request, model, budgeting, use_auto_condense, ts)
 
     def clone(self) -> TaskState:
@@ -492,43 +364,20 @@ class TaskState:
     # §8 -----------------------------------------------------------------
 
     def compact_subagent(self, messages: Sequence[Message], ts: int) -> CompactSubagentResult:
-        """Make a subagent's conversation fit: optimise in memory, else cut a quarter (§8)."""
-        result = optimize_file_reads(
-            messages, 2, self.overlay, ts, self.notices, self._facts_of(messages), self.reads
-        )
-        conversation: Sequence[Message] = messages
-        compacted = True
-        if result.changed:
-            conversation = truncated_messages(
-                messages,
-                None,
-                self.overlay,
-                self.notices,
-                strict=self._dialect.strict,
-                cache=self._cache_for(messages),
-            )
-        if not result.changed or result.need_to_truncate:
-            current = self._deleted_range
-            proposed = next_truncation_range(conversation, current, "quarter")
-            if proposed[1] < proposed[0] or proposed == current:
-                compacted = False
-            else:
-                self.deleted_range = self.keep_newest(messages, current, proposed)
-        view = wire_view(self.truncated_messages(messages))
-        return {"compacted": compacted, "deleted_range": self.deleted_range, "messages": view}
+        """Make a subagent's conversation fit (SPEC.md §8; ``_cuts.compact_subagent``)."""
+        return compact_subagent(self, messages, ts)
 
     def compact(
         self, messages: Sequence[Message], keep: Keep, ts: int, keep_task: bool = False
     ) -> CompactResult:
-        """Force a cut: after a context-window error (quarter) or a summary (none) (§8).
+        """Force a cut (SPEC.md §8; ``_cuts.compact``)."""
+        return compact(self, messages, keep, ts, keep_task)
 
-        ``keep_task`` leaves the first user message (the task) as it is (SPEC.md §5).
-        """
-        before = self.revision
-        proposed = next_truncation_range(messages, self._deleted_range, keep)
-        self.deleted_range = self.keep_newest(messages, self._deleted_range, proposed)
-        self.apply_truncation_notice(ts, messages, keep_task)
-        return {"deleted_range": self.deleted_range, "changed": self.revision != before}
+    def apply_truncation_notice(
+        self, ts: int, messages: Sequence[Message], keep_task: bool = False
+    ) -> bool:
+        """Both notices of SPEC.md §5 (``_cuts.apply_truncation_notice``)."""
+        return apply_truncation_notice(self, ts, messages, keep_task)
 
     # §9 -----------------------------------------------------------------
 
@@ -538,14 +387,7 @@ class TaskState:
         Summaries stored after ``ts`` go too, and the range comes back to the
         one the first of them replaced (docs/SUMMARIES.md).
         """
-        removed = self.overlay.rollback(ts)
-        keep = len(self.summaries)
-        while keep and self.summaries[keep - 1].ts > ts:
-            keep -= 1
-        if keep < len(self.summaries):
-            self.deleted_range = self.summaries[keep].before
-            removed += len(self.summaries) - keep
-            del self.summaries[keep:]
+        removed = self.overlay.rollback(ts) + rollback_summaries(self, ts)
         if removed:
             self.mark_changed()
         return removed

@@ -14,81 +14,59 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, cast
 
 from ctxwin.proto import PlanResult, PrepareRequestResult
 
-from ._blocks import Message, text_of, wire_view
-from ._budget import Budgeting, fit_range, largest_messages, view_origins
+from ._auto import AutoStrategy
+from ._blocks import Message, text_of
+from ._budget import Budgeting, Strategy, fit_range
+from ._cuts import add_truncation_notice, keep_newest
 from ._ledger import Receipt
 from ._optimize import TOOL_HEADER
 from ._overlay import EDIT_FILE_CHANGE, EDIT_FILE_MENTION, EDIT_READ_FILE, replaced_paths
 from ._range import Keep, next_truncation_range
+from ._request import Request, ViewStrategy, prepared
 from ._view import keep_from
 from ._window import context_window_info, total_tokens
 
 if TYPE_CHECKING:
     from ._state import TaskState
 
-__all__ = ["FIT", "SPEC", "FitStrategy", "SpecStrategy", "ViewStrategy", "plan", "prepared"]
+__all__ = [
+    "STRATEGIES",
+    "FitStrategy",
+    "SpecStrategy",
+    "plan",
+    "prepare",
+]
 
 MAX_REPORT_SCALE = 4.0
 """The most a report may scale ``fit``'s estimates up (bounded like calibration)."""
 
 
-class ViewStrategy(Protocol):
-    """What decides, before a request, whether and how the view changes."""
-
-    def prepare(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        previous_request: Mapping[str, Any] | None,
-        model: Mapping[str, Any],
-        use_auto_condense: bool,
-        budgeting: Budgeting | None,
-        ts: int | None,
-    ) -> tuple[PrepareRequestResult, Sequence[Receipt]]:
-        """Edit ``state`` for the next request; the result and the receipts of the edits.
-
-        Args:
-            state: the task's state, changed in place (a change to write bumps
-                its revision).
-            messages: the task's full history.
-            previous_request: the last request's usage ``{ts, tokens_*}``, or None.
-            model: the model of the next request.
-            use_auto_condense: the agent condenses by summary; never cut here.
-            budgeting: the request's estimation settings, None when it asked for none.
-            ts: the time stamped on edits made without a previous request.
-        """
-        ...
-
-
-def prepared(
-    state: TaskState,
-    messages: Sequence[Message],
-    range_updated: bool,
-    stalled: bool,
-    limit: float,
-    budgeting: Budgeting | None,
-) -> PrepareRequestResult:
-    """The result with the view of ``state``; with ``budgeting``, the view's estimate
-    against ``limit`` and its largest messages when it does not fit."""
-    view = state.truncated_messages(messages)
-    result: PrepareRequestResult = {
-        "deleted_range": state.deleted_range,
-        "range_updated": range_updated,
-        "messages": wire_view(view),
-        "stalled": stalled,
-    }
-    if budgeting is not None:
-        estimated = budgeting.view_tokens(view)
-        result["estimated_tokens"] = estimated
-        result["fits"] = estimated <= limit
-        if estimated > limit:
-            origins = view_origins(len(messages), state.deleted_range)
-            result["largest"] = largest_messages(view, origins, budgeting)
+def prepare(state: TaskState, request: Request) -> PrepareRequestResult:
+    """``prepare_request``: the request's strategy decides (:data:`STRATEGIES`); with a
+    price sheet known, the view's cache figures are recorded in the task's ledger."""
+    budgeting, previous = request.budgeting, request.previous_request
+    if previous is not None:
+        state.auto.max_out = max(state.auto.max_out, int(previous.get("tokens_out") or 0))
+    strategy = STRATEGIES[budgeting.strategy if budgeting is not None else "default"]
+    result, receipts = strategy.prepare(state, request)
+    sheet = None if budgeting is None else state.sheet_for(request.model, budgeting)
+    if budgeting is not None and sheet is not None:
+        view = cast("list[Message]", result["messages"])  # the engine's own view
+        count, fixed = budgeting.count, budgeting.fixed
+        entry = state.ledger.record(view, request.messages, count, sheet, fixed)
+        state.ledger.add_receipts(receipts)
+        result["cache"] = entry.wire()
+    if receipts:
+        result["receipts"] = [receipt.wire() for receipt in receipts]
     return result
+
+
+_Sizes = tuple[float, Budgeting | None]
+"""The allowed size and the estimates a cut is sized with."""
 
 
 class SpecStrategy:
@@ -101,105 +79,71 @@ class SpecStrategy:
     """
 
     def prepare(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        previous_request: Mapping[str, Any] | None,
-        model: Mapping[str, Any],
-        use_auto_condense: bool,
-        budgeting: Budgeting | None,
-        ts: int | None,
+        self, state: TaskState, request: Request
     ) -> tuple[PrepareRequestResult, Sequence[Receipt]]:
-        limit = context_window_info(model).max_allowed_size
-        trigger = None
-        if not use_auto_condense:
-            trigger = self._trigger(state, messages, previous_request, limit, budgeting, ts)
+        limit = context_window_info(request.model).max_allowed_size
+        trigger = None if request.use_auto_condense else self._trigger(state, request, limit)
         range_updated = stalled = False
         if trigger is not None:
-            range_updated, stalled = self._cut(
-                state, messages, trigger, limit, budgeting, previous_request is not None
-            )
-        return prepared(state, messages, range_updated, stalled, limit, budgeting), ()
+            range_updated, stalled = self._cut(state, request, trigger, limit)
+        result = prepared(state, request.messages, range_updated, stalled, limit, request.budgeting)
+        return result, ()
 
     @staticmethod
-    def _trigger(
-        state: TaskState,
-        messages: Sequence[Message],
-        previous_request: Mapping[str, Any] | None,
-        limit: float,
-        budgeting: Budgeting | None,
-        ts: int | None,
-    ) -> tuple[float, int] | None:
+    def _trigger(state: TaskState, request: Request, limit: float) -> tuple[float, int] | None:
         """What crossed the window and when, or None: nothing to do (SPEC.md §7).
 
         The last request's reported total; with no request yet and proactive
         budgeting, the next view's estimate (stamped ``ts``).
         """
-        if previous_request is not None:
-            total = total_tokens(previous_request)
-            return (total, previous_request.get("ts") or 0) if total >= limit else None
+        previous, budgeting = request.previous_request, request.budgeting
+        if previous is not None:
+            total = total_tokens(previous)
+            return (total, previous.get("ts") or 0) if total >= limit else None
         if budgeting is not None and budgeting.proactive:
-            estimate = budgeting.view_tokens(state.truncated_messages(messages))
-            return (estimate, ts or 0) if estimate > limit else None
+            estimate = budgeting.view_tokens(state.truncated_messages(request.messages))
+            return (estimate, request.ts or 0) if estimate > limit else None
         return None
 
     def _cut(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        trigger: tuple[float, int],
-        limit: float,
-        budgeting: Budgeting | None,
-        reported: bool,
+        self, state: TaskState, request: Request, trigger: tuple[float, int], limit: float
     ) -> tuple[bool, bool]:
         """Optimise, then cut when that is not enough (SPEC.md §7).
 
         Args:
             state: the task's state.
-            messages: the task's full history.
+            request: the next request.
             trigger: the tokens that crossed the window and their ``ts``.
             limit: the model's allowed size.
-            budgeting: the request's estimation settings, if any.
-            reported: the trigger is a provider's report.
 
         Returns:
             ``(range_updated, stalled)``.
         """
+        messages = request.messages
         tokens, trigger_ts = trigger
-        sizing = self.sizing(state, messages, tokens, budgeting, reported)
+        sizing = self.sizing(state, request, tokens)
         keep: Keep = "quarter" if tokens / 2 > limit else "half"
         result = state.optimize(messages, trigger_ts)
         changed = result.changed
         range_updated = stalled = False
         if result.need_to_truncate:
-            changed = state.add_truncation_notice(trigger_ts, messages) or changed
+            changed = add_truncation_notice(state, trigger_ts, messages) or changed
             before = state.deleted_range
-            proposed = self.proposal(state, messages, keep, limit, sizing)
-            state.deleted_range = state.keep_newest(messages, before, proposed)
+            proposed = self.proposal(state, messages, keep, (limit, sizing))
+            state.deleted_range = keep_newest(state, messages, before, proposed)
             range_updated = True
             stalled = not result.changed and keep_from(state.deleted_range) == keep_from(before)
         if changed:
             state.mark_changed()
         return range_updated, stalled
 
-    def sizing(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        tokens: float,
-        budgeting: Budgeting | None,
-        reported: bool,
-    ) -> Budgeting | None:
-        """The estimates the cut is sized with, taken before the file reads change."""
-        return budgeting
+    def sizing(self, state: TaskState, request: Request, tokens: float) -> Budgeting | None:
+        """The estimates the cut is sized with, taken before the file reads change
+        (``tokens``: what crossed the window)."""
+        return request.budgeting
 
     def proposal(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        keep: Keep,
-        limit: float,
-        sizing: Budgeting | None,
+        self, state: TaskState, messages: Sequence[Message], keep: Keep, cut: _Sizes
     ) -> list[int] | None:
         """The range the cut proposes: SPEC.md §3's ``keep`` from the current one."""
         return next_truncation_range(messages, state.deleted_range, keep)
@@ -209,14 +153,7 @@ class FitStrategy(SpecStrategy):
     """``fit``: SPEC.md §7's trigger; the cut removes the fewest whole turns that
     bring the estimate under ``Budgeting.target`` of the allowed size."""
 
-    def sizing(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        tokens: float,
-        budgeting: Budgeting | None,
-        reported: bool,
-    ) -> Budgeting | None:
+    def sizing(self, state: TaskState, request: Request, tokens: float) -> Budgeting | None:
         """Estimates at least as large as the provider's report says.
 
         A fit triggered by a reported usage must cut enough by the provider's
@@ -225,29 +162,30 @@ class FitStrategy(SpecStrategy):
         estimates are scaled up to match the report for this cut (bounded like
         calibration).
         """
+        budgeting = request.budgeting
         assert budgeting is not None  # fit is asked for through budgeting
-        if not reported:
+        if request.previous_request is None:  # not a provider's report
             return budgeting
-        estimated = budgeting.view_tokens(state.truncated_messages(messages))
+        estimated = budgeting.view_tokens(state.truncated_messages(request.messages))
         if not estimated or tokens <= estimated:
             return budgeting
         return replace(budgeting, ratio=budgeting.ratio * min(tokens / estimated, MAX_REPORT_SCALE))
 
     def proposal(
-        self,
-        state: TaskState,
-        messages: Sequence[Message],
-        keep: Keep,
-        limit: float,
-        sizing: Budgeting | None,
+        self, state: TaskState, messages: Sequence[Message], keep: Keep, cut: _Sizes
     ) -> list[int] | None:
+        limit, sizing = cut
         assert sizing is not None
         budget = limit * sizing.target
         return fit_range(messages, state.deleted_range, state.overlay, budget, sizing)[0]
 
 
-SPEC = SpecStrategy()
-FIT = FitStrategy()
+STRATEGIES: dict[Strategy, ViewStrategy] = {
+    "default": SpecStrategy(),
+    "fit": FitStrategy(),
+    "auto": AutoStrategy(),
+}
+"""The strategies by name (``Budgeting.strategy``, ``proto.STRATEGY_VALUES``)."""
 
 
 def plan(
@@ -265,8 +203,8 @@ def plan(
         state.pricing = budgeting.pricing
     before = budgeting.view_tokens(state.truncated_messages(messages))
     probe = state.clone()
-    outcome = probe.prepare_request(
-        messages, previous_request, model, use_auto_condense, budgeting, ts
+    outcome = prepare(
+        probe, Request(messages, previous_request, model, use_auto_condense, budgeting, ts)
     )
     return {
         "deleted_range": outcome["deleted_range"],

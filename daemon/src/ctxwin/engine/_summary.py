@@ -126,9 +126,34 @@ class Summary:
         before = None if before is None else list(before)
         return cls(ts, text, end, before, cast(SummaryKind, kind), length)
 
+    @classmethod
+    def load_all(cls, value: object) -> list[Summary]:
+        """Read a task's stored list (None: no summaries).
+
+        Raises:
+            ValueError: not the stored form (the message names no content).
+        """
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ValueError("summaries must be a list")
+        return [cls.load(item) for item in value]
+
     def block(self) -> Block:
         """The text block the view carries."""
         return {"type": "text", "text": summary_text(self.text, self.end)}
+
+
+def carried(summaries: Sequence[Summary], deleted_range: Sequence[int] | None) -> Summary | None:
+    """The summary the view carries: the newest, while the range covers what it stands for.
+
+    A range moved back (a caller's range, a rewound history) below the
+    summary's end shows the messages it stood for again, and not the summary.
+    """
+    if not summaries or deleted_range is None:
+        return None
+    newest = summaries[-1]
+    return newest if deleted_range[1] >= newest.end else None
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -392,6 +417,7 @@ __all__ = [
     "SUMMARY_PROMPT",
     "Summary",
     "basic_summary",
+    "carried",
     "place_summary",
     "summary_prompt",
     "summary_text",
