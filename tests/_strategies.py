@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ctxwin.engine import TaskState, condensed
+from ctxwin.engine import TaskState, apply_truncation_notice, compact, condensed
 
 PATHS = ["src/app.py", "src/ü.ts", "README.md", "a b/c.txt"]
 MODEL = {"id": "test-model", "context_window": 64_000}
@@ -107,9 +107,9 @@ def apply(state: TaskState, messages: list[dict[str, Any]], op: tuple[str, Any],
     elif name == "optimize":
         state.optimize_file_reads(messages, ts)
     elif name == "compact":
-        state.compact(messages, value, ts)
+        compact(state, messages, value, ts)
     elif name == "notice":
-        state.apply_truncation_notice(ts, messages)
+        apply_truncation_notice(state, ts, messages)
     else:
         condensed(state, messages)
 

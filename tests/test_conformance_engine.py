@@ -10,6 +10,7 @@ import pytest
 from ctxwin.engine import (
     Notices,
     TaskState,
+    apply_truncation_notice,
     context_window_info,
     next_truncation_range,
     should_compact,
@@ -55,7 +56,7 @@ def run_op(state: TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
     if op == "rollback":
         return {"removed": state.rollback(args["ts"])}
     if op == "apply_truncation_notice":
-        return {"changed": state.apply_truncation_notice(args["ts"], messages)}
+        return {"changed": apply_truncation_notice(state, args["ts"], messages)}
     raise AssertionError(f"scenario uses op {op!r} that this runner does not map")
 
 

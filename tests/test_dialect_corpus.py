@@ -53,7 +53,7 @@ def test_every_request_of_a_corpus_conversation_keeps_its_real_results(
         messages = history[:end]
         mapped.sync(messages)
         if cut_every and number % cut_every == cut_every - 1:
-            state.compact(mapped.internal, "half", number)
+            engine.compact(state, mapped.internal, "half", number)
         view = mapped.view(state.truncated_messages(mapped.internal), state.deleted_range)
         CHECKS[dialect](view)
         start = engine.keep_from(state.deleted_range)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ctxwin.engine import PatchMaker, TaskState, keep_from
+from ctxwin.engine import PatchMaker, TaskState, apply_truncation_notice, compact, keep_from
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
@@ -71,9 +71,9 @@ class Run:
             view: list[Any] = self.state.prepare_request(internal, previous, MODEL)["messages"]
         else:
             if name == "compact":
-                self.state.compact(internal, "quarter", self.ts)
+                compact(self.state, internal, "quarter", self.ts)
             elif name == "notice":
-                self.state.apply_truncation_notice(self.ts, internal)
+                apply_truncation_notice(self.state, self.ts, internal)
             elif name == "optimize":
                 self.state.optimize_file_reads(internal, self.ts)
             else:
@@ -256,9 +256,9 @@ def test_a_conversation_cuts_as_its_cline_translation_does(
             previous = {**OVER, "ts": ts} if name == "prepare_over" else None
             state.prepare_request(prefix, previous, MODEL)
         elif name == "compact":
-            state.compact(prefix, "quarter", ts)
+            compact(state, prefix, "quarter", ts)
         elif name == "notice":
-            state.apply_truncation_notice(ts, prefix)
+            apply_truncation_notice(state, ts, prefix)
         else:
             state.optimize_file_reads(prefix, ts)
         assert state.deleted_range == run.state.deleted_range

@@ -188,7 +188,7 @@ def test_the_truncation_notice_is_a_new_text_block_when_the_reply_has_no_text() 
     history = engine.MappedHistory(engine.DIALECTS["anthropic"], messages)
     state = engine.TaskState(reads=engine.DEFAULT_READ_RULES, dialect=history.dialect)
     state.cache = history.cache
-    state.compact(history.internal, "none", 5)
+    engine.compact(state, history.internal, "none", 5)
     view = history.view(state.truncated_messages(history.internal), state.deleted_range)
     reply = view[1]["content"]
     assert reply[0] is thinking  # the opaque part, byte for byte the caller's

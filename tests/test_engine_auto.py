@@ -15,6 +15,7 @@ from ctxwin.engine import (
     Budgeting,
     TaskState,
     get_dialect,
+    plan,
     text_of,
 )
 
@@ -320,8 +321,8 @@ def test_plan_keeps_the_sheet_it_names_and_changes_nothing_else() -> None:
     steps = [("Bash", {"command": f"make test{n}"}, 1500) for n in range(14)]
     messages = conversation(steps)
     state = native()
-    plan = state.plan(messages, None, MODEL, auto("openai"), ts=TS)
-    assert plan["tokens_after"] < plan["tokens_before"]  # it would mask
+    planned = plan(state, messages, None, MODEL, auto("openai"), ts=TS)
+    assert planned["tokens_after"] < planned["tokens_before"]  # it would mask
     assert not state.overlay
     assert state.ledger.requests == 0
     assert state.pricing == proto.PRICE_SHEETS["openai"]

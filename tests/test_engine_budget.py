@@ -14,6 +14,7 @@ from ctxwin.engine import (
     TaskState,
     context_window_info,
     next_truncation_range,
+    plan,
 )
 
 MODEL = {"id": "m", "context_window": 64_000}  # max_allowed_size 37000
@@ -83,12 +84,12 @@ def test_plan_changes_nothing() -> None:
     state = TaskState()
     state.deleted_range = None
     before = (json.dumps(state.dump_updates()), state.deleted_range, state.revision)
-    plan = state.plan(messages, {"ts": 5, "tokens_in": 50_000}, MODEL, Budgeting(by_length))
+    planned = plan(state, messages, {"ts": 5, "tokens_in": 50_000}, MODEL, Budgeting(by_length))
     assert (json.dumps(state.dump_updates()), state.deleted_range, state.revision) == before
-    assert plan["range_updated"]
-    assert [{"index": 2, "block": 0, "edit_type": 2, "paths": ["a.py"]}] == plan["file_reads"]
-    assert plan["tokens_after"] < plan["tokens_before"]
-    assert LIMIT == plan["budget"]
+    assert planned["range_updated"]
+    assert [{"index": 2, "block": 0, "edit_type": 2, "paths": ["a.py"]}] == planned["file_reads"]
+    assert planned["tokens_after"] < planned["tokens_before"]
+    assert LIMIT == planned["budget"]
 
 
 def test_one_oversized_message_is_named_instead_of_cut_again_and_again() -> None:

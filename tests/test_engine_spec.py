@@ -13,6 +13,8 @@ from ctxwin.engine import (
     CorruptStateError,
     Notices,
     TaskState,
+    apply_truncation_notice,
+    compact,
     context_window_info,
     next_truncation_range,
     should_compact,
@@ -256,8 +258,8 @@ def test_rollback_removes_newer_updates_and_empty_entries() -> None:
     """Rollback drops trailing updates newer than the checkpoint (§9)."""
     state = TaskState()
     messages = alternating(12)
-    state.apply_truncation_notice(100, messages)
-    state.compact(messages, "quarter", 200)
+    apply_truncation_notice(state, 100, messages)
+    compact(state, messages, "quarter", 200)
     assert 0 == state.rollback(100)
     assert 1 == state.rollback(99)
     assert [] == state.dump_updates()
@@ -290,7 +292,7 @@ def test_revision_counts_changes_that_need_a_write() -> None:
     state.optimize_file_reads_in_memory(messages, 1)
     state.truncated_messages(messages)
     assert 1 == state.revision
-    state.apply_truncation_notice(5, messages)
+    apply_truncation_notice(state, 5, messages)
     assert 2 == state.revision
 
 

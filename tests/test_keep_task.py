@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxwin.client import Client
-from ctxwin.engine import DEFAULT_NOTICES, TaskState
+from ctxwin.engine import DEFAULT_NOTICES, TaskState, compact
 from tests._client_data import conversation
 from tests._daemon import DaemonProcess
 
@@ -21,8 +21,8 @@ def test_compact_with_keep_task_leaves_the_task_and_adds_the_notice() -> None:
     """keep_task keeps message 0 and still notices message 1; the default replaces both (§5)."""
     messages = conversation(10)
     kept, default = TaskState(), TaskState()
-    kept.compact(messages, "quarter", 5, keep_task=True)
-    default.compact(messages, "quarter", 5)
+    compact(kept, messages, "quarter", 5, keep_task=True)
+    compact(default, messages, "quarter", 5)
     view = kept.truncated_messages(messages)
     assert "the task" == _first_text(view[0])
     assert DEFAULT_NOTICES.truncation == _first_text(view[1])

@@ -203,7 +203,8 @@ def _summary_due(state: engine.TaskState, args: Args) -> bool:
 def _plan(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     assert context is not None  # plan always estimates
     return {
-        **state.plan(
+        **engine.plan(
+            state,
             args["messages"],
             args.get("previous_request"),
             args["model"],
@@ -231,19 +232,21 @@ def _optimize_file_reads_in_memory(
 
 
 def _compact_subagent(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    return {**state.compact_subagent(args["messages"], proto.now_ms())}
+    return {**engine.compact_subagent(state, args["messages"], proto.now_ms())}
 
 
 def _apply_truncation_notice(
     state: engine.TaskState, args: Args, context: TaskContext | None
 ) -> Result:
     keep_task = bool(args.get("keep_task", False))
-    return {"changed": state.apply_truncation_notice(args["ts"], args["messages"], keep_task)}
+    return {
+        "changed": engine.apply_truncation_notice(state, args["ts"], args["messages"], keep_task)
+    }
 
 
 def _compact(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
     keep_task = bool(args.get("keep_task", False))
-    return {**state.compact(args["messages"], args["keep"], args["ts"], keep_task)}
+    return {**engine.compact(state, args["messages"], args["keep"], args["ts"], keep_task)}
 
 
 def _condensed(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:

@@ -6,6 +6,7 @@ from ._auto import DEFAULT_POLICY, AutoPolicy
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
 from ._condense import AUTO_CONDENSE_FRACTION, condense, condensed, fit_oversized, summary_due
+from ._cuts import apply_truncation_notice, compact, compact_subagent
 from ._dialect import SRC, Dialect, DialectError, MappedHistory, Pieces
 from ._dialects import CLINE, DIALECT_NAMES, DIALECTS, get_dialect, kept_out_text
 from ._history import History, ResyncRequired
@@ -25,7 +26,7 @@ from ._reads import (
 )
 from ._request import Request, ViewStrategy
 from ._state import TaskState
-from ._strategy import STRATEGIES
+from ._strategy import STRATEGIES, plan
 from ._summary import SUMMARY_MARK, SUMMARY_PROMPT, Summary, basic_summary, summary_prompt
 from ._view import keep_from, truncated_messages
 from ._window import (
@@ -79,7 +80,10 @@ __all__ = [
     "TaskState",
     "ViewStrategy",
     "WindowInfo",
+    "apply_truncation_notice",
     "basic_summary",
+    "compact",
+    "compact_subagent",
     "condense",
     "condensed",
     "context_window_info",
@@ -90,6 +94,7 @@ __all__ = [
     "kept_out_text",
     "next_truncation_range",
     "optimize_file_reads",
+    "plan",
     "read_tool_from_config",
     "should_compact",
     "summary_due",

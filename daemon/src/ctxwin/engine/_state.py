@@ -1,9 +1,11 @@
 """One task's state: its overlay, deleted range, summaries, ledger and settings, with
-SPEC.md's operations on them (§4-§9).
+its view (SPEC.md §4) and the ops every request takes (§6, §7, §9).
 
-The operations' bodies live by concept: the strategies ``prepare_request``
-picks from in ``_strategy.py`` and ``_auto.py``, the cuts and their notices in
-``_cuts.py``, the summaries path (``condense``) in ``_condense.py``.
+The other operations are functions of their concept's module, taking the
+state first: the strategies ``prepare_request`` picks from and ``plan`` in
+``_strategy.py`` and ``_auto.py``, the cuts and their notices (``compact``,
+``compact_subagent``, ``apply_truncation_notice``) in ``_cuts.py``, the
+summaries path (``condense``) in ``_condense.py``.
 """
 
 from __future__ import annotations
@@ -12,11 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxwin.proto import (
-    CompactResult,
-    CompactSubagentResult,
     OptimizeFileReadsInMemoryResult,
     OptimizeFileReadsResult,
-    PlanResult,
     PrepareRequestResult,
     PriceSheet,
     deleted_range_error,
@@ -27,7 +26,6 @@ from ._auto import AutoMemory
 from ._blocks import Message
 from ._budget import Budgeting
 from ._condense import rollback_summaries
-from ._cuts import apply_truncation_notice, compact, compact_subagent
 from ._dialect import CLINE_DIALECT, Dialect
 from ._ledger import CacheLedger
 from ._notices import DEFAULT_NOTICES, Notices
@@ -39,10 +37,9 @@ from ._optimize import (
     optimize_task_in_memory,
 )
 from ._overlay import CorruptStateError, Overlay
-from ._range import Keep
 from ._reads import DEFAULT_READ_RULES, ReadRules
 from ._request import Request
-from ._strategy import plan, prepare
+from ._strategy import prepare
 from ._summary import Summary, carried
 from ._view import ViewCache, keep_from, truncated_messages
 
@@ -66,7 +63,7 @@ def _reads_for(dialect: Dialect, reads: ReadRules | None) -> ReadRules | None:
 
 
 class TaskState:
-    """A task's overlay and deleted range, with the engine's operations on them.
+    """A task's overlay and deleted range, what else it keeps, and its view.
 
     The history itself is never stored or changed here: every operation takes
     the caller's messages and returns new lists. ``revision`` grows with each
@@ -334,19 +331,6 @@ class TaskState:
         request = Request(messages, previous_request, model, use_auto_condense, budgeting, ts)
         return prepare(self, request)
 
-    def plan(
-        self,
-        messages: Sequence[Message],
-        previous_request: Mapping[str, Any] | None,
-        model: Mapping[str, Any],
-        budgeting: Budgeting,
-        use_auto_condense: bool = False,
-        ts: int | None = None,
-    ) -> PlanResult:
-        """What :meth:`prepare_request` would do now; this state is left unchanged but
-        for a ``pricing`` the request names (``_strategy.plan``)."""
-        return plan(self, messages, previous_request, model, budgeting, use_auto_condense, ts)
-
     def clone(self) -> TaskState:
         """An independent copy: changes to either never show in the other."""
         copy = TaskState(self.notices, self.reads, self._dialect)
@@ -360,24 +344,6 @@ class TaskState:
         copy.auto = self.auto.copy()
         copy.summaries = list(self.summaries)  # summaries are never changed in place
         return copy
-
-    # §8 -----------------------------------------------------------------
-
-    def compact_subagent(self, messages: Sequence[Message], ts: int) -> CompactSubagentResult:
-        """Make a subagent's conversation fit (SPEC.md §8; ``_cuts.compact_subagent``)."""
-        return compact_subagent(self, messages, ts)
-
-    def compact(
-        self, messages: Sequence[Message], keep: Keep, ts: int, keep_task: bool = False
-    ) -> CompactResult:
-        """Force a cut (SPEC.md §8; ``_cuts.compact``)."""
-        return compact(self, messages, keep, ts, keep_task)
-
-    def apply_truncation_notice(
-        self, ts: int, messages: Sequence[Message], keep_task: bool = False
-    ) -> bool:
-        """Both notices of SPEC.md §5 (``_cuts.apply_truncation_notice``)."""
-        return apply_truncation_notice(self, ts, messages, keep_task)
 
     # §9 -----------------------------------------------------------------
 

@@ -194,8 +194,8 @@ def plan(
     previous_request: Mapping[str, Any] | None,
     model: Mapping[str, Any],
     budgeting: Budgeting,
-    use_auto_condense: bool,
-    ts: int | None,
+    use_auto_condense: bool = False,
+    ts: int | None = None,
 ) -> PlanResult:
     """What ``prepare_request`` would do now, asked of a copy: ``state`` is left
     unchanged but for a ``pricing`` the request names (kept as the task's sheet)."""
