@@ -114,6 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     _keys.add_parser(commands)
     commands.add_parser("stats", parents=[json_flag], help="the daemon's counters")
 
+    _add_task_commands(commands, json_flag)
+    _add_replay(commands, json_flag)
+    return parser
+
+
+def _add_task_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    json_flag: argparse.ArgumentParser,
+) -> None:
+    """``inspect``, ``flush``, ``rollback`` and ``close``."""
     inspect = commands.add_parser(
         "inspect", parents=[json_flag], help="a task's overlay, deleted range and savings"
     )
@@ -158,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     close = commands.add_parser("close", parents=[json_flag], help="flush a task and unload it")
     close.add_argument("task", type=_task_id, metavar="TASK")
 
+
+def _add_replay(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    json_flag: argparse.ArgumentParser,
+) -> None:
+    """``replay`` and its options."""
     play = commands.add_parser(
         "replay",
         parents=[json_flag],
@@ -252,7 +268,6 @@ def build_parser() -> argparse.ArgumentParser:
         + ', or \'{"input": 1, "cache_write": 1.25, "cache_read": 0.1}\' '
         "(default: the model's; docs/PRICING.md)",
     )
-    return parser
 
 
 def _strategies(value: str) -> list[str]:

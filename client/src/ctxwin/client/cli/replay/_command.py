@@ -289,7 +289,8 @@ def _turn_list(turns: Sequence[int]) -> str:
 
 
 def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: bool = False) -> None:
-    totals = report.totals()
+    """The report as text: the header, the events, the summaries, the totals, the requests
+    over the window, and the turns (a sample unless ``per_turn``)."""
     out.write(
         f"replayed {report.turns} turns of {report.file} ({report.messages} messages) "
         f"as task {task_id}\n"
@@ -307,46 +308,10 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
             f"cache, {cost['written_tokens']:,} written; cost {cost['cost']:,.0f} "
             f"(sending everything: {cost['keep_all_cost']:,.0f}, {ratio:.3f}x)\n"
         )
-    negative = False
-    if report.events:
-        rows = []
-        for event in report.events:
-            negative = negative or event.chars_saved < 0 or event.tokens_saved < 0
-            rows.append(
-                (
-                    event.turn,
-                    event.message,
-                    event.kind,
-                    shown_range(event.deleted_range) if event.kind == "truncation" else "-",
-                    event.removed_messages if event.kind == "truncation" else "-",
-                    _saved(event.chars_saved),
-                    _saved(event.tokens_saved),
-                )
-            )
-        table(
-            rows, ("turn", "sent", "event", "range", "removed", "chars saved", "tokens saved"), out
-        )
-    else:
-        out.write("no truncation or optimisation happened\n")
-    if negative:
-        out.write("* negative: the notice is longer than the text it replaced\n")
+    _write_events(report, out)
     if report.summaries:
-        table(
-            [
-                (
-                    item["turn"],
-                    "stored" if item["condensed"] else f"refused: {item['reason']}",
-                    shown_range(item["range"]) if item["range"] else "-",
-                    "-" if item["chars"] is None else f"{item['chars']:,}",
-                    "-" if item["tokens"] is None else f"{item['tokens']:,}",
-                    f"{item['tokens_before']:,}",
-                    f"{item['tokens_after']:,}",
-                )
-                for item in report.summaries
-            ],
-            ("turn", "summary", "range", "chars", "tokens", "view before", "view after"),
-            out,
-        )
+        _write_summaries(report, out)
+    totals = report.totals()
     out.write(
         f"{totals['truncations']} truncation(s) removing {totals['messages_removed']} messages, "
         f"{totals['optimisations']} optimisation(s); saved {_saved(totals['chars_saved'])} "
@@ -355,25 +320,7 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
         f"{report.last_request_messages} of {report.messages} messages\n"
     )
     if report.over_window:
-        worst = max(
-            (row for row in report.per_turn if row.turn in report.over_window),
-            key=lambda row: row.estimated,
-        )
-        out.write(
-            f"over the {report.context_window:,}-token window (the model would refuse): "
-            f"{len(report.over_window)} request(s), "
-            f"{'turn' if len(report.over_window) == 1 else 'turns'} "
-            f"{_turn_list(report.over_window)}; "
-            f"largest {worst.estimated:,} estimated tokens at turn {worst.turn}\n"
-        )
-        cause = report.over_window_cause
-        if cause is not None:
-            out.write(
-                f"  turn {cause.turn}'s largest message: #{cause.index}, {cause.kind}, "
-                f"{cause.message_tokens:,} tokens"
-                + (", new in that request" if cause.new else "")
-                + f"; {cause.prevent}\n"
-            )
+        _write_over_window(report, out)
     if report.per_turn:
         every = 1 if per_turn else max(1, len(report.per_turn) // 20)
         out.write(
@@ -382,3 +329,68 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
             + f"; final calibration {report.per_turn[-1].calibration:.3f}\n"
         )
         _write_turns(report, out, every)
+
+
+def _write_events(report: ReplayReport, out: TextIO) -> None:
+    if not report.events:
+        out.write("no truncation or optimisation happened\n")
+        return
+    negative = False
+    rows = []
+    for event in report.events:
+        negative = negative or event.chars_saved < 0 or event.tokens_saved < 0
+        rows.append(
+            (
+                event.turn,
+                event.message,
+                event.kind,
+                shown_range(event.deleted_range) if event.kind == "truncation" else "-",
+                event.removed_messages if event.kind == "truncation" else "-",
+                _saved(event.chars_saved),
+                _saved(event.tokens_saved),
+            )
+        )
+    table(rows, ("turn", "sent", "event", "range", "removed", "chars saved", "tokens saved"), out)
+    if negative:
+        out.write("* negative: the notice is longer than the text it replaced\n")
+
+
+def _write_summaries(report: ReplayReport, out: TextIO) -> None:
+    table(
+        [
+            (
+                item["turn"],
+                "stored" if item["condensed"] else f"refused: {item['reason']}",
+                shown_range(item["range"]) if item["range"] else "-",
+                "-" if item["chars"] is None else f"{item['chars']:,}",
+                "-" if item["tokens"] is None else f"{item['tokens']:,}",
+                f"{item['tokens_before']:,}",
+                f"{item['tokens_after']:,}",
+            )
+            for item in report.summaries
+        ],
+        ("turn", "summary", "range", "chars", "tokens", "view before", "view after"),
+        out,
+    )
+
+
+def _write_over_window(report: ReplayReport, out: TextIO) -> None:
+    worst = max(
+        (row for row in report.per_turn if row.turn in report.over_window),
+        key=lambda row: row.estimated,
+    )
+    out.write(
+        f"over the {report.context_window:,}-token window (the model would refuse): "
+        f"{len(report.over_window)} request(s), "
+        f"{'turn' if len(report.over_window) == 1 else 'turns'} "
+        f"{_turn_list(report.over_window)}; "
+        f"largest {worst.estimated:,} estimated tokens at turn {worst.turn}\n"
+    )
+    cause = report.over_window_cause
+    if cause is not None:
+        out.write(
+            f"  turn {cause.turn}'s largest message: #{cause.index}, {cause.kind}, "
+            f"{cause.message_tokens:,} tokens"
+            + (", new in that request" if cause.new else "")
+            + f"; {cause.prevent}\n"
+        )
