@@ -365,6 +365,41 @@ def _sent_as(report: ReplayReport, view: ViewState, history: list[Any]) -> dict[
     return sent
 
 
+_CUT_REPLAYS: dict[str, tuple[list[Any], ReplayReport]] = {}
+
+
+def _cut_replay(client: Client, dialect: str) -> tuple[list[Any], ReplayReport]:
+    """A replay whose views are cut (made once per dialect, read by several tests)."""
+    if dialect not in _CUT_REPLAYS:
+        messages = RENDER[dialect](_growing(30))
+        model: proto.Model = {"id": "m", "context_window": 6_000}
+        options = ReplayOptions(task_id=f"replay-cuts-{dialect}", dialect=dialect)
+        _CUT_REPLAYS[dialect] = messages, replay(client, messages, model, options)
+    return _CUT_REPLAYS[dialect]
+
+
+@pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "openai-responses", "gemini"])
+def test_a_native_replay_agrees_with_the_recorded_run_until_a_view_differs(
+    client: Client, dialect: str
+) -> None:
+    """A turn agrees with the recorded run while every view so far sent the whole history as
+    it is (each message equal to its history message, in its place); the first that did not
+    is named."""
+    messages, report = _cut_replay(client, dialect)
+    whole = []
+    for row in report.per_turn:
+        sent = [
+            messages[index] if number is None else report.variants[number].message
+            for index, number in report.view_of(row).order or []
+        ]
+        whole.append(sent == messages[: row.messages])
+    assert True in whole, "no turn sent the whole history"
+    assert False in whole, "no turn cut or edited the history"
+    first = whole.index(False) + 1
+    assert [row.turn < first for row in report.per_turn] == [row.agrees for row in report.per_turn]
+    assert f"from turn {first} ctxwin's view hides or edits messages" == report.differs
+
+
 @pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "openai-responses", "gemini"])
 def test_a_replay_names_the_history_messages_a_cut_removed_from_the_view(
     client: Client, dialect: str
@@ -372,11 +407,7 @@ def test_a_replay_names_the_history_messages_a_cut_removed_from_the_view(
     """A native replay's truncation event names, by history index, the messages the previous
     turn's view sent and the cut view no longer does (never the kept head), counts them, and
     saves the characters they held as they were sent; its range stays the engine's."""
-    messages = RENDER[dialect](_growing(30))
-    model: proto.Model = {"id": "m", "context_window": 6_000}
-    report = replay(
-        client, messages, model, ReplayOptions(task_id=f"replay-cuts-{dialect}", dialect=dialect)
-    )
+    messages, report = _cut_replay(client, dialect)
     events = [event for event in report.events if event.kind == "truncation"]
     assert events, "no cut"
     head = _head(messages, dialect)
