@@ -1,4 +1,4 @@
-"""What a task's actor keeps of the history it was sent: delta sync, estimates, view patches.
+"""What a task keeps of the history it was sent: delta sync, estimates, view patches.
 
 The history as last sent (with its digest chain and per-message token
 counts) is kept while memory allows (:class:`HistoryCache`, least recently
@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio.to_thread
 import structlog
 
 from ctxwin import engine, proto
 
-from ._ops import TaskContext, run_task_op, wants_budgeting
 from ._tokens import TokenCounter
 
-__all__ = ["HistoryCache", "KeptHistory"]
+__all__ = ["HistoryCache", "KeptHistory", "engine_target", "record_basis"]
 
 _log = structlog.get_logger("ctxwin.daemon.actors")
 
@@ -59,130 +57,44 @@ class KeptHistory:
             if self.history is not None:
                 self.history.use_dialect(dialect)
 
-    async def run(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Run an op over the task's history, resolving a delta and answering a patch.
+    def resolve(self, args: dict[str, Any], keep: bool) -> engine.History | None:
+        """The history a request runs on: the kept one brought in step with it, or the
+        list it sent, kept when ``keep`` or when the dialect is a native one (whose
+        internal form is kept beside it); None when it is not kept.
 
         Raises:
             ProtocolError: ``resync_required`` for a delta that does not fit.
         """
         history = self._sync(args)
-        mapped = None
-        if self.dialect.native:
-            if history is None:
-                history = self._keep(args["messages"])
-            mapped = self._mapped(op, history, args.get("base", 0) if "append" in args else 0)
-        context = None
-        if wants_budgeting(op, args):
-            if history is None:
-                history = self._keep(args["messages"])
-            tokens = self._tokens
-            if mapped is None:
-                # Count new messages off the event loop: a cold 1 MB history takes ~100 ms.
-                await anyio.to_thread.run_sync(history.count_missing, tokens.count_message)
-            if op == "prepare_request":
-                self._calibrate(args.get("previous_request"))
-            fixed = 0 if mapped is None else self._kept_out_tokens(mapped)
-            context = TaskContext(history.counter(tokens.count_message), self.calibration, fixed)
-        if op == "prepare_request":
-            # The next report is of this request: it calibrates only against this view's estimate.
-            self._estimate = None
-        cache = None  # the view cache of the list the op runs on
-        if mapped is not None:
-            messages: Any = mapped.internal
-            cache = mapped.cache
-        elif history is not None:
-            messages, cache = history.messages, history.cache
-        else:
-            messages = args["messages"]
-        target = state
-        restarted = "deleted_range" not in args and self._restarted(state, history, mapped, args)
-        if restarted:
-            if op == "plan":
-                target = state.clone()  # plan changes nothing: it says what would happen
-            target.start_over()
-        revision = (target.revision, target.overlay.version)
-        target.cache = cache
-        try:
-            result = run_task_op(target, op, {**args, "messages": messages}, context)
-        finally:
-            target.cache = None  # a dropped history is not kept alive by the state
-        if target is state:
-            self._record_basis(state, revision, "deleted_range" in args, history, mapped, args)
-        if restarted:
-            result["restarted"] = True
-        if op == "prepare_request" and "estimated_tokens" in result:
-            self._estimate = (result["estimated_tokens"], self.calibration.ratio)
-        if mapped is not None:
-            assert history is not None
-            return self._dialect_result(state, op, args, result, mapped, history)
-        view_form = args.get("view")
-        if view_form in _PATCH_VIEWS and history is not None and "messages" in result:
-            patch = self.patches.of_history(
-                result["messages"],
-                history,
-                state.deleted_range,
-                args.get("patch_base"),
-                prepend=view_form == "patch_prepend",
-            )
-            if patch is not None:
-                del result["messages"]
-                result["patch"] = patch
-        return result
+        if history is None and (keep or self.dialect.native):
+            history = self._keep(args["messages"])
+        return history
 
-    def _restarted(
-        self,
-        state: engine.TaskState,
-        history: engine.History | None,
-        mapped: engine.MappedHistory | None,
-        args: dict[str, Any],
-    ) -> bool:
-        """Whether the history is not the one the task's range and overlay were made on.
+    def internal(
+        self, op: str, history: engine.History | None, args: dict[str, Any]
+    ) -> engine.MappedHistory | None:
+        """A native dialect's history in the internal form, synced with it (only new
+        messages mapped); None for the Cline dialect, which the engine runs on as it is.
 
-        It is not when it is shorter than the prefix they were made on, or when
-        that prefix has another digest: the caller restarted or rewound the
-        conversation under the same task id.
+        Raises:
+            ProtocolError: ``bad_request`` naming the history index of a
+                message the dialect cannot carry.
         """
-        basis = state.basis
-        messages: list[Any] = history.messages if history is not None else args["messages"]
-        if basis is None:
-            # Stored before bases were kept: only a range reaching the history's end shows it.
-            deleted = state.deleted_range
-            count = len(mapped.internal) if mapped is not None else len(messages)
-            return deleted is not None and deleted[1] + 1 >= count
-        length, digest = basis
-        if len(messages) < length:
-            return True
-        if history is not None:
-            return history.digest_of(length) != digest
-        return proto.DigestChain(messages[:length]).digest(length) != digest
+        if not self.dialect.native or history is None:
+            return None
+        return self._mapped(op, history, args.get("base", 0) if "append" in args else 0)
 
-    def _record_basis(
-        self,
-        state: engine.TaskState,
-        revision: tuple[int, int],
-        explicit: bool,
-        history: engine.History | None,
-        mapped: engine.MappedHistory | None,
-        args: dict[str, Any],
-    ) -> None:
-        """Note the history prefix the task's range and overlay now refer to, when they changed
-        (or the caller set the range: it vouches for this history)."""
-        extent = state.extent
-        if extent == 0:
-            state.basis = None
-            return
-        unchanged = (state.revision, state.overlay.version) == revision
-        if state.basis is not None and unchanged and not explicit:
-            return  # checked against this history before the op, and unchanged by it
-        messages: list[Any] = history.messages if history is not None else args["messages"]
-        length = mapped.history_length(extent) if mapped is not None else min(extent, len(messages))
-        if history is not None:
-            digest = history.digest_of(length)
-        else:
-            digest = proto.DigestChain(messages[:length]).digest(length)
-        state.basis = (length, digest)
+    def forget_estimate(self) -> None:
+        """A ``prepare_request`` is under way: the next report is of its view, and calibrates
+        only against that view's estimate (:meth:`note_estimate`)."""
+        self._estimate = None
 
-    def _kept_out_tokens(self, mapped: engine.MappedHistory) -> int:
+    def note_estimate(self, result: dict[str, Any]) -> None:
+        """Keep the estimate of the view a ``prepare_request`` answered with, if it made one."""
+        if "estimated_tokens" in result:
+            self._estimate = (result["estimated_tokens"], self.calibration.ratio)
+
+    def kept_out_tokens(self, mapped: engine.MappedHistory) -> int:
         """Tokens of the kept-out (system) messages, sent with every view; counted as
         ``count_tokens`` counts them, once per message object."""
         counted = self._kept_out
@@ -217,16 +129,32 @@ class KeptHistory:
             ) from None
         return self.mapped
 
-    def _dialect_result(
+    def view_back(
         self,
         state: engine.TaskState,
         op: str,
         args: dict[str, Any],
         result: dict[str, Any],
-        mapped: engine.MappedHistory,
-        history: engine.History,
+        history: engine.History | None,
+        mapped: engine.MappedHistory | None,
     ) -> dict[str, Any]:
-        """An op's result with its view (of internal messages) in the dialect's form."""
+        """An op's result with its view as the caller's messages: mapped back from the
+        internal form (a native dialect), and sent as a patch on the history when asked."""
+        form = args.get("view")
+        if mapped is None:
+            if form in _PATCH_VIEWS and history is not None and "messages" in result:
+                patch = self.patches.of_history(
+                    result["messages"],
+                    history,
+                    state.deleted_range,
+                    args.get("patch_base"),
+                    prepend=form == "patch_prepend",
+                )
+                if patch is not None:
+                    del result["messages"]
+                    result["patch"] = patch
+            return result
+        assert history is not None
         largest = result.get("largest")
         if largest:
             result["largest"] = [[mapped.history_index(i), tokens] for i, tokens in largest]
@@ -237,7 +165,7 @@ class KeptHistory:
             return result
         view = result["messages"]
         missing = state.notices.missing_result
-        if args.get("view") in _PATCH_VIEWS:
+        if form in _PATCH_VIEWS:
             # The dialects' patches keep the full override form (``prepend`` is not used).
             patch = self.patches.of_mapped(
                 mapped, view, state.deleted_range, args.get("patch_base"), missing
@@ -335,7 +263,7 @@ class KeptHistory:
             self.history.settle()
             self._cache.update(self)
 
-    def _calibrate(self, usage: dict[str, Any] | None) -> None:
+    def calibrate(self, usage: dict[str, Any] | None) -> None:
         """Fold a reported usage into the ratio, against the estimate of that request's view."""
         if usage is None or self._estimate is None:
             return
@@ -346,6 +274,76 @@ class KeptHistory:
         estimate, ratio = self._estimate
         real = sum(usage.get(field) or 0 for field in ("tokens_in", "cache_writes", "cache_reads"))
         self.calibration.update(real, round(estimate / ratio))
+
+
+def engine_target(
+    state: engine.TaskState,
+    op: str,
+    args: dict[str, Any],
+    history: engine.History | None,
+    mapped: engine.MappedHistory | None,
+) -> tuple[engine.TaskState, bool]:
+    """The state an op runs on, and whether the task starts over on it: when the history
+    is not the one its range and edits were made on (and the caller sets no range), the
+    task starts over (``plan`` on a copy: it says what would happen, changing nothing)."""
+    if "deleted_range" in args or not _restarted(state, history, mapped, args):
+        return state, False
+    target = state.clone() if op == "plan" else state
+    target.start_over()
+    return target, True
+
+
+def _restarted(
+    state: engine.TaskState,
+    history: engine.History | None,
+    mapped: engine.MappedHistory | None,
+    args: dict[str, Any],
+) -> bool:
+    """Whether the history is not the one the task's range and overlay were made on.
+
+    It is not when it is shorter than the prefix they were made on, or when
+    that prefix has another digest: the caller restarted or rewound the
+    conversation under the same task id.
+    """
+    basis = state.basis
+    messages: list[Any] = history.messages if history is not None else args["messages"]
+    if basis is None:
+        # Stored before bases were kept: only a range reaching the history's end shows it.
+        deleted = state.deleted_range
+        count = len(mapped.internal) if mapped is not None else len(messages)
+        return deleted is not None and deleted[1] + 1 >= count
+    length, digest = basis
+    if len(messages) < length:
+        return True
+    if history is not None:
+        return history.digest_of(length) != digest
+    return proto.DigestChain(messages[:length]).digest(length) != digest
+
+
+def record_basis(
+    state: engine.TaskState,
+    revision: tuple[int, int],
+    explicit: bool,
+    history: engine.History | None,
+    mapped: engine.MappedHistory | None,
+    args: dict[str, Any],
+) -> None:
+    """Note the history prefix the task's range and overlay now refer to, when they changed
+    (or the caller set the range: it vouches for this history)."""
+    extent = state.extent
+    if extent == 0:
+        state.basis = None
+        return
+    unchanged = (state.revision, state.overlay.version) == revision
+    if state.basis is not None and unchanged and not explicit:
+        return  # checked against this history before the op, and unchanged by it
+    messages: list[Any] = history.messages if history is not None else args["messages"]
+    length = mapped.history_length(extent) if mapped is not None else min(extent, len(messages))
+    if history is not None:
+        digest = history.digest_of(length)
+    else:
+        digest = proto.DigestChain(messages[:length]).digest(length)
+    state.basis = (length, digest)
 
 
 RESIDENT_PER_BYTE = 5

@@ -17,10 +17,9 @@ from ._tokens import TokenCounter
 __all__ = [
     "HISTORY_OPS",
     "TASK_OPS",
-    "TaskContext",
+    "asks_estimates",
     "run_free_op",
     "run_task_op",
-    "wants_budgeting",
 ]
 
 Args = Mapping[str, Any]
@@ -109,46 +108,7 @@ def run_free_op(op: str, args: Args, tokens: TokenCounter) -> Result:
 # Task ops -------------------------------------------------------------------
 
 
-class TaskContext:
-    """What a task op may need besides the state: token estimates, opted into per request.
-
-    Args:
-        count: tokens of one message, cached per message by the task's history.
-        calibration: the task's ratio of reported to estimated tokens.
-        fixed: tokens sent with every view besides its messages (a native
-            dialect's kept-out system messages).
-    """
-
-    __slots__ = ("calibration", "count", "fixed")
-
-    def __init__(
-        self, count: engine.Counter, calibration: engine.Calibration, fixed: int = 0
-    ) -> None:
-        self.count = count
-        self.calibration = calibration
-        self.fixed = fixed
-
-    def budgeting(self, args: Args) -> engine.Budgeting:
-        """The estimation settings a request asked for."""
-        pricing = args.get("pricing")
-        return engine.Budgeting(
-            self.count,
-            self.calibration.ratio,
-            args.get("strategy") or "default",
-            bool(args.get("proactive", False)),
-            fixed=self.fixed,
-            pricing=None if pricing is None else proto.sheet_from_wire(pricing),
-        )
-
-
-def wants_budgeting(op: str, args: Args) -> bool:
-    """Whether a request needs token estimates (``plan`` and ``condense`` always do)."""
-    if op in ("plan", "condense"):
-        return True
-    return op == "prepare_request" and (_estimates(args) or bool(args.get("summaries")))
-
-
-def _estimates(args: Args) -> bool:
+def asks_estimates(args: Args) -> bool:
     """Whether a ``prepare_request`` asks for estimates (``summaries`` measures without)."""
     return (
         bool(args.get("estimate"))
@@ -158,27 +118,27 @@ def _estimates(args: Args) -> bool:
     )
 
 
-def _prepare_request(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    budgeting = context.budgeting(args) if _estimates(args) and context is not None else None
+def _prepare_request(
+    state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None
+) -> Result:
+    estimating = budgeting if asks_estimates(args) else None
     # Before the view is built: the duplicate-read step it runs may change the view.
     due = _summary_due(state, args)
-    if args.get("summaries") and context is not None:
+    if args.get("summaries") and budgeting is not None:
         # A message larger than the window: no cut or summary can fit it.
-        engine.fit_oversized(
-            state, args["messages"], args["model"], context.budgeting(args), proto.now_ms()
-        )
+        engine.fit_oversized(state, args["messages"], args["model"], budgeting, proto.now_ms())
     result: Result = {
         **state.prepare_request(
             args["messages"],
             args.get("previous_request"),
             args["model"],
             bool(args.get("use_auto_condense", False)),
-            budgeting,
+            estimating,
             proto.now_ms(),
         )
     }
-    if budgeting is not None and context is not None:
-        result["calibration"] = context.calibration.ratio
+    if estimating is not None:
+        result["calibration"] = estimating.ratio
     if due:
         result["summary_due"] = True
         result["summary_prompt"] = engine.summary_prompt(state.summary)
@@ -200,43 +160,47 @@ def _summary_due(state: engine.TaskState, args: Args) -> bool:
     )
 
 
-def _plan(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    assert context is not None  # plan always estimates
+def _plan(state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None) -> Result:
+    assert budgeting is not None  # plan always estimates
     return {
         **engine.plan(
             state,
             args["messages"],
             args.get("previous_request"),
             args["model"],
-            context.budgeting(args),
+            budgeting,
             bool(args.get("use_auto_condense", False)),
             proto.now_ms(),
         )
     }
 
 
-def _truncated_messages(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+def _truncated_messages(
+    state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None
+) -> Result:
     return {"messages": state.truncated_messages(args["messages"])}
 
 
 def _optimize_file_reads(
-    state: engine.TaskState, args: Args, context: TaskContext | None
+    state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None
 ) -> Result:
     return {**state.optimize_file_reads(args["messages"], args["ts"])}
 
 
 def _optimize_file_reads_in_memory(
-    state: engine.TaskState, args: Args, context: TaskContext | None
+    state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None
 ) -> Result:
     return {**state.optimize_file_reads_in_memory(args["messages"], args["ts"])}
 
 
-def _compact_subagent(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+def _compact_subagent(
+    state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None
+) -> Result:
     return {**engine.compact_subagent(state, args["messages"], proto.now_ms())}
 
 
 def _apply_truncation_notice(
-    state: engine.TaskState, args: Args, context: TaskContext | None
+    state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None
 ) -> Result:
     keep_task = bool(args.get("keep_task", False))
     return {
@@ -244,24 +208,24 @@ def _apply_truncation_notice(
     }
 
 
-def _compact(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+def _compact(state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None) -> Result:
     keep_task = bool(args.get("keep_task", False))
     return {**engine.compact(state, args["messages"], args["keep"], args["ts"], keep_task)}
 
 
-def _condensed(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+def _condensed(state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None) -> Result:
     return {"deleted_range": engine.condensed(state, args["messages"])}
 
 
-def _condense(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
-    assert context is not None  # condense always measures
+def _condense(state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None) -> Result:
+    assert budgeting is not None  # condense always measures
     return {
         **engine.condense(
             state,
             args["messages"],
             args["model"],
             args["ts"],
-            context.budgeting(args),
+            budgeting,
             args.get("summary"),
             args.get("threshold") or engine.AUTO_CONDENSE_FRACTION,
             args.get("usage"),
@@ -269,7 +233,7 @@ def _condense(state: engine.TaskState, args: Args, context: TaskContext | None) 
     }
 
 
-def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) -> Result:
+def _rollback(state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None) -> Result:
     # A checkpoint restore: the caller sets the task back to an earlier history, which the
     # next history op is taken to be (unless the range reaches past it).
     state.basis = None
@@ -282,7 +246,7 @@ def _rollback(state: engine.TaskState, args: Args, context: TaskContext | None) 
 
 
 def _should_compact_task(
-    state: engine.TaskState, args: Args, context: TaskContext | None
+    state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None
 ) -> Result:
     messages = args.get("messages")
     dialect = state.dialect
@@ -311,7 +275,7 @@ def _internal(dialect: engine.Dialect, messages: Any, op: str) -> list[Any]:
         ) from None
 
 
-TaskOp = Callable[[engine.TaskState, Args, TaskContext | None], Result]
+TaskOp = Callable[[engine.TaskState, Args, engine.Budgeting | None], Result]
 
 TASK_OPS: dict[str, TaskOp] = {
     "prepare_request": _prepare_request,
@@ -336,7 +300,7 @@ HISTORY_OPS = frozenset(
 
 
 def run_task_op(
-    state: engine.TaskState, op: str, args: Args, context: TaskContext | None = None
+    state: engine.TaskState, op: str, args: Args, budgeting: engine.Budgeting | None = None
 ) -> Result:
     """Run one engine op on a task's state.
 
@@ -347,11 +311,12 @@ def run_task_op(
         state: the task's state, changed in place (never by ``plan``).
         op: a key of :data:`TASK_OPS`.
         args: its validated arguments, with ``messages`` resolved from a delta.
-        context: token estimates, for requests that :func:`wants_budgeting`.
+        budgeting: how to estimate, for a request that asks for estimates (``plan`` and
+            ``condense`` always do; see :meth:`~._session.TaskSession.handle`).
 
     Returns:
         The wire result map.
     """
     if "deleted_range" in args:
         state.deleted_range = args["deleted_range"]
-    return TASK_OPS[op](state, args, context)
+    return TASK_OPS[op](state, args, budgeting)

@@ -31,9 +31,10 @@ import structlog
 
 from ctxwin import proto
 
-from ._actors import ActorStoppedError, ActorSystem, BusyError
+from ._actors import ActorSystem
 from ._config import Config
 from ._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices
+from ._errors import ActorStoppedError, BusyError
 from ._ops import run_free_op
 from ._schedule import FlushError
 from ._socket import RouterSocket
@@ -380,9 +381,8 @@ class Server:
     def _close(
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
     ) -> dict[str, Any] | None:
-        if self.system.get(task) is None:
-            return {"closed": False, "loaded": False}  # nothing loaded: this call closed nothing
-        return self._to_actor(envelope, request_id, op, args, task)
+        self.system.close(task, args, _WireReply(self, envelope, request_id, op, task))
+        return None
 
     def _should_compact(
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
@@ -411,36 +411,7 @@ class Server:
     def _flush(
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
     ) -> dict[str, Any] | None:
-        reply = _WireReply(self, envelope, request_id, op, task)
-        if task is None:
-
-            async def flush_all() -> None:
-                try:
-                    written = await self.system.flush_all()
-                except Exception as exc:
-                    reply.set_exception(exc)
-                else:
-                    reply.set_result({"flushed": written})
-
-            self.spawn(flush_all)
-            return None
-        actor = self.system.get(task)
-        if actor is not None:
-            try:
-                actor.tell("flush", {}, reply, force=True)
-            except ActorStoppedError as exc:
-                reply.set_exception(exc)
-            return None
-        stopping = self.system.stopping_actor(task)
-        if stopping is None:
-            reply.set_result({"flushed": 0, "loaded": False})
-            return None
-
-        async def wait_for_stop() -> None:
-            await stopping.done.wait()
-            reply.set_result({"flushed": 0, "loaded": True})  # it flushed as it stopped
-
-        self.spawn(wait_for_stop)
+        self.system.flush(task, _WireReply(self, envelope, request_id, op, task))
         return None
 
     def statistics(self) -> DaemonStatistics:
