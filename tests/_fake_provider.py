@@ -1,8 +1,8 @@
 """A local HTTP server that plays OpenAI (Chat Completions, Responses) and Anthropic Messages.
 
-It records every request body, checks it against the provider's rules for
-tool calls and their results (what the real APIs refuse with a 400), counts
-the prompt's tokens roughly (4 characters a token), and answers:
+It records every request body, checks it against the provider's rules (what
+the real APIs refuse with a 400: tests/_rules.py, which the views are held to
+too), counts the prompt's tokens roughly (4 characters a token), and answers:
 
 - the provider's real context-length error body when the prompt is over
   ``limit`` tokens;
@@ -22,11 +22,13 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
+
+from tests import _rules as rules
 
 __all__ = ["FakeProvider", "Recorded", "violations"]
 
@@ -43,106 +45,18 @@ def prompt_tokens(body: Mapping[str, Any]) -> int:
     return len(json.dumps(parts, separators=(",", ":"))) // 4
 
 
-def _chat_violations(messages: Sequence[Any]) -> list[str]:
-    problems: list[str] = []
-    open_calls: set[str] = set()
-    known: set[str] = set()
-    for index, message in enumerate(messages):
-        role = message.get("role")
-        if role == "tool":
-            call = message.get("tool_call_id")
-            if call not in open_calls:
-                problems.append(f"messages[{index}]: tool result {call!r} without its call")
-            open_calls.discard(call)
-            continue
-        if open_calls:
-            problems.append(f"messages[{index}]: calls {sorted(open_calls)} have no result")
-            open_calls = set()
-        if role == "assistant":
-            for call in message.get("tool_calls") or []:
-                open_calls.add(call["id"])
-                known.add(call["id"])
-        elif role not in {"system", "developer", "user"}:
-            problems.append(f"messages[{index}]: role {role!r}")
-    if open_calls:
-        problems.append(f"calls {sorted(open_calls)} have no result at the end")
-    return problems
-
-
-def _anthropic_violations(messages: Sequence[Any]) -> list[str]:
-    problems: list[str] = []
-    if messages and messages[0].get("role") != "user":
-        problems.append("messages[0]: the first message must be the user's")
-    for index, message in enumerate(messages):
-        content = message.get("content")
-        blocks = content if isinstance(content, list) else []
-        if message.get("role") == "assistant":
-            calls = [b["id"] for b in blocks if b.get("type") == "tool_use"]
-            if not calls:
-                continue
-            following = messages[index + 1] if index + 1 < len(messages) else None
-            if following is None:
-                continue  # a prefill; the model continues it
-            after = following.get("content")
-            results = [
-                b.get("tool_use_id")
-                for b in (after if isinstance(after, list) else [])
-                if b.get("type") == "tool_result"
-            ]
-            missing = [call for call in calls if call not in results]
-            if following.get("role") != "user" or missing:
-                problems.append(
-                    f"messages.{index}: tool_use ids were found without tool_result blocks "
-                    f"immediately after: {missing}"
-                )
-        else:
-            previous = messages[index - 1] if index else None
-            prior = previous.get("content") if previous else None
-            known = {
-                b.get("id")
-                for b in (prior if isinstance(prior, list) else [])
-                if previous and previous.get("role") == "assistant" and b.get("type") == "tool_use"
-            }
-            for block in blocks:
-                if block.get("type") == "tool_result" and block.get("tool_use_id") not in known:
-                    problems.append(
-                        f"messages.{index}: unexpected tool_use_id {block.get('tool_use_id')!r} "
-                        "in tool_result blocks: each tool_result block must have a "
-                        "corresponding tool_use block in the previous message"
-                    )
-    return problems
-
-
-def _responses_violations(items: Sequence[Any]) -> list[str]:
-    problems: list[str] = []
-    calls: set[str] = set()
-    answered: set[str] = set()
-    for index, item in enumerate(items):
-        kind = item.get("type")
-        if kind == "function_call":
-            calls.add(item["call_id"])
-        elif kind == "function_call_output":
-            if item.get("call_id") not in calls:
-                problems.append(
-                    f"input[{index}]: No tool call found for function call output with "
-                    f"call_id {item.get('call_id')}."
-                )
-            answered.add(item.get("call_id"))
-    for call in sorted(calls - answered):
-        problems.append(f"No tool output found for function call {call}.")
-    return problems
+DIALECT_OF = {CHAT: "openai-chat", MESSAGES: "anthropic", RESPONSES: "openai-responses"}
 
 
 def violations(path: str, body: Mapping[str, Any]) -> list[str]:
-    """What the provider at ``path`` would refuse in ``body`` (tool pairing rules)."""
-    if path == CHAT:
-        return _chat_violations(body.get("messages") or [])
-    if path == MESSAGES:
-        return _anthropic_violations(body.get("messages") or [])
-    if path == RESPONSES:
-        items = body.get("input")
-        return _responses_violations(items) if isinstance(items, list) else []
-    return [f"unknown path {path}"]
+    """What the provider at ``path`` would refuse in ``body``: the rules of tests/_rules.py
+    for a request (every call answered), over ``messages`` or a Responses ``input`` list."""
+    if path not in DIALECT_OF:
+        return [f"unknown path {path}"]
+    items = body.get("input") if path == RESPONSES else body.get("messages")
+    if not isinstance(items, list):
+        return []  # a Responses input string, or no history
+    return rules.problems(DIALECT_OF[path], items, open_end=False)
 
 
 @dataclass

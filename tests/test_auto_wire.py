@@ -12,7 +12,7 @@ from ctxwin import proto
 from ctxwin.client import BadRequestError, Client
 from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline
-from tests._dialect_rules import CHECKS
+from tests._rules import CHECKS
 
 MODEL: proto.Model = {"id": "small-model", "context_window": 12_000}
 DIALECTS = ("cline", *RENDER)

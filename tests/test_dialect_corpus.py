@@ -13,7 +13,7 @@ from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.client.cli._dialects import request_points
 from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._reads import DEFAULT_READ_RULES
-from tests._dialect_rules import CHECKS
+from tests._rules import CHECKS
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 MISSING = engine.DEFAULT_NOTICES.missing_result

@@ -16,7 +16,7 @@ from ctxwin.engine._dialects import DIALECTS
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
 from ctxwin.proto import apply_view_patch, view_origins
 from tests._dialect_data import RENDER, Call, Turn, conversations, render_cline, sdk_validator
-from tests._dialect_rules import CHECKS, check_origins
+from tests._rules import CHECKS, check_origins
 
 PROFILE = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODEL = {"id": "m", "context_window": 64_000}

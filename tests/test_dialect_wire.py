@@ -20,7 +20,7 @@ from ctxwin.client.cli.replay import ReplayOptions, ReplayReport, ViewState, rep
 from tests import _daemon
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
-from tests._dialect_rules import CHECKS, check_origins
+from tests._rules import CHECKS, check_origins
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CHAT: list[dict[str, Any]] = [

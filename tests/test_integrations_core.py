@@ -13,6 +13,7 @@ import pytest
 
 from ctxwin.client.integrations import derive_task_id, is_window_error, known_context_window
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, FakeProvider, violations
+from tests._rules import CHECKS
 
 SDKS = ("openai", "anthropic", "agents", "langchain", "langchain_core", "pydantic_ai", "httpx")
 
@@ -100,3 +101,49 @@ def test_the_fake_provider_refuses_orphan_results_and_calls_without_results() ->
     assert violations(RESPONSES, {"input": [output]})
     assert violations(RESPONSES, {"input": [function_call]})
     assert [] == violations(RESPONSES, {"input": [function_call, output]})
+
+
+def _holds(dialect: str, view: list[dict[str, Any]]) -> bool:
+    try:
+        CHECKS[dialect](view)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_the_fake_provider_and_the_view_checks_apply_the_same_provider_rules() -> None:
+    """Cases the fake provider once judged by rules of its own: each is judged alike as a
+    request and as a view, by the providers' documented rules. The one difference is meant:
+    a view's newest calls are the caller's to answer, a request's must be answered."""
+    user = {"role": "user", "content": "go"}
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1"}]}
+    result = {"type": "tool_result", "tool_use_id": "t1"}
+    note = {"role": "assistant", "content": [{"type": "text", "text": "(reading)"}]}
+    text_first = {"role": "user", "content": [{"type": "text", "text": "here"}, result]}
+    calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}
+    custom = {"type": "custom_tool_call", "call_id": "c1", "name": "f", "input": "x"}
+    custom_output = {"type": "custom_tool_call_output", "call_id": "c1", "output": "x"}
+    cases: list[tuple[str, str, list[dict[str, Any]], bool]] = [
+        # Consecutive assistant messages are one turn, whose calls the next user turn answers.
+        (MESSAGES, "anthropic", [user, use, note, {"role": "user", "content": [result]}], True),
+        # The results come first in their user turn.
+        (MESSAGES, "anthropic", [user, use, text_first], False),
+        # An assistant message has content or calls.
+        (CHAT, "openai-chat", [user, {"role": "assistant", "content": None}, user], False),
+        # Every kind of call item wants its output, once.
+        (RESPONSES, "openai-responses", [custom, user], False),
+        (RESPONSES, "openai-responses", [custom, custom_output, custom_output], False),
+        (RESPONSES, "openai-responses", [custom, custom_output, user], True),
+    ]
+    for path, dialect, history, valid in cases:
+        body = {"input" if path == RESPONSES else "messages": history}
+        assert (valid, valid) == (not violations(path, body), _holds(dialect, history)), history
+    open_ends: list[tuple[str, str, list[dict[str, Any]]]] = [
+        (CHAT, "openai-chat", [user, calls]),
+        (MESSAGES, "anthropic", [user, use]),
+        (RESPONSES, "openai-responses", [user, custom]),
+    ]
+    for path, dialect, ending in open_ends:
+        body = {"input" if path == RESPONSES else "messages": ending}
+        assert violations(path, body), ending
+        assert _holds(dialect, ending), ending

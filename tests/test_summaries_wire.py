@@ -13,8 +13,8 @@ from ctxwin import engine
 from ctxwin.client import BadRequestError, Client
 from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline, sdk_validator
-from tests._dialect_rules import CHECKS
 from tests._redis import RedisServer
+from tests._rules import CHECKS
 
 DIALECTS = ["cline", "openai-chat", "anthropic", "openai-responses", "gemini"]
 MODEL: Any = {"id": "small-model", "context_window": 16000}
