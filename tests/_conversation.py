@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._fake_provider import FakeProvider, Recorded
 
 NOTICE = "[ctxwin-test] an earlier copy of this file was dropped; a later read holds it."
@@ -26,14 +24,9 @@ def read_file(path: str) -> str:
     return f"# {path}\n" + "def compute(n):\n    return n * 2\n" * 50
 
 
-def start_daemon(root: Path) -> Iterator[DaemonProcess]:
-    """A daemon whose duplicate-read notice is :data:`NOTICE` (a fixture body)."""
-    process = DaemonProcess(root, env={"CTXWIN_DUPLICATE_FILE_READ_NOTICE": NOTICE})
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
+def notice_daemon(factory: DaemonFactory) -> DaemonProcess:
+    """The shared daemon whose duplicate-read notice is :data:`NOTICE`."""
+    return factory(env={"CTXWIN_DUPLICATE_FILE_READ_NOTICE": NOTICE})
 
 
 def answered(provider: FakeProvider, path: str) -> list[Recorded]:

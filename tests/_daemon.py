@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -20,22 +21,90 @@ from ctxwin import proto
 _ids = itertools.count(1)
 
 
+class WirePeer:
+    """A raw ZeroMQ socket (DEALER unless ``kind``) connected to a daemon, closed with linger 0.
+
+    For the tests that speak the wire themselves: frames, envelopes, request ids. Replies
+    are awaited ``timeout`` seconds unless a call says otherwise.
+    """
+
+    def __init__(self, endpoint: str, kind: int = zmq.DEALER, timeout: float = 10.0) -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.sock = context.socket(kind)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.kind = kind
+        self.endpoint = endpoint
+        self.timeout = timeout
+
+    def __enter__(self) -> WirePeer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def send(self, request_id: int, op: str, args: dict[str, Any] | None = None) -> None:
+        self.sock.send(proto.encode_request(request_id, op, args or {}))
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout: float | None = None) -> proto.Reply:
+        return proto.decode_reply(self.recv_frames(timeout)[-1])
+
+    def recv_frames(self, timeout: float | None = None) -> list[bytes]:
+        wait = self.timeout if timeout is None else timeout
+        if not self.sock.poll(int(wait * 1000)):
+            raise TimeoutError(f"no reply from {self.endpoint} within {wait}s")
+        return self.sock.recv_multipart()
+
+    def call(
+        self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> proto.Reply:
+        """One request with a fresh id; its reply, which must carry that id."""
+        request_id = next(_ids)
+        self.send(request_id, op, args)
+        reply = self.recv(timeout)
+        assert reply.id == request_id, (reply.id, request_id)
+        return reply
+
+    def result(
+        self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """The result of a request that must succeed."""
+        reply = self.call(op, args, timeout)
+        assert reply.ok, f"{op}: {reply.code}: {reply.message}"
+        assert reply.result is not None
+        return reply.result
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Connect(Protocol):
+    """The ``wire_peer`` fixture: open a :class:`WirePeer` that is closed when the test ends."""
+
+    def __call__(self, endpoint: str, kind: int = zmq.DEALER) -> WirePeer: ...
+
+
 def call(
     endpoint: str, op: str, args: dict[str, Any] | None = None, timeout: float = 10.0
 ) -> proto.Reply:
     """One request over a fresh DEALER socket; returns the decoded reply."""
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(endpoint)
-        request_id = next(_ids)
-        sock.send(proto.encode_request(request_id, op, args or {}))
-        if not sock.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no reply to {op} from {endpoint} within {timeout}s")
-        return proto.decode_reply(sock.recv())
-    finally:
-        sock.close(linger=0)
+    with WirePeer(endpoint) as peer:
+        return peer.call(op, args, timeout)
+
+
+def _count_start() -> None:
+    """Append the starting test's id to the file named by ``$CTXWIN_TEST_DAEMON_COUNT``.
+
+    One line per daemon start, so a run's number of daemons (and who starts them)
+    can be counted: ``CTXWIN_TEST_DAEMON_COUNT=/tmp/starts python3 dev.py test``.
+    """
+    path = os.environ.get("CTXWIN_TEST_DAEMON_COUNT")
+    if path:
+        with open(path, "a") as out:  # a line under PIPE_BUF: appends never interleave
+            out.write(os.environ.get("PYTEST_CURRENT_TEST", "?") + "\n")
 
 
 class DaemonProcess:
@@ -104,6 +173,7 @@ class DaemonProcess:
 
     def start(self, timeout: float = 20.0) -> None:
         """Start the daemon and wait until it answers ``ping``."""
+        _count_start()
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             self.argv,
@@ -158,6 +228,81 @@ class DaemonProcess:
         self, op: str, args: dict[str, Any] | None = None, timeout: float = 10.0
     ) -> proto.Reply:
         return call(self.endpoint, op, args, timeout)
+
+
+class DaemonFactory:
+    """Daemons shared by every test that asks for the same configuration.
+
+    A daemon is started on the first request of its arguments, environment and
+    config file text, answers every later one, and stops (exit 0 required) at
+    :meth:`close`. Tests that share one use task ids of their own and never stop,
+    kill or corrupt it; those that do start a :class:`DaemonProcess` of their own.
+    """
+
+    def __init__(self, make_root: Callable[[str], Path]) -> None:
+        self._make_root = make_root
+        self._read: dict[Path, int] = {}  # how far each daemon's log is read
+        self._owners: dict[tuple[Path, str], str] = {}  # (daemon, task) -> the test using it
+        self._daemons: dict[
+            tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None, str], DaemonProcess
+        ] = {}
+
+    def __call__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        config: str | None = None,
+        group: str = "",
+    ) -> DaemonProcess:
+        """The running daemon of this configuration (``config``: a ``--config`` file's text).
+
+        ``group`` names a daemon of its own for tests that must use the same task ids as
+        others of their configuration (both wire modules replay the conformance scenarios).
+        """
+        key = (args, tuple(sorted((env or {}).items())), config, group)
+        daemon = self._daemons.get(key)
+        if daemon is None:
+            root = self._make_root("shared")
+            if config is not None:
+                (root / "ctxwind.toml").write_text(config)
+                args = (*args, "--config", str(root / "ctxwind.toml"))
+            daemon = self._daemons[key] = DaemonProcess(root, *args, env=env)
+            daemon.start()
+        if daemon.proc is None or daemon.proc.poll() is not None:
+            raise AssertionError(f"a shared daemon was stopped:\n{daemon.log()}")
+        return daemon
+
+    def claim(self, test: str) -> list[str]:
+        """Give ``test`` the tasks the shared daemons started since the last claim, and close
+        them; return those an earlier test had used. A task closed after each test starts
+        again in any later test that uses it, so the reuse shows in the log."""
+        taken: list[str] = []
+        for daemon in self._daemons.values():
+            for task in self._started(daemon):
+                owner = self._owners.setdefault((daemon.root, task), test)
+                if owner != test:
+                    taken.append(f"task {task!r} of a shared daemon was {owner}'s")
+                reply = daemon.call("close", {"task": task})
+                assert reply.ok, (task, reply)
+            self._started(daemon)  # the actors the closes stopped
+        return taken
+
+    def _started(self, daemon: DaemonProcess) -> set[str]:
+        """The tasks whose actors ``daemon`` logged starting since the last read."""
+        with daemon.log_path.open("rb") as log:
+            log.seek(self._read.get(daemon.root, 0))
+            lines = log.readlines()
+        if lines and not lines[-1].endswith(b"\n"):
+            lines.pop()  # a line still being written: read it next time
+        self._read[daemon.root] = self._read.get(daemon.root, 0) + sum(map(len, lines))
+        events = [json.loads(line) for line in lines if line.startswith(b"{")]
+        return {e["task"] for e in events if e.get("event") == "actor_started"}
+
+    def close(self) -> None:
+        """Stop every daemon; each must exit 0."""
+        codes = {daemon.root: daemon.stop() for daemon in self._daemons.values()}
+        self._daemons.clear()
+        assert dict.fromkeys(codes, 0) == codes
 
 
 def wait_until(

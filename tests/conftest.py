@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from hypothesis import HealthCheck, settings
 
-from tests._daemon import DaemonProcess
+from tests._daemon import Connect, DaemonFactory, DaemonProcess, WirePeer
 from tests._redis import RedisServer, require_redis_server
 
 # No property test may depend on the machine being idle: how long an example takes
@@ -56,15 +57,59 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(scope="session")
+def daemon_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonFactory]:
+    """Real ctxwind subprocesses shared per configuration by the tests of this worker:
+    ``daemon_factory()``, ``daemon_factory("--max-bytes", "4096")``,
+    ``daemon_factory(env={...})``, ``daemon_factory(config="...")``."""
+    factory = DaemonFactory(tmp_path_factory.mktemp)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture(autouse=True)
+def _own_tasks(request: pytest.FixtureRequest, daemon_factory: DaemonFactory) -> Iterator[None]:
+    """Fail a test that used a task of a shared daemon that an earlier test used."""
+    yield
+    taken = daemon_factory.claim(request.node.nodeid)
+    assert not taken, "use task ids of the test's own: " + "; ".join(taken)
+
+
+@pytest.fixture
+def shared_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The worker's daemon of the default configuration (use task ids of the test's own)."""
+    return daemon_factory()
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    """A real ctxwind subprocess on a private ipc endpoint and state dir."""
+    """A real ctxwind subprocess of the test's own, for tests that stop, kill, restart or
+    corrupt it, or read what only one test may have done to it."""
     process = DaemonProcess(tmp_path)
     process.start()
     try:
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture
+def wire_peer() -> Iterator[Connect]:
+    """Open raw wire sockets: ``wire_peer(daemon.endpoint)`` (``kind=zmq.REQ`` for a REQ);
+    every one is closed when the test ends."""
+    peers: list[WirePeer] = []
+
+    def connect(endpoint: str, kind: int = zmq.DEALER) -> WirePeer:
+        peers.append(WirePeer(endpoint, kind))
+        return peers[-1]
+
+    try:
+        yield connect
+    finally:
+        for peer in peers:
+            peer.close()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from ctxwin import proto
 from ctxwin.client import BadRequestError, Client
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline
 from tests._rules import CHECKS
 
@@ -55,9 +55,8 @@ def prepare(
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with DaemonProcess(tmp_path_factory.mktemp("auto")) as process:
-        yield process
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory()
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +154,10 @@ def test_the_sheet_is_kept_across_a_restart(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "pricing", ["cheap", {"input": 1}, {"input": 1, "cache_write": -1, "cache_read": 0.1}, 7]
 )
-def test_a_bad_pricing_is_refused_and_changes_nothing(client: Client, pricing: Any) -> None:
+def test_a_bad_pricing_is_refused_and_changes_nothing(
+    client: Client, pricing: Any, request: pytest.FixtureRequest
+) -> None:
+    task = client.task(f"bad-pricing-{request.node.callspec.id}")
     with pytest.raises(BadRequestError, match="pricing"):
-        client.task("bad-pricing").prepare_request(render("cline", 2), MODEL, pricing=pricing)
-    assert "pricing" not in client.task("bad-pricing").inspect()
+        task.prepare_request(render("cline", 2), MODEL, pricing=pricing)
+    assert "pricing" not in task.inspect()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from ctxwin import proto
 from ctxwin.client import Client
 from ctxwin.daemon import TokenCounter
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory
 
 MODEL: proto.Model = {"id": "small-model", "context_window": 64_000}  # max_allowed_size 37000
 LIMIT = 37_000
@@ -40,11 +40,8 @@ def conversation(sizes: list[int]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    with (
-        DaemonProcess(tmp_path_factory.mktemp("budget")) as daemon,
-        Client(daemon.endpoint, timeout=60) as connected,
-    ):
+def client(daemon_factory: DaemonFactory) -> Iterator[Client]:
+    with Client(daemon_factory().endpoint, timeout=60) as connected:
         yield connected
 
 

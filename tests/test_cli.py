@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from ctxwin.client.cli._plot import plot_problem
 from ctxwin.client.cli.replay._command import _Bar
 from tests._client_data import conversation, read_file_result
 from tests._client_fake import FakeRouter, error, ok
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 
 CORPUS = (
     Path(__file__).resolve().parents[2] / "shared" / "corpus" / "mra-api_conversation_history.json"
@@ -29,10 +28,9 @@ CORPUS = (
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One daemon for the command-line tests."""
-    with DaemonProcess(tmp_path_factory.mktemp("cli")) as process:
-        yield process
+def shared(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The shared daemon for the command-line tests."""
+    return daemon_factory()
 
 
 def run(*argv: str) -> tuple[int, str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,16 +20,15 @@ from ctxwin.client import (
     UnknownOpError,
 )
 from tests._client_data import MODEL, conversation, with_duplicate_reads
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One daemon for the tests that do not disturb it."""
-    with DaemonProcess(tmp_path_factory.mktemp("async")) as process:
-        yield process
+def shared(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The shared daemon, for the tests that do not disturb it."""
+    return daemon_factory()
 
 
 @pytest.fixture

@@ -125,19 +125,19 @@ def test_task_handles_take_each_task_op_without_the_task_id() -> None:
     ]
 
 
-def test_methods_keep_their_builders_precise_types(daemon: DaemonProcess) -> None:
+def test_methods_keep_their_builders_precise_types(shared_daemon: DaemonProcess) -> None:
     """Methods made from builders keep argument and result types for mypy, and run as such."""
     model: proto.Model = {"id": "m", "context_window": 1000}
-    with Client(daemon.endpoint, timeout=10) as client:
-        result = client.prepare_request("t1", MESSAGES, model, estimate=True, timeout=5)
+    with Client(shared_daemon.endpoint, timeout=10) as client:
+        result = client.prepare_request("builder-types", MESSAGES, model, estimate=True, timeout=5)
         assert MESSAGES == assert_type(result, proto.PrepareRequestResult)["messages"]
-        task = client.task("t1", delta=False)
+        task = client.task("builder-types", delta=False)
         view = task.truncated_messages(MESSAGES, deleted_range=None)
         assert MESSAGES == assert_type(view, proto.TruncatedMessagesResult)["messages"]
         assert [] == assert_type(task.inspect(), proto.InspectResult)["updates"]
     if TYPE_CHECKING:  # what mypy must refuse; never run
-        client.prepare_request("t1", MESSAGES, model, estimat=True)  # type: ignore[call-arg]
-        task.inspect(task="t1")  # type: ignore[call-arg]
+        client.prepare_request("builder-types", MESSAGES, model, estimat=True)  # type: ignore[call-arg]
+        task.inspect(task="builder-types")  # type: ignore[call-arg]
 
 
 def test_reply_target_matches_by_id_and_drops_strangers() -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
 from ctxwin import proto
 from ctxwin.client import (
@@ -27,14 +26,13 @@ from ctxwin.client import (
     usage_from_anthropic,
 )
 from tests._client_data import MODEL, conversation, with_duplicate_reads
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess, WirePeer
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One daemon for the tests that do not disturb it."""
-    with DaemonProcess(tmp_path_factory.mktemp("sync")) as process:
-        yield process
+def shared(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The shared daemon, for the tests that do not disturb it."""
+    return daemon_factory()
 
 
 @pytest.fixture
@@ -177,15 +175,9 @@ def test_daemon_errors_map_to_their_classes(client: Client) -> None:
 
 def test_unsupported_version_reply_maps_to_its_class(shared: DaemonProcess) -> None:
     """The daemon's reply to a version-2 request maps to UnsupportedVersionError."""
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(shared.endpoint)
-        sock.send(proto.pack({"v": 2, "id": 5, "op": "ping", "args": {}}))
-        assert sock.poll(10_000)
-        reply = proto.decode_reply(sock.recv())
-    finally:
-        sock.close(linger=0)
+    with WirePeer(shared.endpoint) as peer:
+        peer.send_frames([proto.pack({"v": 2, "id": 5, "op": "ping", "args": {}})])
+        reply = peer.recv()
     from ctxwin.client._errors import error_for
 
     error = error_for(reply.code, reply.message)

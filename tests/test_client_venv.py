@@ -31,7 +31,7 @@ def _run(argv: list[str | Path], env: dict[str, str], timeout: float = 120) -> s
 
 
 @pytest.mark.slow
-def test_client_only_venv_pings_the_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
+def test_client_only_venv_pings_the_daemon(shared_daemon: DaemonProcess, tmp_path: Path) -> None:
     """pip install ./proto ./client gives a working ``ctxwin`` without the daemon's dependencies,
     and the built client carries the page's style sheet and script (``inspect --html``)."""
     env = {
@@ -48,8 +48,9 @@ def test_client_only_venv_pings_the_daemon(daemon: DaemonProcess, tmp_path: Path
          ROOT / "proto", ROOT / "client"],
         env,
     )  # fmt: skip
-    out = _run([venv / "bin" / "ctxwin", "--endpoint", daemon.endpoint, "ping"], env)
-    assert out.startswith(f"pong from {daemon.endpoint}: ctxwind ")
+    endpoint = shared_daemon.endpoint
+    out = _run([venv / "bin" / "ctxwin", "--endpoint", endpoint, "ping"], env)
+    assert out.startswith(f"pong from {endpoint}: ctxwind ")
     probe = (
         "import importlib.util as u, ctxwin.client, zmq, msgpack;"
         "print([m for m in ('anyio', 'tiktoken', 'structlog', 'ctxwin.daemon', 'ctxwin.engine')"
@@ -60,11 +61,11 @@ def test_client_only_venv_pings_the_daemon(daemon: DaemonProcess, tmp_path: Path
         {"role": role, "content": [{"type": "text", "text": f"message {index} " * 50}]}
         for index, role in enumerate(["user", "assistant"] * 4)
     ]
-    with Client(daemon.endpoint) as client:
+    with Client(endpoint) as client:
         client.compact("venv-page", messages, "quarter", ts=1)
     history, page = tmp_path / "history.json", tmp_path / "page.html"
     history.write_text(json.dumps(messages), encoding="utf-8")
-    argv: list[str | Path] = [venv / "bin" / "ctxwin", "--endpoint", daemon.endpoint]
+    argv: list[str | Path] = [venv / "bin" / "ctxwin", "--endpoint", endpoint]
     _run([*argv, "inspect", "venv-page", "--messages", history, "--html", page], env)
     text = page.read_text(encoding="utf-8")
     style = (PAGE_FILES / "page.css").read_text(encoding="utf-8")

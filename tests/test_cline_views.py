@@ -11,18 +11,15 @@ import pytest
 
 from ctxwin import engine
 from ctxwin.client import Client
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory
 
 NOTICES = engine.DEFAULT_NOTICES
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    with (
-        DaemonProcess(tmp_path_factory.mktemp("cline")) as daemon,
-        Client(daemon.endpoint, timeout=30) as connected,
-    ):
+def client(daemon_factory: DaemonFactory) -> Iterator[Client]:
+    with Client(daemon_factory().endpoint, timeout=30) as connected:
         yield connected
 
 

@@ -10,11 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
-from ctxwin import proto
 from ctxwin.daemon.store._record import TaskRecord, encode_task
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess, WirePeer
 from tests._redis import RedisServer, require_redis_server
 from tests._scenarios import (
     PLACEHOLDER_ENV,
@@ -28,44 +26,17 @@ from tests._scenarios import (
 SCENARIOS = load_scenarios()
 
 
-class Connection:
-    """One DEALER to the daemon, reused for every request of the module."""
-
-    def __init__(self, endpoint: str) -> None:
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.next_id = 1
-
-    def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and return its result; fails on an error reply."""
-        request_id = self.next_id
-        self.next_id += 1
-        self.sock.send(proto.encode_request(request_id, op, args))
-        assert self.sock.poll(30_000), f"no reply to {op}"
-        reply = proto.decode_reply(self.sock.recv())
-        assert reply.id == request_id
-        assert reply.ok, f"{op}: {reply.code}: {reply.message}"
-        assert reply.result is not None
-        return reply.result
+@pytest.fixture(scope="module")
+def conformance_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The shared daemon configured with the scenarios' placeholder notice texts."""
+    return daemon_factory(env=PLACEHOLDER_ENV)
 
 
 @pytest.fixture(scope="module")
-def conformance_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """A daemon configured with the scenarios' placeholder notice texts."""
-    with DaemonProcess(tmp_path_factory.mktemp("conformance"), env=PLACEHOLDER_ENV) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def connection(conformance_daemon: DaemonProcess) -> Iterator[Connection]:
+def connection(conformance_daemon: DaemonProcess) -> Iterator[WirePeer]:
     """The module's connection to the conformance daemon."""
-    conn = Connection(conformance_daemon.endpoint)
-    try:
-        yield conn
-    finally:
-        conn.sock.close(linger=0)
+    with WirePeer(conformance_daemon.endpoint, timeout=30) as peer:
+        yield peer
 
 
 def _write_initial(daemon: DaemonProcess, scenario: Scenario) -> None:
@@ -76,35 +47,35 @@ def _write_initial(daemon: DaemonProcess, scenario: Scenario) -> None:
         (task_dir / "context_history.json").write_text(json.dumps(scenario.initial_updates))
 
 
-def _run_steps(scenario: Scenario, connection: Connection) -> Any:
+def _run_steps(scenario: Scenario, connection: WirePeer) -> Any:
     """Run the scenario's steps, checking replies and overlays; the overlay it ends with."""
     overlay = normalise_updates(scenario.initial_updates or [])
     for number, step in enumerate(scenario.steps):
         args = expand_args(step["args"], scenario.conversation)
-        result = connection.call(step["op"], args)
+        result = connection.result(step["op"], args)
         for key, expected in step["expect"].items():
             left, right = expected_value(expected, result.get(key))
             assert left == right, f"step {number} ({step['op']}): {key}"
         if "expect_updates" in step:
             overlay = normalise_updates(step["expect_updates"])
         if "expect_updates" in step or number == len(scenario.steps) - 1:
-            inspected = connection.call("inspect", {"task": scenario.task})
+            inspected = connection.result("inspect", {"task": scenario.task})
             assert normalise_updates(inspected["updates"]) == overlay, f"step {number} overlay"
     return overlay
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_scenario_over_the_wire(
-    scenario: Scenario, conformance_daemon: DaemonProcess, connection: Connection
+    scenario: Scenario, conformance_daemon: DaemonProcess, connection: WirePeer
 ) -> None:
     """The scenario's replies and overlays match, and after flush the file equals the overlay."""
     _write_initial(conformance_daemon, scenario)
     overlay = _run_steps(scenario, connection)
-    connection.call("flush", {"task": scenario.task})
+    connection.result("flush", {"task": scenario.task})
     history = conformance_daemon.task_dir(scenario.task) / "context_history.json"
     on_disk: Any = json.loads(history.read_text()) if history.exists() else []
     assert normalise_updates(on_disk) == overlay
-    connection.call("close", {"task": scenario.task})
+    connection.result("close", {"task": scenario.task})
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +94,7 @@ def redis_for_conformance() -> Iterator[RedisServer]:
 def redis_daemon(
     tmp_path_factory: pytest.TempPathFactory, redis_for_conformance: RedisServer
 ) -> Iterator[DaemonProcess]:
-    """A conformance daemon whose state store is Redis."""
+    """A conformance daemon whose state store is Redis (it lives no longer than its server)."""
     with DaemonProcess(
         tmp_path_factory.mktemp("conformance-redis"),
         "--state-store",
@@ -134,13 +105,10 @@ def redis_daemon(
 
 
 @pytest.fixture(scope="module")
-def redis_connection(redis_daemon: DaemonProcess) -> Iterator[Connection]:
+def redis_connection(redis_daemon: DaemonProcess) -> Iterator[WirePeer]:
     """The module's connection to the Redis-backed daemon."""
-    conn = Connection(redis_daemon.endpoint)
-    try:
-        yield conn
-    finally:
-        conn.sock.close(linger=0)
+    with WirePeer(redis_daemon.endpoint, timeout=30) as peer:
+        yield peer
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +125,7 @@ def redis_client(redis_for_conformance: RedisServer) -> Iterator[Any]:
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_scenario_with_the_redis_store(
-    scenario: Scenario, redis_daemon: DaemonProcess, redis_connection: Connection, redis_client: Any
+    scenario: Scenario, redis_daemon: DaemonProcess, redis_connection: WirePeer, redis_client: Any
 ) -> None:
     """The scenario passes with --state-store on Redis; after flush Redis holds the overlay."""
     key = f"ctxwin:{{{scenario.task}}}:state"
@@ -165,12 +133,12 @@ def test_scenario_with_the_redis_store(
     if scenario.initial_updates is not None:
         redis_client.set(key, encode_task(TaskRecord(scenario.initial_updates)).authority)
     overlay = _run_steps(scenario, redis_connection)
-    assert redis_connection.call("inspect", {"task": scenario.task})["store"] == "redis"
-    redis_connection.call("flush", {"task": scenario.task})
+    assert redis_connection.result("inspect", {"task": scenario.task})["store"] == "redis"
+    redis_connection.result("flush", {"task": scenario.task})
     raw = redis_client.get(key)
     stored: Any = json.loads(raw)["updates"] if raw is not None else []
     assert normalise_updates(stored) == overlay
-    redis_connection.call("close", {"task": scenario.task})
+    redis_connection.result("close", {"task": scenario.task})
     assert not (redis_daemon.task_dir(scenario.task)).exists()  # nothing went to files
 
 

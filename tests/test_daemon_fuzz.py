@@ -9,12 +9,11 @@ from typing import Any
 
 import msgpack
 import pytest
-import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxwin import proto
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonProcess, WirePeer
 
 CI = bool(os.environ.get("CI") or os.environ.get("CTXWIN_CI"))
 MAX_BYTES = 65536
@@ -113,14 +112,6 @@ def fuzz_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc
             assert proto.is_valid_task_id(name), name
 
 
-def _socket(endpoint: str) -> zmq.Socket[bytes]:
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    return sock
-
-
 @settings(
     max_examples=1000 if CI else 200,
     deadline=None,
@@ -132,16 +123,13 @@ def test_any_input_gets_an_error_reply_or_a_disconnect(
 ) -> None:
     """Each message gets a well-formed reply (none past the frame limit); ping still works."""
     oversize = any(len(frame) > MAX_BYTES for frame in frames)
-    sock = _socket(fuzz_daemon.endpoint)
-    try:
-        sock.send_multipart(frames)
-        if sock.poll(0 if oversize else 5000):
-            reply = proto.decode_reply(sock.recv_multipart()[-1])
+    with WirePeer(fuzz_daemon.endpoint) as peer:
+        peer.send_frames(frames)
+        if peer.sock.poll(0 if oversize else 5000):
+            reply = peer.recv()
             assert reply.ok or reply.code in CODES
         else:
             assert oversize, "no reply to a message within the limits"
-    finally:
-        sock.close(linger=0)
     assert fuzz_daemon.call("ping", timeout=5).ok
 
 

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from ctxwin import proto
-from tests._daemon import DaemonProcess, wait_until
+from tests._daemon import DaemonProcess, WirePeer, wait_until
 
 FIRST = [
     {"role": "user", "content": [{"type": "text", "text": "Refactor the parser."}]},
@@ -276,23 +276,17 @@ def test_sigterm_finishes_requests_taken_and_flushes_them(tmp_path: Path) -> Non
     """On SIGTERM every request already taken is answered and its change is on disk; exit 0."""
     daemon = DaemonProcess(tmp_path, "--debounce-ms", "60000", "--debounce-max-ms", "60000")
     daemon.start()
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(daemon.endpoint)
+    with WirePeer(daemon.endpoint) as peer:
         for end in range(3, 153):  # 50 per task: within the mailbox bound
             args = {"task": f"t{end % 3}", "messages": FIRST, "deleted_range": [2, end]}
-            sock.send(proto.encode_request(end, "truncated_messages", args))
-        assert sock.poll(10_000), "no reply before the signal"
+            peer.send(end, "truncated_messages", args)
+        assert peer.sock.poll(10_000), "no reply before the signal"
         assert daemon.proc is not None
         daemon.proc.send_signal(signal.SIGTERM)
         assert daemon.proc.wait(30) == 0
         replies = []  # all delivered: the daemon lingers until its replies are sent
-        while sock.poll(200):
-            replies.append(proto.decode_reply(sock.recv()))
-    finally:
-        sock.close(linger=0)
+        while peer.sock.poll(200):
+            replies.append(peer.recv())
     assert all(reply.ok for reply in replies)
     answered = {reply.id for reply in replies}
     for task in range(3):

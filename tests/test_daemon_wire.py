@@ -17,7 +17,7 @@ import zmq
 
 from ctxwin import proto
 from ctxwin.engine import DEFAULT_NOTICES
-from tests._daemon import DaemonProcess, wait_until
+from tests._daemon import Connect, DaemonProcess, WirePeer, wait_until
 
 TASK = "wire-task"
 CONVERSATION: list[dict[str, Any]] = [
@@ -32,81 +32,23 @@ for turn in range(6):
 MODEL = {"id": "claude-sonnet", "context_window": 200000}
 
 
-class Peer:
-    """A DEALER (or REQ) socket connected to the daemon, closed with linger 0."""
-
-    def __init__(self, endpoint: str, kind: int = zmq.DEALER) -> None:
-        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.sock = self.context.socket(kind)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.kind = kind
-        self.daemon: DaemonProcess | None = None
-
-    def send(self, request_id: int, op: str, args: dict[str, Any] | None = None) -> None:
-        self.sock.send(proto.encode_request(request_id, op, args or {}))
-
-    def send_frames(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames)
-
-    def recv(self, timeout: float = 10.0) -> proto.Reply:
-        frames = self.recv_frames(timeout)
-        return proto.decode_reply(frames[-1])
-
-    def recv_frames(self, timeout: float = 10.0) -> list[bytes]:
-        if not self.sock.poll(int(timeout * 1000)):
-            raise TimeoutError("no reply")
-        return self.sock.recv_multipart()
-
-    def call(self, op: str, args: dict[str, Any] | None = None) -> proto.Reply:
-        self.send(4242, op, args)
-        reply = self.recv()
-        assert reply.id == 4242
-        return reply
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
-@pytest.fixture(scope="module")
-def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One daemon for the tests that only need answers from it."""
-    with DaemonProcess(tmp_path_factory.mktemp("shared")) as process:
-        yield process
-
-
 @pytest.fixture
-def shared_peer(shared_daemon: DaemonProcess) -> Iterator[Peer]:
+def shared_peer(shared_daemon: DaemonProcess, wire_peer: Connect) -> WirePeer:
     """A DEALER connected to the shared daemon."""
-    client = Peer(shared_daemon.endpoint)
-    try:
-        yield client
-    finally:
-        client.close()
+    return wire_peer(shared_daemon.endpoint)
 
 
 @pytest.fixture
-def quiet_peer(tmp_path: Path) -> Iterator[Peer]:
-    """A DEALER to a daemon whose debouncer never writes first, so flush counts are exact."""
-    process = DaemonProcess(tmp_path, "--debounce-ms", "600000", "--debounce-max-ms", "600000")
-    process.start()
-    client = Peer(process.endpoint)
-    client.daemon = process
-    try:
-        yield client
-    finally:
-        client.close()
-        assert process.stop() == 0
+def quiet_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A daemon whose debouncer never writes first, so flush counts are exact."""
+    with DaemonProcess(tmp_path, "--debounce-ms", "600000", "--debounce-max-ms", "600000") as d:
+        yield d
 
 
 @pytest.fixture
-def peer(daemon: DaemonProcess) -> Iterator[Peer]:
-    """A DEALER connected to the test daemon."""
-    client = Peer(daemon.endpoint)
-    try:
-        yield client
-    finally:
-        client.close()
+def peer(daemon: DaemonProcess, wire_peer: Connect) -> WirePeer:
+    """A DEALER connected to the test's own daemon."""
+    return wire_peer(daemon.endpoint)
 
 
 def ok(reply: proto.Reply) -> dict[str, Any]:
@@ -116,7 +58,7 @@ def ok(reply: proto.Reply) -> dict[str, Any]:
     return reply.result
 
 
-def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
+def test_ping_answers_pong_with_versions(shared_peer: WirePeer) -> None:
     """ping answers pong, the versions and its extensions: no ``fleet`` with the file store."""
     peer = shared_peer
     assert ok(peer.call("ping")) == {
@@ -138,7 +80,7 @@ def test_ping_answers_pong_with_versions(shared_peer: Peer) -> None:
     }
 
 
-def test_stats_counts_tasks_actors_and_requests(peer: Peer) -> None:
+def test_stats_counts_tasks_actors_and_requests(peer: WirePeer) -> None:
     """stats reports tasks, actors, requests, flushes, write failures, uptime and caches."""
     ok(peer.call("truncated_messages", {"task": TASK, "messages": CONVERSATION, "view": "patch"}))
     stats = ok(peer.call("stats"))
@@ -170,7 +112,7 @@ def test_stats_counts_tasks_actors_and_requests(peer: Peer) -> None:
 
 def test_a_long_count_does_not_hold_up_other_requests(shared_daemon: DaemonProcess) -> None:
     """count_tokens runs off the event loop: a ping sent right behind a big count comes first."""
-    peer = Peer(shared_daemon.endpoint)
+    peer = WirePeer(shared_daemon.endpoint)
     try:
         text = " ".join(f"word{index} {index * 7}, and more." for index in range(300_000))
         peer.send(1, "count_tokens", {"text": text})
@@ -182,7 +124,7 @@ def test_a_long_count_does_not_hold_up_other_requests(shared_daemon: DaemonProce
         peer.close()
 
 
-def test_task_free_ops_answer_from_the_engine(shared_peer: Peer) -> None:
+def test_task_free_ops_answer_from_the_engine(shared_peer: WirePeer) -> None:
     """context_window_info, should_compact, next_truncation_range and count_tokens answer."""
     peer = shared_peer
     assert ok(peer.call("context_window_info", {"model": MODEL})) == {
@@ -216,7 +158,7 @@ def test_task_free_ops_answer_from_the_engine(shared_peer: Peer) -> None:
     ],
 )
 def test_should_compact_without_a_task_refuses_what_acts_on_a_task(
-    shared_peer: Peer, name: str, value: object
+    shared_peer: WirePeer, name: str, value: object
 ) -> None:
     """An argument that would do nothing without a task is refused by name, not ignored;
     with a task the same request is answered."""
@@ -231,7 +173,7 @@ def test_should_compact_without_a_task_refuses_what_acts_on_a_task(
     assert ok(shared_peer.call("should_compact", {**args, **task}))["compact"] is True
 
 
-def test_count_tokens_counts_blocks_by_the_documented_rules(shared_peer: Peer) -> None:
+def test_count_tokens_counts_blocks_by_the_documented_rules(shared_peer: WirePeer) -> None:
     """count_tokens counts text, tool_use input, tool_result content and a fixed cost per image."""
     peer = shared_peer
     image = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 1000}}
@@ -246,11 +188,11 @@ def test_count_tokens_counts_blocks_by_the_documented_rules(shared_peer: Peer) -
     assert special > 1  # ordinary text, not the special token
 
 
-def test_task_ops_change_and_show_the_overlay(quiet_peer: Peer) -> None:
+def test_task_ops_change_and_show_the_overlay(
+    quiet_daemon: DaemonProcess, wire_peer: Connect
+) -> None:
     """Each task op answers with its documented fields and inspect shows the result."""
-    peer = quiet_peer
-    daemon = quiet_peer.daemon
-    assert daemon is not None
+    peer, daemon = wire_peer(quiet_daemon.endpoint), quiet_daemon
     messages = CONVERSATION
     prepared = ok(
         peer.call(
@@ -326,25 +268,28 @@ def test_task_ops_change_and_show_the_overlay(quiet_peer: Peer) -> None:
     assert ok(peer.call("stats"))["actors"] == 1  # wire-sub is still open
 
 
-def test_a_given_deleted_range_replaces_the_stored_one_and_nil_clears_it(peer: Peer) -> None:
+def test_a_given_deleted_range_replaces_the_stored_one_and_nil_clears_it(
+    shared_peer: WirePeer,
+) -> None:
     """A deleted_range argument replaces the stored range; an explicit nil clears it."""
+    peer, task = shared_peer, "wire-range"
     ok(
         peer.call(
-            "truncated_messages", {"task": TASK, "messages": CONVERSATION, "deleted_range": [2, 5]}
+            "truncated_messages", {"task": task, "messages": CONVERSATION, "deleted_range": [2, 5]}
         )
     )
-    assert ok(peer.call("inspect", {"task": TASK}))["deleted_range"] == [2, 5]
-    view = ok(peer.call("truncated_messages", {"task": TASK, "messages": CONVERSATION}))
+    assert ok(peer.call("inspect", {"task": task}))["deleted_range"] == [2, 5]
+    view = ok(peer.call("truncated_messages", {"task": task, "messages": CONVERSATION}))
     assert len(view["messages"]) == len(CONVERSATION) - 4
     ok(
         peer.call(
-            "truncated_messages", {"task": TASK, "messages": CONVERSATION, "deleted_range": None}
+            "truncated_messages", {"task": task, "messages": CONVERSATION, "deleted_range": None}
         )
     )
-    assert ok(peer.call("inspect", {"task": TASK}))["deleted_range"] is None
+    assert ok(peer.call("inspect", {"task": task}))["deleted_range"] is None
 
 
-def test_ephemeral_tasks_never_write(peer: Peer, daemon: DaemonProcess) -> None:
+def test_ephemeral_tasks_never_write(peer: WirePeer, daemon: DaemonProcess) -> None:
     """A task opened with ephemeral: true keeps its state in memory and never writes it."""
     ok(
         peer.call(
@@ -363,7 +308,7 @@ def test_ephemeral_tasks_never_write(peer: Peer, daemon: DaemonProcess) -> None:
 def test_req_clients_get_replies_in_their_envelope(shared_daemon: DaemonProcess) -> None:
     """A plain REQ socket (empty delimiter frame) gets its reply."""
     daemon = shared_daemon
-    req = Peer(daemon.endpoint, zmq.REQ)
+    req = WirePeer(daemon.endpoint, zmq.REQ)
     try:
         for request_id in (1, 2, 3):
             req.send(request_id, "ping")
@@ -373,8 +318,9 @@ def test_req_clients_get_replies_in_their_envelope(shared_daemon: DaemonProcess)
         req.close()
 
 
-def test_pipelined_requests_are_answered_with_their_ids(peer: Peer) -> None:
+def test_pipelined_requests_are_answered_with_their_ids(shared_peer: WirePeer) -> None:
     """Pipelined requests from one DEALER get replies with their ids; one task's stay in order."""
+    peer = shared_peer
     ids = list(range(100, 300))
     for request_id in ids:
         if request_id % 4:
@@ -383,7 +329,11 @@ def test_pipelined_requests_are_answered_with_their_ids(peer: Peer) -> None:
             peer.send(
                 request_id,
                 "truncated_messages",
-                {"task": TASK, "messages": CONVERSATION, "deleted_range": [2, request_id % 9 + 2]},
+                {
+                    "task": "wire-pipelined",
+                    "messages": CONVERSATION,
+                    "deleted_range": [2, request_id % 9 + 2],
+                },
             )
     replies = [peer.recv() for _ in ids]
     assert sorted(r.id for r in replies if r.id is not None) == ids
@@ -396,7 +346,7 @@ def test_full_mailbox_answers_busy(tmp_path: Path) -> None:
     """With a one-request mailbox a burst to one task gets busy replies; every request a reply."""
     daemon = DaemonProcess(tmp_path, "--mailbox-size", "1")
     daemon.start()
-    client = Peer(daemon.endpoint)
+    client = WirePeer(daemon.endpoint)
     try:
         big = [*CONVERSATION, *[{"role": "user", "content": "x" * 20000}] * 40]
         ids = list(range(1, 41))
@@ -439,7 +389,9 @@ def test_full_mailbox_answers_busy(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_bad_requests_get_the_right_error_code(shared_peer: Peer, body: bytes, code: str) -> None:
+def test_bad_requests_get_the_right_error_code(
+    shared_peer: WirePeer, body: bytes, code: str
+) -> None:
     """Malformed or invalid requests get an error reply with the matching code."""
     peer = shared_peer
     peer.send_frames([body])
@@ -461,7 +413,7 @@ def test_bad_requests_get_the_right_error_code(shared_peer: Peer, body: bytes, c
     ids=["version", "op", "envelope-field", "task-id"],
 )
 def test_an_error_reply_echoes_request_id_zero(
-    shared_peer: Peer, envelope: dict[str, object]
+    shared_peer: WirePeer, envelope: dict[str, object]
 ) -> None:
     """Id 0 is an id like any other: error replies carry it, not nil."""
     shared_peer.send_frames([msgpack.packb(envelope)])
@@ -473,7 +425,7 @@ def test_wrong_frame_counts_are_refused(tmp_path: Path) -> None:
     """Extra frames get bad_request; more than the frame cap or bytes cap gets too_large."""
     daemon = DaemonProcess(tmp_path, "--max-bytes", "65536", "--max-frames", "4")
     daemon.start()
-    client = Peer(daemon.endpoint)
+    client = WirePeer(daemon.endpoint)
     try:
         client.send_frames([b"a", b"b"])
         assert client.recv().code == "bad_request"
@@ -499,14 +451,14 @@ def test_wrong_frame_counts_are_refused(tmp_path: Path) -> None:
         with pytest.raises(TimeoutError):
             client.recv(timeout=0.5)
         client.close()
-        client = Peer(daemon.endpoint)
+        client = WirePeer(daemon.endpoint)
         assert ok(client.call("ping"))["pong"] is True
     finally:
         client.close()
         assert daemon.stop() == 0
 
 
-def test_deeply_nested_input_is_counted_and_echoed(shared_peer: Peer) -> None:
+def test_deeply_nested_input_is_counted_and_echoed(shared_peer: WirePeer) -> None:
     """Nesting as deep as msgpack allows is counted and echoed back without a crash."""
     peer = shared_peer
     deep: Any = "x"
@@ -526,7 +478,7 @@ def test_idle_actors_stop_and_load_again(tmp_path: Path) -> None:
         tmp_path, "--idle-timeout", "0.3", "--debounce-ms", "5000", "--debounce-max-ms", "10000"
     )
     daemon.start()
-    client = Peer(daemon.endpoint)
+    client = WirePeer(daemon.endpoint)
     try:
         ok(
             client.call(
@@ -544,9 +496,9 @@ def test_idle_actors_stop_and_load_again(tmp_path: Path) -> None:
         assert daemon.stop() == 0
 
 
-def test_socket_and_directories_are_private(daemon: DaemonProcess) -> None:
+def test_socket_and_directories_are_private(shared_daemon: DaemonProcess) -> None:
     """The ipc directory is 0700 and the socket 0600."""
-    sock = Path(daemon.endpoint[len("ipc://") :])
+    sock = Path(shared_daemon.endpoint[len("ipc://") :])
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
 
@@ -616,11 +568,12 @@ def test_non_loopback_tcp_needs_allow_remote(tmp_path: Path) -> None:
     assert "allow_remote" in result.stderr
 
 
-def test_requests_queued_behind_close_get_an_error_not_silence(peer: Peer) -> None:
+def test_requests_queued_behind_close_get_an_error_not_silence(shared_peer: WirePeer) -> None:
     """Requests pipelined behind close get busy replies; later ones start a fresh actor."""
-    args = {"task": TASK, "messages": CONVERSATION}
+    peer, task = shared_peer, "wire-close"
+    args = {"task": task, "messages": CONVERSATION}
     ok(peer.call("truncated_messages", args))
-    peer.send(1, "close", {"task": TASK})
+    peer.send(1, "close", {"task": task})
     for request_id in range(2, 6):
         peer.send(request_id, "truncated_messages", args)
     replies = {reply.id: reply for reply in (peer.recv() for _ in range(5))}
@@ -632,10 +585,10 @@ def test_requests_queued_behind_close_get_an_error_not_silence(peer: Peer) -> No
     assert ok(peer.call("truncated_messages", args))["messages"] == CONVERSATION
 
 
-def test_open_files_limit_is_raised_to_the_hard_limit(daemon: DaemonProcess) -> None:
+def test_open_files_limit_is_raised_to_the_hard_limit(shared_daemon: DaemonProcess) -> None:
     """At start the daemon raises its soft RLIMIT_NOFILE to the hard limit."""
-    assert daemon.proc is not None
-    limits = Path(f"/proc/{daemon.proc.pid}/limits").read_text().splitlines()
+    assert shared_daemon.proc is not None
+    limits = Path(f"/proc/{shared_daemon.proc.pid}/limits").read_text().splitlines()
     line = next(line for line in limits if line.startswith("Max open files"))
     soft, hard = line.split()[3:5]
     assert soft == hard
@@ -678,7 +631,7 @@ def test_memory_is_released_after_a_sweep_stops_many_actors(tmp_path: Path) -> N
     """Once 300 idle actors stop, the daemon releases memory and still counts every task."""
     daemon = DaemonProcess(tmp_path, "--idle-timeout", "0.5")
     daemon.start()
-    client = Peer(daemon.endpoint)
+    client = WirePeer(daemon.endpoint)
     names = [f"sweep-{index}" for index in range(300)]
     try:
         for index, name in enumerate(names):
@@ -763,15 +716,8 @@ def test_large_requests_are_decoded_in_slices_with_the_same_outcome(tmp_path: Pa
         assert (bad.ok, bad.code) == (False, "bad_request")
         assert "unknown argument(s) ['x']" in (bad.message or "")
         body = msgpack.packb({"v": 1, "id": 9, "op": "ping", "args": {1: messages}})
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(daemon.endpoint)
-        try:
-            sock.send(body)
-            assert sock.poll(10_000)
-            reply = proto.decode_reply(sock.recv())
-        finally:
-            sock.close(linger=0)
+        with WirePeer(daemon.endpoint) as raw:
+            raw.send_frames([body])
+            reply = raw.recv()
         assert (reply.ok, reply.code) == (False, "bad_request")  # an int key: not valid msgpack
         assert ok(daemon.call("inspect", {"task": "big"}))["deleted_range"] == [2, 7001]

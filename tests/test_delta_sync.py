@@ -17,7 +17,7 @@ from ctxwin.client import AsyncClient, Client, RequestTimeoutError, Task, _core
 from ctxwin.client._core import Call
 from ctxwin.client._delta import DeltaSync
 from tests._client_fake import FakeRouter, error, ok
-from tests._daemon import DaemonProcess, wait_until
+from tests._daemon import DaemonFactory, DaemonProcess, wait_until
 from tests._scenarios import (
     PLACEHOLDER_ENV,
     Scenario,
@@ -32,10 +32,9 @@ MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
 
 
 @pytest.fixture(scope="module")
-def delta_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """A daemon with the scenarios' placeholder notices."""
-    with DaemonProcess(tmp_path_factory.mktemp("delta"), env=PLACEHOLDER_ENV) as process:
-        yield process
+def delta_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """A shared daemon with the scenarios' placeholder notices (their tasks: not the wire's)."""
+    return daemon_factory(env=PLACEHOLDER_ENV, group="delta")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
 from ctxwin import engine, proto
 from ctxwin.client import BadRequestError, Client
@@ -18,7 +17,7 @@ from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.client.cli._dialects import message_chars, user_side
 from ctxwin.client.cli.replay import ReplayOptions, ReplayReport, ViewState, replay
 from tests import _daemon
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._rules import CHECKS, check_origins
 
@@ -42,9 +41,8 @@ CHAT: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def dialect_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with DaemonProcess(tmp_path_factory.mktemp("dialects")) as process:
-        yield process
+def dialect_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory()
 
 
 @pytest.fixture(scope="module")
@@ -197,21 +195,14 @@ HOSTILE = {"name": "Bash", "arg": "command", "pattern": "(?P<path>(a+)+)"}
 def _ping_while(endpoint: str, op: str, args: dict[str, Any]) -> float:
     """Send ``op`` from one client, then time another client's ping; both must be answered."""
 
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sender = context.socket(zmq.DEALER)
-    sender.setsockopt(zmq.LINGER, 0)
-    try:
-        sender.connect(endpoint)
-        sender.send(proto.encode_request(1, op, args))
+    with _daemon.WirePeer(endpoint, timeout=60) as sender:
+        sender.send(1, op, args)
         time.sleep(0.05)  # the request is in the daemon before the ping
         started = time.monotonic()
         pong = _daemon.call(endpoint, "ping", timeout=60)
         latency = time.monotonic() - started
         assert pong.ok
-        assert sender.poll(60_000), f"{op} was not answered"
-        assert proto.decode_reply(sender.recv()).ok
-    finally:
-        sender.close(linger=0)
+        assert sender.recv().ok, f"{op} was not answered"
     return latency
 
 

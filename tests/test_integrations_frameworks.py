@@ -7,7 +7,6 @@ real daemon, and the assertions are on what the provider received.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -27,17 +26,17 @@ from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations.agents import ContextWindowFilter
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 from ctxwin.client.integrations.pydantic_ai import ContextWindow
-from tests._conversation import PATHS, assert_valid_and_shrinking, read_file, start_daemon
-from tests._daemon import DaemonProcess
+from tests._conversation import PATHS, assert_valid_and_shrinking, notice_daemon, read_file
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._fake_provider import CHAT, RESPONSES, FakeProvider
 
 TASK = "main() is wrong; fix it."
 
 
 @pytest.fixture(scope="module")
-def ctxwind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One real daemon for this module's tests (each test uses its own tasks)."""
-    yield from start_daemon(tmp_path_factory.mktemp("ctxwind"))
+def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The shared daemon with the test notice (each test uses its own tasks)."""
+    return notice_daemon(daemon_factory)
 
 
 def _retried_once_each_time(statuses: list[int]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -14,8 +13,14 @@ from ctxwin.client import Client
 from ctxwin.client.integrations import Turn, window_of
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
-from tests._conversation import PATHS, answered, assert_valid_and_shrinking, read_file, start_daemon
-from tests._daemon import DaemonProcess
+from tests._conversation import (
+    PATHS,
+    answered,
+    assert_valid_and_shrinking,
+    notice_daemon,
+    read_file,
+)
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, FakeProvider
 
 CHAT_TOOLS: Any = [
@@ -40,9 +45,9 @@ ANTHROPIC_TOOLS: Any = [
 
 
 @pytest.fixture(scope="module")
-def ctxwind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One real daemon for this module's tests (each test uses its own tasks)."""
-    yield from start_daemon(tmp_path_factory.mktemp("ctxwind"))
+def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The shared daemon with the test notice (each test uses its own tasks)."""
+    return notice_daemon(daemon_factory)
 
 
 def _openai(provider: FakeProvider) -> openai.OpenAI:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -29,8 +28,8 @@ from ctxwin.client.integrations import openai as ctxwin_openai
 from ctxwin.client.integrations.agents import ContextWindowFilter
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 from ctxwin.client.integrations.pydantic_ai import ContextWindow
-from tests._conversation import read_file, start_daemon
-from tests._daemon import DaemonProcess
+from tests._conversation import notice_daemon, read_file
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, SUMMARY_ASK, FakeProvider, Recorded
 
 PATHS = tuple(f"src/mod{turn}.py" for turn in range(80))
@@ -40,8 +39,8 @@ TOOL: Any = {"type": "object", "properties": {"path": {"type": "string"}}}
 
 
 @pytest.fixture(scope="module")
-def ctxwind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    yield from start_daemon(tmp_path_factory.mktemp("ctxwind"))
+def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return notice_daemon(daemon_factory)
 
 
 def asks_summary(record: Recorded) -> bool:

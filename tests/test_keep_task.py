@@ -37,10 +37,10 @@ def test_the_truncation_notice_claims_nothing_about_the_task() -> None:
     assert "kept" not in DEFAULT_NOTICES.truncation.lower()
 
 
-def test_keep_task_over_the_wire(daemon: DaemonProcess) -> None:
+def test_keep_task_over_the_wire(shared_daemon: DaemonProcess) -> None:
     """Both ops take keep_task; the README's recovery (compact, then the view) keeps the task."""
     messages = conversation(10)
-    with Client(daemon.endpoint, timeout=10) as client:
+    with Client(shared_daemon.endpoint, timeout=10) as client:
         task = client.task("keep-task-1")
         assert {"deleted_range": [2, 15], "changed": True} == task.compact(
             messages, "quarter", keep_task=True

@@ -24,7 +24,7 @@ from ctxwin.client.cli.replay import (
     message_tokens,
     replay,
 )
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn
 from tests.test_cli import run
 from tests.test_page_browser import _browse, _dom, browser
@@ -40,9 +40,8 @@ MISSING = "The result of this tool call is missing"
 
 
 @pytest.fixture(scope="module")
-def page_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with DaemonProcess(tmp_path_factory.mktemp("pages")) as process:
-        yield process
+def page_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory()
 
 
 @pytest.fixture(scope="module")
@@ -307,16 +306,16 @@ def test_a_message_the_view_rebuilt_is_drawn_as_its_history_message(client: Clie
     assert [f"#{index}" for index in range(7)] == shown[-7:]
 
 
-def _inspect_page(endpoint: str, client: Client, tmp_path: Path) -> Path:
+def _inspect_page(endpoint: str, client: Client, tmp_path: Path, name: str) -> Path:
     """``ctxwin inspect --html`` of a task whose last message says what an older one says:
     the last message is labelled by its own index, and nothing is said to be dropped."""
     history = _unanswered_and_repeated()
-    task = client.task("page-equal", dialect="anthropic")
+    task = client.task(name, dialect="anthropic")
     task.prepare_request(history, {"id": "m", "context_window": 64_000})
     saved = tmp_path / "messages.json"
     saved.write_text(json.dumps({"messages": history}), encoding="utf-8")
     page = tmp_path / "task.html"
-    base = ("--endpoint", endpoint, "--json", "inspect", "page-equal")
+    base = ("--endpoint", endpoint, "--json", "inspect", name)
     code, out, err = run(*base, "--messages", str(saved), "--html", str(page))
     assert 0 == code, err
     assert 0 == json.loads(out)["summary"]["hidden_messages"]
@@ -332,7 +331,7 @@ def test_inspect_labels_each_message_by_its_own_index_not_an_equal_one(
 ) -> None:
     """The inspect page of a message equal to an older one, and of a rebuilt one (see
     :func:`_inspect_page`)."""
-    _inspect_page(page_daemon.endpoint, client, tmp_path)
+    _inspect_page(page_daemon.endpoint, client, tmp_path, "page-equal")
 
 
 def test_chromium_shows_a_rebuilt_message_and_an_equal_one_under_their_own_indices(
@@ -340,7 +339,7 @@ def test_chromium_shows_a_rebuilt_message_and_an_equal_one_under_their_own_indic
 ) -> None:
     """The inspect page in a real browser: each message of the view under its own history
     index (the rebuilt one as a variant), the fold line hidden: nothing was dropped."""
-    page = _inspect_page(page_daemon.endpoint, client, tmp_path)
+    page = _inspect_page(page_daemon.endpoint, client, tmp_path, "page-equal-browser")
     dom = _dom(_browse(browser, tmp_path / "profile", page.as_uri(), "--dump-dom"))
     assert list(range(7)) == [index for index, _ in dom.shown]
     assert [4] == [index for index, variant in dom.shown if variant is not None]

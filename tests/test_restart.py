@@ -15,7 +15,7 @@ from ctxwin.client import Client
 from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations import openai as ctxwin_openai
 from tests._conversation import read_file
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._fake_provider import CHAT, FakeProvider
 
 NOTICE = engine.DEFAULT_NOTICES.truncation
@@ -74,9 +74,8 @@ DIALECTS: dict[str, Callable[..., History]] = {
 
 
 @pytest.fixture(scope="module")
-def ctxwind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with DaemonProcess(tmp_path_factory.mktemp("restart")) as process:
-        yield process
+def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from ctxwin import engine
 from ctxwin.client import BadRequestError, Client
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline, sdk_validator
 from tests._redis import RedisServer
 from tests._rules import CHECKS
@@ -74,9 +74,8 @@ def check_view(dialect: str, view: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def summary_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with DaemonProcess(tmp_path_factory.mktemp("summaries")) as process:
-        yield process
+def summary_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory()
 
 
 @pytest.fixture(scope="module")
