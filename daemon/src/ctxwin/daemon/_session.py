@@ -179,17 +179,16 @@ class TaskSession:
         state = self.state
         assert state is not None
         settings = self.settings
-        saved = settings.tools()
-        tools = None
+        tools = saved = None
         try:
-            if not self.ephemeral and not self.store.serving():
+            if not settings.ephemeral and not self.store.serving():
                 # The lease may have passed to another daemon: answer nothing more from here.
                 self._ownership_lost("lease not renewed in time")
                 raise ActorStoppedError(
                     f"task {self.task}: this daemon's lease on it lapsed; send the request again"
                 )
             tools = settings.wanted_tools(state, op, args)
-            if args.get("ephemeral") is True and not self.ephemeral:
+            if args.get("ephemeral") is True and not settings.ephemeral:
                 settings.become_ephemeral(state, lambda: self.dirty)
                 self.writes.cancel()
             elif op != "inspect":
@@ -197,6 +196,7 @@ class TaskSession:
             if settings.check_dialect(state, op, args):
                 self.kept.use_dialect(state.dialect)
             if tools is not None:
+                saved = settings.tools()
                 settings.use_tools(state, tools)
             own = _OWN_OPS.get(op)
             if own is not None:
@@ -206,7 +206,7 @@ class TaskSession:
             else:
                 result = run_task_op(state, op, args)
         except Exception:
-            if tools is not None:
+            if saved is not None:
                 settings.restore(state, saved)
             self._changed()  # a failing op may still have changed the state
             raise
@@ -299,7 +299,7 @@ class TaskSession:
         return await self.store.save(self.state, self._extras())
 
     def _changed(self) -> None:
-        if not self.ephemeral:
+        if not self.settings.ephemeral:
             self.writes.changed()
 
     @property
