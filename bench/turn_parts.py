@@ -119,7 +119,15 @@ class Loopback:
         return history
 
     def engine_call(self, history: engine.History, args: dict[str, Any]) -> dict[str, Any]:
-        return run_task_op(self.state, "prepare_request", {**args, "messages": history.messages})
+        # With the kept history's view cache, as the task's session lends it for an op: the
+        # view is built on the last one.
+        self.state.cache = history.cache
+        try:
+            return run_task_op(
+                self.state, "prepare_request", {**args, "messages": history.messages}
+            )
+        finally:
+            self.state.cache = None
 
     def patch(
         self, result: dict[str, Any], history: engine.History, args: dict[str, Any]
