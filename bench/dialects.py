@@ -49,8 +49,8 @@ from typing import Any
 
 from ctxwin.client import Client
 from ctxwin.engine import History, PatchMaker, TaskState, view_patch
-from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import DIALECTS, get_dialect
+from ctxwin.engine._mapped import MappedHistory
 from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline
 

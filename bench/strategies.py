@@ -52,8 +52,8 @@ from ctxwin import proto
 from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.daemon._tokens import TokenCounter
 from ctxwin.engine import DEFAULT_POLICY, Budgeting, TaskState, text_of
-from ctxwin.engine._dialect import MappedHistory
 from ctxwin.engine._dialects import get_dialect, kept_out_text
+from ctxwin.engine._mapped import MappedHistory
 from ctxwin.engine._optimize import TOOL_HEADER
 from ctxwin.engine._reads import DEFAULT_READ_RULES, native_reads
 

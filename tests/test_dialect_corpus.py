@@ -11,7 +11,7 @@ import pytest
 from ctxwin import engine
 from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.client.cli._dialects import request_points
-from ctxwin.engine._dialect import MappedHistory
+from ctxwin.engine._mapped import MappedHistory
 from ctxwin.engine._reads import DEFAULT_READ_RULES
 from tests._rules import CHECKS
 

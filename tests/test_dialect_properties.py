@@ -10,9 +10,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ctxwin.engine import PatchMaker, TaskState, apply_truncation_notice, compact, keep_from
-from ctxwin.engine._dialect import MappedHistory
+from ctxwin.engine import (
+    DEFAULT_NOTICES,
+    PatchMaker,
+    TaskState,
+    apply_truncation_notice,
+    compact,
+    keep_from,
+)
 from ctxwin.engine._dialects import DIALECTS
+from ctxwin.engine._mapped import MappedHistory
+from ctxwin.engine._mapped_view import view_pieces
 from ctxwin.engine._reads import DEFAULT_READ_RULES, ReadRules
 from ctxwin.proto import apply_view_patch, view_origins
 from tests._dialect_data import RENDER, Call, Turn, conversations, render_cline, sdk_validator
@@ -295,3 +303,67 @@ def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
         assert patch is None or mapped == apply_view_patch(prefix, patch)
         if patch is not None:
             check_origins(prefix, apply_view_patch(prefix, patch), _origins(end, patch))
+
+
+@pytest.mark.parametrize("dialect", DIALECT_NAMES)
+@PROFILE
+@given(
+    turns=conversations(),
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.sampled_from(["prepare", "prepare_over", "notice", "optimize", "again"]),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+)
+def test_resumed_view_back_makes_the_pieces_of_the_plain_walk(
+    dialect: str, turns: list[Turn], steps: list[tuple[int, str]]
+) -> None:
+    """ViewResume (the walk resumed at the last view's first change) gives the pieces of the
+    plain walk from the first message, view after view, as the history grows (a step of 0
+    cuts two messages back), is cut and optimised, or is viewed again unchanged."""
+    messages = RENDER[dialect](turns)
+    state = TaskState(dialect=DIALECTS[dialect])
+    history = MappedHistory(DIALECTS[dialect])
+    assert history.resume is not None
+    state.cache = history.cache
+    end = 0
+    for ts, (grow, op) in enumerate(steps, 1):
+        end = min(end + grow, len(messages)) if grow else max(end - 2, 0)
+        history.sync(messages[:end])
+        internal = history.internal
+        if op == "optimize":
+            state.optimize_file_reads(internal, ts)
+        elif op == "notice":
+            state.apply_truncation_notice(ts, internal)
+        if op.startswith("prepare"):
+            previous = {**OVER, "ts": ts} if op == "prepare_over" else None
+            view: list[Any] = state.prepare_request(internal, previous, MODEL)["messages"]
+        else:
+            view = state.truncated_messages(internal)
+        resumed = history.pieces(view, state.deleted_range)
+        fast, fast_kept = (
+            _spelled(history, resumed.pieces),
+            _spelled(history, resumed.pieces[: resumed.kept]),
+        )
+        plain = view_pieces(history, view, state.deleted_range, DEFAULT_NOTICES.missing_result)
+        # A resumed walk may start a run where the plain one goes on: pieces are compared
+        # message by message (what the view and the patch's order are made of).
+        assert fast == _spelled(history, plain.pieces), f"step {ts}"
+        assert len(fast_kept) == len(_spelled(history, plain.pieces[: plain.kept]))
+        for (index, mine), (_, theirs) in zip(fast, _spelled(history, plain.pieces), strict=True):
+            if index is not None and theirs is history.source[index]:
+                assert mine is theirs  # the caller's own message, in both
+
+
+def _spelled(history: MappedHistory, pieces: list[Any]) -> list[tuple[int | None, Any]]:
+    """Each message the pieces stand for, with its history index."""
+    out: list[tuple[int | None, Any]] = []
+    for index, message, end in pieces:
+        if message is None:
+            out.extend((place, history.source[place]) for place in range(index, end))
+        else:
+            out.append((index, message))
+    return out

@@ -7,10 +7,12 @@ from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, Strategy, fit_range
 from ._condense import AUTO_CONDENSE_FRACTION, condense, condensed, fit_oversized, summary_due
 from ._cuts import apply_truncation_notice, compact, compact_subagent
-from ._dialect import SRC, Dialect, DialectError, MappedHistory, Pieces
+from ._dialect import SRC, Dialect, DialectError
 from ._dialects import CLINE, DIALECT_NAMES, DIALECTS, get_dialect, kept_out_text
 from ._history import History, ResyncRequired
 from ._ledger import CacheEntry, CacheLedger, Receipt
+from ._mapped import MappedHistory
+from ._mapped_view import Pieces
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay

@@ -8,7 +8,7 @@ opaque parts, sent as they are or dropped with their turn.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -19,10 +19,12 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
-    MappedHistory,
     block,
 )
 from ._dialect_parts import WHOLE, inner_blocks, outer_content
+
+if TYPE_CHECKING:
+    from ._mapped import MappedHistory
 
 
 def _visible(part: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ so a message with calls ends its turn.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -21,7 +21,6 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
-    MappedHistory,
     block,
     originals,
 )
@@ -33,6 +32,9 @@ from ._dialect_parts import (
     text_parts,
     written_content,
 )
+
+if TYPE_CHECKING:
+    from ._mapped import MappedHistory
 
 REASONING = "reasoning_content"
 KEPT_OUT_ROLES = ("system", "developer")

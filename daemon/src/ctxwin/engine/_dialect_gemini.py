@@ -10,7 +10,7 @@ every other part are opaque. A function response answers the call with its
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -21,10 +21,12 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
-    MappedHistory,
     block,
     originals,
 )
+
+if TYPE_CHECKING:
+    from ._mapped import MappedHistory
 
 MODEL = "model"
 CALL_KEYS = ("functionCall", "function_call")

@@ -9,7 +9,7 @@ part of the assistant's turn.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -21,11 +21,13 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
-    MappedHistory,
     block,
     originals,
 )
 from ._dialect_parts import outer_content, parse_arguments, text_parts, written_content
+
+if TYPE_CHECKING:
+    from ._mapped import MappedHistory
 
 TEXT_KINDS = ("input_text", "output_text", "text")
 ITEM = "item"

@@ -9,7 +9,7 @@ There are two forms:
   dialect): messages 0 and 1 and those from ``keep_from`` on, with the
   positions whose message is not the history's own object as ``overrides``;
 - the ``order`` form, for a view mapped back from a dialect's internal form
-  (:class:`~._dialect.MappedHistory`): runs of history indices in view
+  (:class:`~._mapped.MappedHistory`): runs of history indices in view
   order, with rebuilt messages (and the ones the view added) as overrides.
 
 One :class:`PatchMaker` per task makes both, and keeps one ledger of what
@@ -29,8 +29,8 @@ from typing import Any
 from ctxwin.proto import prepended_blocks, runs_overlap
 
 from ._blocks import Message
-from ._dialect import MappedHistory
 from ._history import History
+from ._mapped import MappedHistory
 from ._notices import DEFAULT_NOTICES
 from ._view import keep_from
 

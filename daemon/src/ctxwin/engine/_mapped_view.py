@@ -1,0 +1,367 @@
+"""A mapped history's view back: the engine's internal view in the dialect's form.
+
+The rule: map each changed internal message back; runs of untouched ones
+are slices of the caller's history. Kept-out messages (system, developer)
+come back in their order among the others (after the results that answer a
+call), and a call the view leaves answered by nothing but kept-out messages
+gets its missing result before them.
+
+:func:`view_pieces` is that rule, walked from the first view position.
+:class:`ViewResume` is the same walk resumed where the last view's pieces
+stop holding: it keeps the last view's pieces with a mark where each view
+message begins, and a view built on the last one (the engine's view cache
+says how many of its first messages are that one's) costs its changed
+messages, not its length. A property test holds the two equal.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from ._blocks import Block, Message
+from ._dialect import ASSISTANT, SRC, USER
+from ._view import keep_from
+
+if TYPE_CHECKING:
+    from ._mapped import MappedHistory
+
+Piece = tuple[int | None, Message | None, int]
+"""``(start, None, end)`` a run of history messages ``[start, end)`` as they are;
+``(index, message, 0)`` a rebuilt message standing for history message ``index``, or
+one the view added (index None)."""
+Rebuilt = list[tuple[int | None, Message]]
+"""A changed internal message as dialect messages, each with its history index."""
+
+
+class Pieces(NamedTuple):
+    """A view's pieces as :meth:`MappedHistory.pieces` made them.
+
+    Attributes:
+        pieces: the view in :data:`Piece` s.
+        serial: which view's pieces these are (one more each resumable view; 0
+            for pieces made without a :class:`ViewResume`).
+        kept: how many first pieces the next view may resume from (the
+            last kept-out messages come after them).
+        new_marks: the places (piece counts) where pieces of this view
+            begin that no earlier view's did.
+        resumed: ``(serial, pieces kept)`` when the first pieces are those of
+            view ``serial``; None when made afresh.
+    """
+
+    pieces: list[Piece]
+    serial: int
+    kept: int
+    new_marks: set[int]
+    resumed: tuple[int, int] | None
+
+
+class Mark(NamedTuple):
+    """Where the pieces of one view position begin (marks compare as tuples: bisected)."""
+
+    position: int
+    pieces: int  # how many pieces came before
+    waiting: int  # how many kept-out messages were out before
+
+
+def view_pieces(
+    mapped: MappedHistory,
+    view: Sequence[Message],
+    deleted_range: Sequence[int] | None,
+    missing_result: str,
+) -> Pieces:
+    """The view's pieces, made by the plain walk from its first position."""
+    start = view_start(mapped, view, deleted_range)
+    walk = _Walk(mapped, view, start, [], 0, None, lambda message: rebuilt(mapped, message))
+    walk.run_from(0, _with_merges(mapped, _changed(mapped, view, start, 0), start, 0, len(view)))
+    kept = len(walk.out)
+    walk.finish(missing_result)
+    return Pieces(walk.out, 0, kept, set(), None)
+
+
+def view_start(
+    mapped: MappedHistory, view: Sequence[Message], deleted_range: Sequence[int] | None
+) -> int:
+    """The internal index of view position 2 (the history's length when it has no cut).
+
+    Raises:
+        ValueError: ``view`` is not one of ``mapped.internal`` under ``deleted_range``.
+    """
+    count = len(mapped.internal)
+    start = keep_from(deleted_range) if count >= 2 else count
+    if len(view) != (count if count < 2 else 2 + max(count - start, 0)):
+        raise ValueError(f"a view of {len(view)} messages is not one of this history")
+    return start
+
+
+def _changed(mapped: MappedHistory, view: Sequence[Message], start: int, scan: int) -> list[int]:
+    """View positions from ``scan`` on whose message is not the internal one kept there
+    (a C-speed scan)."""
+    internal = mapped.internal
+    if scan >= 2 and len(internal) >= 2:
+        kept: Sequence[Message] = internal[scan - 2 + start :]
+    else:
+        kept = [*internal[:2], *internal[start:]] if len(internal) >= 2 else internal
+        kept = kept[scan:]
+    return list(itertools.compress(itertools.count(scan), map(operator.is_not, view[scan:], kept)))
+
+
+def _with_merges(
+    mapped: MappedHistory, changed: list[int], start: int, low: int, length: int
+) -> list[int]:
+    """``changed`` with the view positions from ``low`` on of internal messages whose calls
+    the dialect sends as one message (they are rebuilt, changed or not)."""
+    if not mapped.merges:
+        return changed
+    merged = [k if k < 2 else k - start + 2 for k in mapped.merges if k < 2 or k >= start]
+    return sorted({*changed, *(p for p in merged if low <= p < length)})
+
+
+class _Walk:
+    """One view's pieces as they are made, from some view position on."""
+
+    __slots__ = ("mapped", "marks", "out", "rebuild", "start", "view", "waiting")
+
+    def __init__(
+        self,
+        mapped: MappedHistory,
+        view: Sequence[Message],
+        start: int,
+        out: list[Piece],
+        waiting: int,
+        marks: list[Mark] | None,
+        rebuild: Callable[[Message], Rebuilt],
+    ) -> None:
+        self.mapped = mapped
+        self.view = view
+        self.start = start
+        self.out = out  # the pieces so far
+        self.waiting = waiting  # mapped.systems[:waiting] are out
+        self.marks = marks  # a mark per view position walked, when kept
+        self.rebuild = rebuild
+
+    def run_from(self, resume: int, changed: list[int]) -> None:
+        """Walk the view from position ``resume``: each position in ``changed`` (ascending)
+        is rebuilt; untouched internal messages up to the next changed one are one run."""
+        mapped, view, out, marks = self.mapped, self.view, self.out, self.marks
+        members = mapped.members
+        holds_results = mapped.dialect.holds_results
+        count = len(mapped.internal)
+        spans = [(0, count)] if count < 2 else [(0, 2), (self.start, count)]
+        offset = 0  # view position of the span's first internal message
+        for low, high in spans:
+            if offset + high - low <= resume:
+                offset += high - low
+                continue
+            k = max(low, resume - offset + low)
+            while k < high:
+                position = offset + k - low
+                if marks is not None:
+                    marks.append(Mark(position, len(out), self.waiting))
+                at = bisect.bisect_left(changed, position)
+                if at < len(changed) and changed[at] == position:
+                    for index, item in self.rebuild(view[position]):
+                        if index is not None and not holds_results(item):
+                            self.flush(index)
+                        out.append((index, item, 0))
+                    k += 1
+                    continue
+                stop = high if at == len(changed) else min(high, changed[at] - offset + low)
+                first, last = k, stop - 1  # skip empty ones (unanswered calls)
+                while first < stop and not members[first]:
+                    first += 1
+                if first < stop:
+                    while not members[last]:
+                        last -= 1
+                    self.run(members[first][0], members[last][-1] + 1)
+                k = stop
+            offset += high - low
+
+    def flush(self, before: int) -> None:
+        """Put out the kept-out messages before history index ``before``."""
+        mapped = self.mapped
+        systems, source = mapped.systems, mapped.source
+        stop = bisect.bisect_left(systems, before, self.waiting)
+        for place in range(self.waiting, stop):
+            self.out.append((systems[place], source[systems[place]], 0))
+        self.waiting = max(self.waiting, stop)
+
+    def run(self, first: int, end: int) -> None:
+        """Put out history messages ``[first, end)``, kept-out ones among them after the
+        results that open the run."""
+        mapped = self.mapped
+        systems, source = mapped.systems, mapped.source
+        if self.waiting < len(systems) and systems[self.waiting] < first:
+            results = first
+            while results < end and mapped.dialect.holds_results(source[results]):
+                results += 1
+            if results > first:  # kept-out messages come after the results
+                self.out.append((first, None, results))
+                first = results
+            self.flush(first)
+        if first < end:
+            self.out.append((first, None, end))
+            self.waiting = bisect.bisect_left(systems, end, self.waiting)
+
+    def finish(self, missing_result: str) -> None:
+        """Answer a newest call that only kept-out messages follow, then put those out."""
+        mapped, view = self.mapped, self.view
+        if self.waiting < len(mapped.systems) and view:
+            # The history ends with kept-out messages after a call: no longer the newest
+            # message, the call is answered, before them, like any other call.
+            ids = [b["id"] for b in view[-1]["content"] if b.get("type") == "tool_use"]
+            if ids and view[-1]["role"] == ASSISTANT:
+                missing: list[Block] = [
+                    {"type": "tool_result", "tool_use_id": tool_id, "content": missing_result}
+                    for tool_id in ids
+                ]
+                fresh = mapped.dialect.fresh(USER, missing, mapped)
+                self.out.extend((None, item, 0) for item in fresh)
+        self.flush(len(mapped.source))
+
+
+@dataclass(slots=True)
+class _LastView:
+    """The last view a :class:`ViewResume` made pieces of."""
+
+    start: int  # its range start
+    copy: list[Message]  # a copy of it (the caller may change the list)
+    kept: int  # how many of its pieces came before the last kept-out messages
+    serial: int
+    view: Sequence[Message]  # the list itself (the engine's view cache names it)
+
+
+class ViewResume:
+    """The last view's pieces and marks, so that the next view resumes at its first change.
+
+    The pieces and marks are cut back and extended by the next view, not copied.
+    Changed messages of a view built on the last one are that one's objects, so
+    their rebuilt messages are kept by object and made once.
+    """
+
+    __slots__ = ("_last", "_marks", "_out", "_rebuilds", "_serial")
+
+    def __init__(self) -> None:
+        self._last: _LastView | None = None
+        self._out: list[Piece] = []
+        self._marks: list[Mark] = []
+        self._serial = 0
+        # id(changed internal view message) -> (it, its rebuilt messages).
+        self._rebuilds: dict[int, tuple[Message, Rebuilt]] = {}
+
+    def reset(self) -> None:
+        """Start the next view afresh (the history was cut: kept-out messages may go)."""
+        self._last = None
+
+    def pieces(
+        self,
+        mapped: MappedHistory,
+        view: Sequence[Message],
+        deleted_range: Sequence[int] | None,
+        missing_result: str,
+    ) -> Pieces:
+        """The view's pieces, the walk resumed at the last mark before its first change."""
+        start = view_start(mapped, view, deleted_range)
+        rebuilds = self._rebuilds
+        if len(rebuilds) > 2 * len(mapped.internal) + 64:
+            rebuilds.clear()  # rebuilt messages of views long gone
+        resume, scan, waiting, resumed = self._resume_at(mapped, view, start)
+        if resumed is None:
+            self._out, self._marks = [], []
+        new_marks = len(self._marks)
+        changed = _changed(mapped, view, start, scan)
+        if resume < scan and resume < len(view):
+            internal = mapped.internal
+            kept_at = internal[resume] if resume < 2 else internal[resume - 2 + start]
+            if view[resume] is not kept_at:
+                changed.insert(0, resume)
+        changed = _with_merges(mapped, changed, start, resume, len(view))
+
+        def rebuild(message: Message) -> Rebuilt:
+            held = rebuilds.get(id(message))
+            if held is None or held[0] is not message:
+                held = rebuilds[id(message)] = (message, rebuilt(mapped, message))
+            return held[1]
+
+        walk = _Walk(mapped, view, start, self._out, waiting, self._marks, rebuild)
+        walk.run_from(resume, changed)
+        self._serial += 1
+        self._last = _LastView(start, list(view), len(walk.out), self._serial, view)
+        walk.finish(missing_result)
+        marks = {mark.pieces for mark in self._marks[new_marks:]}
+        return Pieces(walk.out, self._serial, self._last.kept, marks, resumed)
+
+    def _resume_at(
+        self, mapped: MappedHistory, view: Sequence[Message], start: int
+    ) -> tuple[int, int, int, tuple[int, int] | None]:
+        """``(resume, scan, waiting, resumed)``: the view position to walk from, the first
+        one to compare with the internal messages, the kept-out messages out before it, and
+        ``(serial, pieces kept)`` of the last view resumed from (None: none, from 0)."""
+        last = self._last
+        if last is None or last.start != start:
+            return 0, 0, 0, None
+        previous = last.copy
+        seam = mapped.cache.seam
+        scan = 0
+        if seam is not None and seam[1] is view and seam[0] is last.view:
+            # The engine built this view on the last one: its first messages are that one's.
+            same = min(seam[2], len(previous), len(view))
+            # And the internal messages before the seam are the same objects too (a sync
+            # lowers the seam to its first changed message): positions before it that
+            # were no changed ones are none now.
+            scan = same
+        else:
+            same = next(
+                itertools.compress(itertools.count(), map(operator.is_not, previous, view)),
+                min(len(previous), len(view)),
+            )
+        # The last piece that began at or before the first changed position (marks are in
+        # view order, one per position; no mark's other fields reach these).
+        marks, out = self._marks, self._out
+        at = bisect.bisect_right(marks, (same, len(out) + 1, len(mapped.systems) + 1)) - 1
+        if at < 0:
+            return 0, 0, 0, None
+        resume, kept_pieces, waiting = marks[at]
+        del out[kept_pieces:]
+        del marks[at:]
+        # The last mark at or before ``same`` begins a run going past ``same`` or a
+        # changed message followed by no other mark: no changed position after it and
+        # before ``same``.
+        return resume, max(scan, resume + 1), waiting, (last.serial, kept_pieces)
+
+
+def rebuilt(mapped: MappedHistory, message: Message) -> Rebuilt:
+    """A changed internal view message as dialect messages, each with its history index."""
+    dialect = mapped.dialect
+    role: str = message["role"]
+    runs: list[tuple[int | None, list[Block]]] = []  # (history index, blocks), by source
+    inside = dialect.new_inside
+    for item in message.get("content") or ():
+        index = item.get(SRC)
+        if runs and (runs[-1][0] == index or (index is None and inside)):
+            runs[-1][1].append(item)  # new blocks join the message before them
+        elif runs and inside and runs[-1][0] is None:
+            runs[-1] = (index, [*runs[-1][1], item])  # or, first in the message, the next
+        elif len(runs) > 1 and runs[-1][0] is None and runs[-2][0] == index:
+            # New blocks inside one message of a dialect that keeps them apart: before it.
+            added = runs.pop()
+            runs[-1][1].append(item)
+            runs.insert(len(runs) - 1, added)
+        else:
+            runs.append((index, [item]))
+    out: Rebuilt = []
+    for index, blocks in runs:
+        if index is None:
+            out.extend((None, item) for item in dialect.fresh(role, blocks, mapped))
+            continue
+        own = mapped.mapped[index].blocks
+        if len(blocks) == len(own) and all(a is b for a, b in zip(blocks, own, strict=True)):
+            out.append((index, mapped.source[index]))
+            continue
+        made = dialect.rebuild(mapped.source[index], index, role, blocks, mapped)
+        out.extend((index, item) for item in made)
+    return dialect.merged(out) if dialect.merges_calls else out
