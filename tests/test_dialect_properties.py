@@ -337,7 +337,7 @@ def test_resumed_view_back_makes_the_pieces_of_the_plain_walk(
         if op == "optimize":
             state.optimize_file_reads(internal, ts)
         elif op == "notice":
-            state.apply_truncation_notice(ts, internal)
+            apply_truncation_notice(state, ts, internal)
         if op.startswith("prepare"):
             previous = {**OVER, "ts": ts} if op == "prepare_over" else None
             view: list[Any] = state.prepare_request(internal, previous, MODEL)["messages"]

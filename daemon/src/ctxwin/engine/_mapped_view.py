@@ -60,12 +60,10 @@ class Pieces(NamedTuple):
     resumed: tuple[int, int] | None
 
 
-class Mark(NamedTuple):
-    """Where the pieces of one view position begin (marks compare as tuples: bisected)."""
-
-    position: int
-    pieces: int  # how many pieces came before
-    waiting: int  # how many kept-out messages were out before
+Mark = tuple[int, int, int]
+"""Where the pieces of one view position begin: ``(view position, pieces before it,
+kept-out messages out before it)``. Made for every position walked (a plain tuple: a
+named one costs more to make), bisected by position."""
 
 
 def view_pieces(
@@ -76,11 +74,14 @@ def view_pieces(
 ) -> Pieces:
     """The view's pieces, made by the plain walk from its first position."""
     start = view_start(mapped, view, deleted_range)
-    walk = _Walk(mapped, view, start, [], 0, None, lambda message: rebuilt(mapped, message))
-    walk.run_from(0, _with_merges(mapped, _changed(mapped, view, start, 0), start, 0, len(view)))
-    kept = len(walk.out)
-    walk.finish(missing_result)
-    return Pieces(walk.out, 0, kept, set(), None)
+    changed = _with_merges(mapped, _changed(mapped, view, start, 0), start, 0, len(view))
+    out: list[Piece] = []
+
+    def rebuild(message: Message) -> Rebuilt:
+        return rebuilt(mapped, message)
+
+    kept = _walk(mapped, view, start, 0, changed, out, 0, None, rebuild, missing_result)
+    return Pieces(out, 0, kept, set(), None)
 
 
 def view_start(
@@ -121,107 +122,93 @@ def _with_merges(
     return sorted({*changed, *(p for p in merged if low <= p < length)})
 
 
-class _Walk:
-    """One view's pieces as they are made, from some view position on."""
+def _walk(
+    mapped: MappedHistory,
+    view: Sequence[Message],
+    start: int,
+    resume: int,
+    changed: list[int],
+    out: list[Piece],
+    waiting: int,
+    marks: list[Mark] | None,
+    rebuild: Callable[[Message], Rebuilt],
+    missing_result: str,
+) -> int:
+    """Make the view's pieces from position ``resume`` on, after ``out`` (the pieces so
+    far, with ``mapped.systems[:waiting]`` out); a mark per position into ``marks`` when
+    kept. Each position in ``changed`` (ascending) is rebuilt; untouched internal messages
+    up to the next changed one are one run. Returns how many pieces come before the last
+    kept-out messages (and a missing result put before them)."""
+    systems, source, members = mapped.systems, mapped.source, mapped.members
+    holds_results = mapped.dialect.holds_results
 
-    __slots__ = ("mapped", "marks", "out", "rebuild", "start", "view", "waiting")
-
-    def __init__(
-        self,
-        mapped: MappedHistory,
-        view: Sequence[Message],
-        start: int,
-        out: list[Piece],
-        waiting: int,
-        marks: list[Mark] | None,
-        rebuild: Callable[[Message], Rebuilt],
-    ) -> None:
-        self.mapped = mapped
-        self.view = view
-        self.start = start
-        self.out = out  # the pieces so far
-        self.waiting = waiting  # mapped.systems[:waiting] are out
-        self.marks = marks  # a mark per view position walked, when kept
-        self.rebuild = rebuild
-
-    def run_from(self, resume: int, changed: list[int]) -> None:
-        """Walk the view from position ``resume``: each position in ``changed`` (ascending)
-        is rebuilt; untouched internal messages up to the next changed one are one run."""
-        mapped, view, out, marks = self.mapped, self.view, self.out, self.marks
-        members = mapped.members
-        holds_results = mapped.dialect.holds_results
-        count = len(mapped.internal)
-        spans = [(0, count)] if count < 2 else [(0, 2), (self.start, count)]
-        offset = 0  # view position of the span's first internal message
-        for low, high in spans:
-            if offset + high - low <= resume:
-                offset += high - low
-                continue
-            k = max(low, resume - offset + low)
-            while k < high:
-                position = offset + k - low
-                if marks is not None:
-                    marks.append(Mark(position, len(out), self.waiting))
-                at = bisect.bisect_left(changed, position)
-                if at < len(changed) and changed[at] == position:
-                    for index, item in self.rebuild(view[position]):
-                        if index is not None and not holds_results(item):
-                            self.flush(index)
-                        out.append((index, item, 0))
-                    k += 1
-                    continue
-                stop = high if at == len(changed) else min(high, changed[at] - offset + low)
-                first, last = k, stop - 1  # skip empty ones (unanswered calls)
-                while first < stop and not members[first]:
-                    first += 1
-                if first < stop:
-                    while not members[last]:
-                        last -= 1
-                    self.run(members[first][0], members[last][-1] + 1)
-                k = stop
-            offset += high - low
-
-    def flush(self, before: int) -> None:
+    def flush(before: int) -> None:
         """Put out the kept-out messages before history index ``before``."""
-        mapped = self.mapped
-        systems, source = mapped.systems, mapped.source
-        stop = bisect.bisect_left(systems, before, self.waiting)
-        for place in range(self.waiting, stop):
-            self.out.append((systems[place], source[systems[place]], 0))
-        self.waiting = max(self.waiting, stop)
+        nonlocal waiting
+        stop = bisect.bisect_left(systems, before, waiting)
+        for place in range(waiting, stop):
+            out.append((systems[place], source[systems[place]], 0))
+        waiting = max(waiting, stop)
 
-    def run(self, first: int, end: int) -> None:
+    def run(first: int, end: int) -> None:
         """Put out history messages ``[first, end)``, kept-out ones among them after the
         results that open the run."""
-        mapped = self.mapped
-        systems, source = mapped.systems, mapped.source
-        if self.waiting < len(systems) and systems[self.waiting] < first:
+        nonlocal waiting
+        if waiting < len(systems) and systems[waiting] < first:
             results = first
-            while results < end and mapped.dialect.holds_results(source[results]):
+            while results < end and holds_results(source[results]):
                 results += 1
             if results > first:  # kept-out messages come after the results
-                self.out.append((first, None, results))
+                out.append((first, None, results))
                 first = results
-            self.flush(first)
+            flush(first)
         if first < end:
-            self.out.append((first, None, end))
-            self.waiting = bisect.bisect_left(systems, end, self.waiting)
+            out.append((first, None, end))
+            waiting = bisect.bisect_left(systems, end, waiting)
 
-    def finish(self, missing_result: str) -> None:
-        """Answer a newest call that only kept-out messages follow, then put those out."""
-        mapped, view = self.mapped, self.view
-        if self.waiting < len(mapped.systems) and view:
-            # The history ends with kept-out messages after a call: no longer the newest
-            # message, the call is answered, before them, like any other call.
-            ids = [b["id"] for b in view[-1]["content"] if b.get("type") == "tool_use"]
-            if ids and view[-1]["role"] == ASSISTANT:
-                missing: list[Block] = [
-                    {"type": "tool_result", "tool_use_id": tool_id, "content": missing_result}
-                    for tool_id in ids
-                ]
-                fresh = mapped.dialect.fresh(USER, missing, mapped)
-                self.out.extend((None, item, 0) for item in fresh)
-        self.flush(len(mapped.source))
+    count = len(mapped.internal)
+    spans = [(0, count)] if count < 2 else [(0, 2), (start, count)]
+    offset = 0  # view position of the span's first internal message
+    for low, high in spans:
+        if offset + high - low <= resume:
+            offset += high - low
+            continue
+        k = max(low, resume - offset + low)
+        while k < high:
+            position = offset + k - low
+            if marks is not None:
+                marks.append((position, len(out), waiting))
+            at = bisect.bisect_left(changed, position)
+            if at < len(changed) and changed[at] == position:
+                for index, item in rebuild(view[position]):
+                    if index is not None and not holds_results(item):
+                        flush(index)
+                    out.append((index, item, 0))
+                k += 1
+                continue
+            stop = high if at == len(changed) else min(high, changed[at] - offset + low)
+            first, last = k, stop - 1  # skip empty ones (unanswered calls)
+            while first < stop and not members[first]:
+                first += 1
+            if first < stop:
+                while not members[last]:
+                    last -= 1
+                run(members[first][0], members[last][-1] + 1)
+            k = stop
+        offset += high - low
+    kept = len(out)
+    if waiting < len(systems) and view:
+        # The history ends with kept-out messages after a call: no longer the newest
+        # message, the call is answered, before them, like any other call.
+        ids = [b["id"] for b in view[-1]["content"] if b.get("type") == "tool_use"]
+        if ids and view[-1]["role"] == ASSISTANT:
+            missing: list[Block] = [
+                {"type": "tool_result", "tool_use_id": tool_id, "content": missing_result}
+                for tool_id in ids
+            ]
+            out.extend((None, item, 0) for item in mapped.dialect.fresh(USER, missing, mapped))
+    flush(len(source))
+    return kept
 
 
 @dataclass(slots=True)
@@ -279,7 +266,8 @@ class ViewResume:
             kept_at = internal[resume] if resume < 2 else internal[resume - 2 + start]
             if view[resume] is not kept_at:
                 changed.insert(0, resume)
-        changed = _with_merges(mapped, changed, start, resume, len(view))
+        if mapped.merges:
+            changed = _with_merges(mapped, changed, start, resume, len(view))
 
         def rebuild(message: Message) -> Rebuilt:
             held = rebuilds.get(id(message))
@@ -287,13 +275,13 @@ class ViewResume:
                 held = rebuilds[id(message)] = (message, rebuilt(mapped, message))
             return held[1]
 
-        walk = _Walk(mapped, view, start, self._out, waiting, self._marks, rebuild)
-        walk.run_from(resume, changed)
+        out, marks = self._out, self._marks
+        kept = _walk(
+            mapped, view, start, resume, changed, out, waiting, marks, rebuild, missing_result
+        )
         self._serial += 1
-        self._last = _LastView(start, list(view), len(walk.out), self._serial, view)
-        walk.finish(missing_result)
-        marks = {mark.pieces for mark in self._marks[new_marks:]}
-        return Pieces(walk.out, self._serial, self._last.kept, marks, resumed)
+        self._last = _LastView(start, list(view), kept, self._serial, view)
+        return Pieces(out, self._serial, kept, {mark[1] for mark in marks[new_marks:]}, resumed)
 
     def _resume_at(
         self, mapped: MappedHistory, view: Sequence[Message], start: int
