@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from ctxwin import proto
 from ctxwin.engine import (
+    STRATEGIES,
     Budgeting,
     Calibration,
+    Strategy,
     TaskState,
     context_window_info,
     next_truncation_range,
@@ -148,3 +151,11 @@ def test_calibration_ignores_unusable_reports_and_stays_bounded() -> None:
     calibration = Calibration()
     assert 1.0 == calibration.update(0, 100)
     assert 4.0 == calibration.update(10_000, 1)
+
+
+def test_every_strategy_the_wire_accepts_has_one_object() -> None:
+    """prepare_request picks one object per strategy name: the names proto accepts and the
+    engine's type spell the same set."""
+    assert set(proto.STRATEGY_VALUES) == set(STRATEGIES)
+    assert set(get_args(Strategy)) == set(STRATEGIES)
+    assert len({id(strategy) for strategy in STRATEGIES.values()}) == len(STRATEGIES)
