@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Request", "ViewStrategy", "prepared"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
     """The next request, as ``prepare_request`` was asked about it.
 
