@@ -1,4 +1,5 @@
-"""Saved conversations in the shapes agents write them, and the dialect each shape is in.
+"""Saved conversations in the shapes agents write them, the dialect each shape is in, and
+the model a file names (the one a replay asks for, :func:`model_for`).
 
 - a JSON array of messages (Cline's ``api_conversation_history.json``, or any
   dialect's message list);

@@ -236,14 +236,15 @@ class NativeViews:
 
     Each view message comes with its origin, as the daemon's patch gives it
     (:meth:`ctxwin.client.Task.view_origins`): the history index it stands for,
-    or None for a message the view added. A message that is its history
-    message (the same object, or equal) is sent as it is; another with an
-    origin is a variant of that message, rebuilt by the view, whose kind
-    (a notice, a replaced read, a repaired pair) follows from the overlay
-    texts it holds; one without is a message the view added (a missing
-    result, a notice of its own), standing for the message holding the call
-    it answers, else for the next history message sent. History messages
-    neither sent nor rebuilt are the ones the view removed.
+    or None for a message the view added. What is left to say here is what
+    changed a message: one equal to its history message is sent as it is;
+    another with an origin is a variant of that message, rebuilt by the view,
+    whose kinds (a notice, a replaced read, a summary, a repaired pair) follow
+    from the overlay texts it holds (:meth:`_kinds`); one without is a message
+    the view added (a missing result, a notice of its own), shown with the
+    message holding the call it answers, else before the next history message
+    sent (:meth:`_stands`). History messages neither sent nor rebuilt are the
+    ones the view removed.
 
     Args:
         history: the whole conversation, in its dialect.
