@@ -55,7 +55,7 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _CLOSE_LINGER_MS = 2000
 
-OnMessage = Callable[[list[bytes], bytes, "str | None"], None]
+OnMessage = Callable[[list[bytes], bytes, str | None], None]
 """Takes a request: its envelope, its body frame and the client's name (bound clients only)."""
 
 
