@@ -193,6 +193,7 @@ class DaemonProcess:
             except TimeoutError:
                 pass
             if time.monotonic() > deadline:
+                self.kill()  # a daemon that never answered is not left running
                 raise TimeoutError(f"ctxwind did not answer ping:\n{self.log()}")
 
     def log(self) -> str:

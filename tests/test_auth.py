@@ -344,6 +344,15 @@ def test_keys_command_refuses_to_overwrite_and_needs_a_name(tmp_path: Path) -> N
     assert proto.read_key_file(tmp_path / "allowed" / "raw.key").public == public
 
 
+def test_keys_allow_takes_a_key_that_begins_with_a_dash(tmp_path: Path) -> None:
+    """Z85 has '-' among its characters: such a key is a key, not an unknown option."""
+    public = next(key for key, _ in iter(zmq.curve_keypair, None) if key.startswith(b"-"))
+    keys("allow", public.decode(), "--name", "dash", "--dir", str(tmp_path))
+    assert proto.read_key_file(tmp_path / "allowed" / "dash.key").public == public
+    keys("allow", "--dir", str(tmp_path / "other"), public.decode(), "--name", "again")
+    assert proto.read_key_file(tmp_path / "other" / "allowed" / "again.key").public == public
+
+
 def test_a_client_without_its_key_pair_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,7 @@ Every file is written 0600 in a 0700 directory (``--dir``, else
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -20,7 +21,7 @@ import zmq
 
 from ctxwin import proto
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "key_last", "run"]
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,6 +55,31 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     allow.add_argument("key", metavar="PUBLIC_KEY_FILE", help="a client.key file, or the key")
     allow.add_argument("--name", help="name on the allow-list (default: the key file's name)")
     actions.add_parser("show", parents=[where], help="the keys here, and who is allowed")
+
+
+def key_last(argv: Sequence[str]) -> list[str]:
+    """Put a public key given to ``keys allow`` that begins with ``-`` after ``--``.
+
+    A Z85 key may begin with ``-``, and argparse would read it as an option.
+    """
+    args = list(argv)
+    start = next(
+        (i + 2 for i in range(len(args) - 1) if args[i : i + 2] == ["keys", "allow"]), None
+    )
+    if start is None or "--" in args:
+        return args
+    for i in range(start, len(args)):
+        if args[i].startswith("-") and len(args[i]) == 40 and _is_public_key(args[i]):
+            return [*args[:i], *args[i + 1 :], "--", args[i]]
+    return args
+
+
+def _is_public_key(text: str) -> bool:
+    try:
+        proto.read_public_key(text)
+    except proto.KeyFileError:
+        return False
+    return True
 
 
 def _directory(args: argparse.Namespace) -> Path:
