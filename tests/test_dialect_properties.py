@@ -311,7 +311,7 @@ def test_views_made_turn_by_turn_are_those_of_a_fresh_mapping(
     turns=conversations(),
     steps=st.lists(
         st.tuples(
-            st.integers(1, 4),
+            st.integers(0, 4),
             st.sampled_from(["prepare", "prepare_over", "notice", "optimize", "again"]),
         ),
         min_size=1,
@@ -322,8 +322,8 @@ def test_resumed_view_back_makes_the_pieces_of_the_plain_walk(
     dialect: str, turns: list[Turn], steps: list[tuple[int, str]]
 ) -> None:
     """ViewResume (the walk resumed at the last view's first change) gives the pieces of the
-    plain walk from the first message, view after view, as the history grows, is cut and
-    optimised, or is viewed again unchanged."""
+    plain walk from the first message, view after view, as the history grows (a step of 0
+    takes two messages back), is cut and optimised, or is viewed again unchanged."""
     messages = RENDER[dialect](turns)
     state = TaskState(dialect=DIALECTS[dialect])
     history = MappedHistory(DIALECTS[dialect])
@@ -331,7 +331,7 @@ def test_resumed_view_back_makes_the_pieces_of_the_plain_walk(
     state.cache = history.cache
     end = 0
     for ts, (grow, op) in enumerate(steps, 1):
-        end = min(end + grow, len(messages))
+        end = min(end + grow, len(messages)) if grow else max(end - 2, 0)
         history.sync(messages[:end])
         internal = history.internal
         if op == "optimize":

@@ -18,7 +18,7 @@ from ctxwin.engine import (
     truncated_messages,
     view_patch,
 )
-from ctxwin.engine._view import find_repairs
+from ctxwin.engine._view import ViewCache, find_repairs
 from ctxwin.proto import DigestChain, apply_view_patch
 from tests._scenarios import PLACEHOLDER_NOTICES, expand_args, load_scenarios
 from tests._strategies import apply, conversations, operations, run_all
@@ -301,3 +301,46 @@ def test_an_ordered_patch_rebuilds_the_view_its_runs_and_overrides_name(
             apply_view_patch(history, patch)
     else:
         assert apply_view_patch(history, patch) == expected
+
+
+def _strict_turns() -> list[dict[str, Any]]:
+    """A call whose result comes late, after a message that answers nothing."""
+    return [
+        {"role": "user", "content": [{"type": "text", "text": "task"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "reading"},
+                {"type": "tool_use", "id": "a", "name": "read", "input": {}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "text", "text": "meanwhile"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "waiting"}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "a", "content": "late"}],
+        },
+    ]
+
+
+@pytest.mark.parametrize("cut_back", [True, False])
+def test_a_cached_strict_view_takes_a_late_result_as_the_history_changes(cut_back: bool) -> None:
+    """Under a strict dialect a repair takes a call's result from a later message: the cached
+    view drops it when that message is cut, and takes it when it is appended, as a view
+    built afresh does."""
+    full = _strict_turns()
+    messages = full if cut_back else full[:4]
+    cache = ViewCache(messages, True)
+    overlay = Overlay()
+    truncated_messages(messages, None, overlay, strict=True, cache=cache)
+    if cut_back:
+        del messages[4:]
+        cache.changed_from(4)
+    else:
+        messages.append(full[4])
+        cache.changed_from(4)
+    cache.repairs[:] = find_repairs(messages, 0, True)
+    view = truncated_messages(messages, None, overlay, strict=True, cache=cache)
+    assert view == truncated_messages(list(messages), None, overlay, strict=True)
+    late = view[2]["content"][0]
+    assert (late["content"] == "late") is not cut_back

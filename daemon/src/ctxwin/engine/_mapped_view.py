@@ -241,8 +241,10 @@ class ViewResume:
         self._rebuilds: dict[int, tuple[Message, Rebuilt]] = {}
 
     def reset(self) -> None:
-        """Start the next view afresh (the history was cut: kept-out messages may go)."""
+        """Start the next view afresh (the history was cut: kept-out messages may go, and
+        messages rebuilt from the ones cut with them)."""
         self._last = None
+        self._rebuilds.clear()
 
     def pieces(
         self,

@@ -193,9 +193,24 @@ class ViewCache:
         seam: (the view returned before, the view returned last, how many first
             messages of the last are that one's own): where a view mapped on from
             the last one resumes.
+        lacking: (``strict`` only) call id -> history index of the message after
+            the call, for calls whose result :attr:`view` took from another
+            message or filled in: that message of the view depends on messages
+            after it too.
+        built: how many messages :attr:`view` was built from.
     """
 
-    __slots__ = ("clean_until", "facts", "messages", "repairs", "seam", "strict", "view")
+    __slots__ = (
+        "built",
+        "clean_until",
+        "facts",
+        "lacking",
+        "messages",
+        "repairs",
+        "seam",
+        "strict",
+        "view",
+    )
 
     def __init__(self, messages: list[Message], strict: bool) -> None:
         self.messages = messages
@@ -205,6 +220,28 @@ class ViewCache:
         self.view: tuple[tuple[Any, ...], list[Message]] | None = None
         self.clean_until = 0
         self.seam: tuple[list[Message], list[Message], int] | None = None
+        self.lacking: dict[str, int] = {}
+        self.built = 0
+
+    def first_changed(self) -> int:
+        """The first history index whose view message may differ from :attr:`view`'s:
+        :attr:`clean_until`, or a message whose repair took a result from elsewhere, when a
+        message it could take one from changed (a new result for its call, or any message
+        of the last view's history replaced or cut)."""
+        first, lacking = self.clean_until, self.lacking
+        if not lacking:
+            return first
+        if first < self.built:
+            return min(first, *lacking.values())
+        for message in self.messages[first:]:
+            content = message.get("content")
+            if message.get("role") != "user" or not isinstance(content, list):
+                continue
+            for block in content:
+                at = lacking.get(block.get("tool_use_id")) if _result_id(block) else None
+                if at is not None:
+                    first = min(first, at)
+        return first
 
     def changed_from(self, index: int) -> None:
         """Note that messages from ``index`` on were replaced, cut or appended (the owner
@@ -272,19 +309,23 @@ def _cached_view(
     messages = cache.messages
     key = (start, overlay, overlay.version, notices, summary)
     cached = cache.view
-    first = cache.clean_until
+    first = cache.first_changed() if cache.lacking else cache.clean_until
     same = 0
     if cached is not None and cached[0] == key and first > start + 1:
         seam = first - start + 2  # view position of history index ``first``
         view = [*cached[1][:seam], *messages[first:]]
+        if cache.lacking:
+            cache.lacking = {call: at for call, at in cache.lacking.items() if at < first}
         _finish_view(
             messages, view, start, first, {seam - 1}, overlay, notices, cache.strict, cache
         )
         same = seam  # _finish_view changed positions from ``seam`` on only
     else:
+        if cache.lacking:
+            cache.lacking = {}
         view = _build_view(messages, start, overlay, notices, summary, cache.strict, cache)
     cache.view = (key, view)
-    cache.clean_until = len(messages)
+    cache.clean_until = cache.built = len(messages)
     out = list(view)
     returned = cache.seam
     cache.seam = (returned[1] if returned is not None else [], out, same)
@@ -384,6 +425,9 @@ def _finish_view(
                 if elsewhere is None:
                     elsewhere = _stray_results(messages, start, overlay)
                 found = elsewhere
+                if cache is not None:
+                    at = position + 1 if position < 1 else position + 1 - offset
+                    _note_lacking(cache, ids, following, at)
             # Across a cut (message 1, then the first message after the range) a text
             # result answers a removed call, not this one.
             across = position == 1 and start > FIRST_REMOVABLE
@@ -426,6 +470,16 @@ _SAME = 40
 """How many first characters of a header's argument must be the call's."""
 _TEXT_RESULT = re.compile(r"\[([^\s\]]+)(?: for '([\s\S]*?)')?\] Result:")
 """A tool result given as text, and the tool's name (the Cline dialect's header)."""
+
+
+def _note_lacking(cache: ViewCache, ids: list[str], message: Message, index: int) -> None:
+    """Note in ``cache`` the calls ``ids`` that ``message`` (history index ``index``) holds
+    no result for."""
+    content = message.get("content")
+    held = {_result_id(block) for block in content} if isinstance(content, list) else set()
+    for tool_id in ids:
+        if tool_id not in held:
+            cache.lacking[tool_id] = index
 
 
 def _lacks_results(ids: list[str], message: Message) -> bool:
