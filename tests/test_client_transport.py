@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from ctxwin.client import AsyncClient, Client, DaemonUnavailableError
-from ctxwin.client._link import SAFE_TO_REPEAT
+from ctxwin.client._link import SAFE_TO_REPEAT, close_dealer, open_dealer
 from tests._daemon import DaemonProcess, wait_until
 
 KINDS = ("sync", "async")
@@ -197,3 +198,54 @@ def test_a_read_in_flight_when_the_daemon_restarts_is_sent_again(
     result = call.result()
     assert isinstance(result, dict), result
     assert result["tokens"] > 0
+
+
+class _FastRetries(zmq.Context[zmq.Socket[bytes]]):
+    """A context whose DEALERs retry a refused connection every millisecond."""
+
+    def socket(self, socket_type: int, **kwargs: Any) -> zmq.Socket[bytes]:  # type: ignore[override]
+        sock: zmq.Socket[bytes] = super().socket(socket_type, **kwargs)
+        if socket_type == zmq.DEALER:
+            sock.setsockopt(zmq.RECONNECT_IVL, 1)
+        return sock
+
+
+def test_unread_monitor_events_do_not_stop_the_context() -> None:
+    """An idle client's monitor fills while its daemon is down; the context must go on.
+
+    A full monitor queue blocks libzmq's I/O thread, and every socket of the
+    context with it. Retried every millisecond, the default queue (about 2,000
+    events) is full within a few seconds.
+    """
+    context = _FastRetries()
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dealer, monitor, _ = open_dealer(context, f"tcp://127.0.0.1:{port}", None)
+    moved = threading.Event()
+
+    def second_socket() -> None:
+        server, peer = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+        server.bind("tcp://127.0.0.1:*")
+        peer.connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+        peer.send(b"still moving")
+        if server.poll(5000) and server.recv() == b"still moving":
+            moved.set()
+        server.close(linger=0)
+        peer.close(linger=0)
+
+    try:
+        time.sleep(6.0)
+        other = threading.Thread(target=second_socket, daemon=True)
+        other.start()
+        other.join(15.0)
+    finally:
+        held = 0
+        while monitor.poll(0):  # a stuck I/O thread moves again once its events are read
+            monitor.recv_multipart()
+            held += 1
+        other.join(15.0)
+        close_dealer(dealer, monitor)
+        context.term()
+    assert moved.is_set(), f"a second socket of the context was stuck ({held} events unread)"
+    assert held > 2_100, f"only {held} events were retried: the queue was never full"

@@ -10,6 +10,8 @@ be sent again.
 from __future__ import annotations
 
 import errno
+import itertools
+import os
 from typing import Any, Protocol, TypeVar
 
 import zmq
@@ -54,13 +56,33 @@ def open_dealer(
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     uses_curve = curve is not None and curve.apply(sock, endpoint)
-    monitor = sock.get_monitor_socket(MONITOR_EVENTS)
+    monitor = _monitor(sock)
     try:
         sock.connect(endpoint)
     except zmq.ZMQError as exc:
         close_dealer(sock, monitor)
         raise connect_error(endpoint, exc) from None
     return sock, monitor, uses_curve
+
+
+_monitors = itertools.count()
+
+
+def _monitor(sock: SocketT) -> SocketT:
+    """``sock``'s monitor of :data:`MONITOR_EVENTS`, its queue without a limit.
+
+    libzmq's I/O thread blocks when a monitor's queue is full, and with it every
+    socket of the context. An idle blocking client reads no events, and while its
+    daemon is down a refused connection is retried ten times a second: with the
+    default limits the context stopped after about 200 s. Unread events now cost
+    memory instead (a few dozen bytes each), until the next call reads them.
+    """
+    address = f"inproc://ctxwin-monitor-{os.getpid()}-{next(_monitors)}"
+    sock.monitor(address, MONITOR_EVENTS)
+    monitor: SocketT = sock.context.socket(zmq.PAIR)
+    monitor.setsockopt(zmq.RCVHWM, 0)  # 0 on either end: the inproc queue has no limit
+    monitor.connect(address)
+    return monitor
 
 
 def close_dealer(sock: zmq.Socket[Any] | None, monitor: zmq.Socket[Any] | None) -> None:
