@@ -49,7 +49,6 @@ Messages = Sequence[Mapping[str, Any]]
 """A conversation as the caller holds it: a sequence of message maps (SPEC.md §1)."""
 
 CompactKeep = Literal["quarter", "none"]
-Strategy = Literal["default", "fit", "auto"]
 Pricing = str | Mapping[str, float]
 """A price sheet's name, or its ``{input, cache_write, cache_read}`` multipliers."""
 

@@ -40,6 +40,7 @@ from ctxwin.proto import (
     RollbackResult,
     ShouldCompactResult,
     StatsResult,
+    Strategy,
     TruncatedMessagesResult,
     Usage,
 )
@@ -51,7 +52,6 @@ from ._core import (
     Messages,
     Pricing,
     RangeArg,
-    Strategy,
     build,
     copy_messages,
     copy_pricing,

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from ctxwin.proto import PriceSheet
+from ctxwin.proto import PriceSheet, Strategy
 
 from ._blocks import Message
 from ._overlay import Overlay
@@ -22,7 +21,6 @@ from ._view import apply_overlay, keep_from
 Counter = Callable[[Message], int]
 """Tokens of one message (the daemon counts with tiktoken and caches per message)."""
 
-Strategy = Literal["default", "fit", "auto"]
 LARGEST_REPORTED = 5
 DEFAULT_FIT_TARGET = 0.8
 

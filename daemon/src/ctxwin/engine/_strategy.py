@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from ctxwin.proto import PlanResult, PrepareRequestResult
+from ctxwin.proto import PlanResult, PrepareRequestResult, Strategy
 
 from ._auto import AutoStrategy
 from ._blocks import Message, text_of
-from ._budget import Budgeting, Strategy, fit_range
+from ._budget import Budgeting, fit_range
 from ._cuts import add_truncation_notice, keep_newest
 from ._ledger import Receipt
 from ._optimize import TOOL_HEADER

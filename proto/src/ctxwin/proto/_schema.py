@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, get_args
 
 from ._delta import DIGEST_SIZE
 from ._errors import ErrorCode, ProtocolError
@@ -26,7 +26,9 @@ KEEP_VALUES = ("none", "lastTwo", "half", "quarter")
 COMPACT_KEEP_VALUES = ("quarter", "none")
 USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
 VIEW_VALUES = ("list", "patch", "patch_prepend")
-STRATEGY_VALUES = ("default", "fit", "auto")
+Strategy = Literal["default", "fit", "auto"]
+"""How ``prepare_request`` makes a view (docs/STRATEGIES.md): its strategies' names, once."""
+STRATEGY_VALUES: tuple[Strategy, ...] = get_args(Strategy)
 CLINE = "cline"
 """The identity dialect: messages in the shape SPEC.md describes (the only place it is spelled)."""
 DIALECTS = (CLINE, "openai-chat", "anthropic", "openai-responses", "gemini")
