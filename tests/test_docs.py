@@ -30,6 +30,17 @@ def test_every_spec_citation_names_a_section_of_docs_spec() -> None:
     assert [] == sorted((path, n) for path, n in cited if n not in sections)
 
 
+def test_every_docs_page_cited_is_a_page_of_docs() -> None:
+    """A docs page cited anywhere in the code, tests and docs is a file of docs/."""
+    cited = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in [README, *SOURCES]
+        for name in re.findall(r"docs/([A-Z][A-Z_]*\.md)", path.read_text(errors="replace"))
+    }
+    assert len(cited) > 20  # the walk sees the citations
+    assert [] == sorted((path, name) for path, name in cited if not (ROOT / "docs" / name).exists())
+
+
 def test_relative_links_of_the_readme_and_docs_lead_to_files() -> None:
     """Every [text](target) that is not a URL names a file of the repository."""
     broken = []
