@@ -155,7 +155,7 @@ class Planner:
             recent_from = start
         # Each result found: (index, block, tool, arguments, read key, text).
         found: list[tuple[int, int, object, object, str | None, str]] = []
-        rules = self.state.reads
+        native, rules = self.state.dialect.native, self.state.reads
         for index in range(start, recent_from):
             message = messages[index]
             if message.get("role") != "user":
@@ -163,7 +163,7 @@ class Planner:
             content = message.get("content")
             if not isinstance(content, list) or not content:
                 continue
-            if rules is None:
+            if not native:  # SPEC.md's text results: a header names the tool
                 text = text_of(content[0]) or ""
                 header = TOOL_HEADER.match(text) if text.startswith("[") else None
                 if header is None:
@@ -176,6 +176,7 @@ class Planner:
                 key = path if tool == "read_file" else None
                 found.append((index, block, tool, path, key, body))
                 continue
+            assert rules is not None  # a native dialect's task has its read rules
             reads = {block: key for key, block in native_reads(messages, index, rules)}
             calls: dict[str, tuple[object, object]] | None = None
             for block_index, item in enumerate(content):
@@ -213,7 +214,7 @@ class Planner:
                     continue
                 replacement = _stub(tool, arguments, tokens)
                 kind, edit_type = "mask", EDIT_NO_FILE_READ
-            if rules is None and block == 0:
+            if not native and block == 0:
                 header = TOOL_HEADER.match(body)
                 assert header is not None
                 replacement = f"{header.group(0)}\n{replacement}"
