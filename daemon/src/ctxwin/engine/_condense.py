@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ctxwin.proto import CondenseResult
+from ctxwin.proto import CondenseResult, SummaryKind
 
 from ._auto import shorten_oversized
 from ._blocks import Message, wire_view
@@ -21,7 +21,7 @@ from ._budget import Budgeting
 from ._cuts import add_truncation_notice, keep_newest
 from ._ledger import Receipt
 from ._range import Keep, next_truncation_range
-from ._summary import Summary, SummaryKind, basic_summary
+from ._summary import Summary, basic_summary
 from ._view import keep_from
 from ._window import context_window_info, should_compact
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard, cast
+from typing import Any, TypeGuard, cast, get_args
 
-from ctxwin.proto import SUMMARY_MARK, SummaryInfo
+from ctxwin.proto import SUMMARY_MARK, SummaryInfo, SummaryKind
 
 from ._blocks import Block, Message, text_of
 from ._optimize import TOOL_HEADER
 
-SummaryKind = Literal["basic", "model"]
-SUMMARY_KINDS: tuple[SummaryKind, ...] = ("basic", "model")
+SUMMARY_KINDS: tuple[SummaryKind, ...] = get_args(SummaryKind)
 
 SUMMARY_PROMPT = (
     "Write a summary of this conversation so far, to replace its earlier turns: they will "

@@ -100,6 +100,7 @@ from ._results import (
     ShouldCompactResult,
     StatsResult,
     SummaryInfo,
+    SummaryKind,
     TruncatedMessagesResult,
 )
 from ._schema import (
@@ -194,6 +195,7 @@ __all__ = [
     "StatsResult",
     "Strategy",
     "SummaryInfo",
+    "SummaryKind",
     "TruncatedMessagesResult",
     "Update",
     "Usage",

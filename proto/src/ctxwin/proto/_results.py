@@ -196,11 +196,16 @@ class CondensedResult(TypedDict):
     restarted: NotRequired[bool]
 
 
+SummaryKind = Literal["basic", "model"]
+"""How a summary was written: ``basic`` by the daemon from the removed turns, ``model`` by
+the agent's model (docs/SUMMARIES.md)."""
+
+
 class SummaryInfo(TypedDict):
     """A stored summary: when, what kind, the range it stands for, its text and length."""
 
     ts: int
-    kind: Literal["basic", "model"]
+    kind: SummaryKind
     range: list[int]
     text: str
     chars: int
