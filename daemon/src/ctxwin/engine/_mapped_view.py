@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ._blocks import Block, Message
 from ._dialect import ASSISTANT, SRC, USER
-from ._view import keep_from
+from ._view import keep_from, view_length
 
 if TYPE_CHECKING:
     from ._mapped import MappedHistory
@@ -94,7 +94,7 @@ def view_start(
     """
     count = len(mapped.internal)
     start = keep_from(deleted_range) if count >= 2 else count
-    if len(view) != (count if count < 2 else 2 + max(count - start, 0)):
+    if len(view) != view_length(count, start):
         raise ValueError(f"a view of {len(view)} messages is not one of this history")
     return start
 

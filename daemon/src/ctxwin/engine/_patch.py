@@ -32,7 +32,7 @@ from ._blocks import Message
 from ._history import History
 from ._mapped import MappedHistory
 from ._notices import DEFAULT_NOTICES
-from ._view import keep_from
+from ._view import keep_from, view_length
 
 __all__ = ["PatchMaker", "view_patch"]
 
@@ -252,8 +252,7 @@ def _view_start(view: list[Any], length: int, deleted_range: list[int] | None) -
     """
     for candidate in (deleted_range, None):
         start = keep_from(candidate)
-        expected = length if length < 2 else 2 + max(length - start, 0)
-        if len(view) == expected:
+        if len(view) == view_length(length, start):
             return start
     return None
 

@@ -32,6 +32,12 @@ def keep_from(deleted_range: Sequence[int] | None) -> int:
     return max(deleted_range[1] + 1, FIRST_REMOVABLE)
 
 
+def view_length(length: int, start: int) -> int:
+    """How many messages the view of a history of ``length`` holds when it keeps the first
+    pair and the messages from ``start`` (:func:`keep_from`) on."""
+    return length if length < 2 else 2 + max(length - start, 0)
+
+
 def apply_overlay(message: Message, overlay_entry: Any) -> Message:
     """A copy of ``message`` with each block's latest text update applied (SPEC.md §4 step 4)."""
     content = message.get("content")
