@@ -227,8 +227,9 @@ class Planner:
         message = self.messages[index]
         if message.get("role") != "user":
             return []
-        rules = self.state.reads
-        if rules is not None:
+        if self.state.dialect.native:
+            rules = self.state.reads
+            assert rules is not None  # a native dialect's task has its read rules
             return list(native_reads(self.messages, index, rules))
         content = message.get("content")
         if not isinstance(content, list) or not content:
