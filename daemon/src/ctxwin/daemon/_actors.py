@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,7 +34,7 @@ from ._kept import HistoryCache
 from ._schedule import FlushError
 from ._session import TaskServices, TaskSession
 from ._tokens import TokenCounter
-from .store import StateStore, StoreUnavailableError
+from .store import Spawn, StateStore, StoreUnavailableError
 
 __all__ = [
     "Actor",
@@ -282,7 +281,7 @@ class ActorSystem:
         debounce_ms: int,
         debounce_max_ms: int,
         idle_timeout: float,
-        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
+        spawn: Spawn,
         counters: Counters,
         tokens: TokenCounter,
         history_cache_bytes: int,

@@ -13,12 +13,12 @@ What a write does is injected (:attr:`WriteSchedule.write`, the task's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
-from .store import StoreError
+from .store import Spawn, StoreError
 
 __all__ = ["FlushError", "WriteCounters", "WriteSchedule"]
 
@@ -62,7 +62,7 @@ class WriteSchedule:
         write: Callable[[], Awaitable[bool]],
         revision: Callable[[], int],
         loop: asyncio.AbstractEventLoop,
-        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
+        spawn: Spawn,
         counters: WriteCounters,
         debounce_s: float,
         debounce_max_s: float,

@@ -25,7 +25,7 @@ task's :class:`~._schedule.WriteSchedule`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from ._ops import HISTORY_OPS, asks_estimates, run_task_op
 from ._schedule import FlushError, WriteCounters, WriteSchedule
 from ._settings import TaskSettings
 from ._tokens import TokenCounter
-from .store import StateStore, TaskExtras
+from .store import Spawn, StateStore, TaskExtras
 
 __all__ = ["TaskServices", "TaskSession"]
 
@@ -59,7 +59,7 @@ class TaskServices:
     histories: HistoryCache
     read_rules: engine.ReadRules
     loop: asyncio.AbstractEventLoop
-    spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+    spawn: Spawn
     counters: WriteCounters
     debounce_s: float
     debounce_max_s: float

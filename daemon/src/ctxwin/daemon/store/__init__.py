@@ -13,14 +13,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from ctxwin import engine
 
 from .._config import Config
 from .._errors import StartupError
-from ._base import StateStore, StoreError, StoreUnavailableError, TaskExtras, TaskStore
+from ._base import Spawn, StateStore, StoreError, StoreUnavailableError, TaskExtras, TaskStore
 from ._files import FileStore
 from ._fleet import RedisStateStore
 from ._redis import RedisStore, redis_available
@@ -36,9 +35,6 @@ __all__ = [
     "TaskStore",
     "open_store",
 ]
-
-Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
-"""Starts a coroutine function in the daemon's task group."""
 
 
 def open_store(

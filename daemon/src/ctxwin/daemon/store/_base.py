@@ -15,19 +15,23 @@ False once the lease is gone, and call the actor's ``on_lost`` then.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ctxwin import engine, proto
 
 __all__ = [
+    "Spawn",
     "StateStore",
     "StoreError",
     "StoreUnavailableError",
     "TaskExtras",
     "TaskStore",
 ]
+
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+"""Starts a coroutine function in the daemon's task group."""
 
 
 class StoreError(Exception):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -24,7 +24,7 @@ import structlog
 
 from ctxwin import engine, proto
 
-from ._base import StoreError, StoreUnavailableError, TaskExtras
+from ._base import Spawn, StoreError, StoreUnavailableError, TaskExtras
 from ._record import TaskRecord, build_state, decode_record, encode_task, extras_of, record_of
 from ._redis import BadContent, Fenced, Lease, OwnedElsewhere, RedisStore, StoreUnavailable
 
@@ -218,7 +218,7 @@ class RedisStateStore:
         self,
         redis: RedisStore,
         notices: engine.Notices,
-        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
+        spawn: Spawn,
     ) -> None:
         self.redis = redis
         self.notices = notices
