@@ -315,9 +315,7 @@ def _restarted(
     length, digest = basis
     if len(messages) < length:
         return True
-    if history is not None:
-        return history.digest_of(length) != digest
-    return proto.DigestChain(messages[:length]).digest(length) != digest
+    return _prefix_digest(history, messages, length) != digest
 
 
 def record_basis(
@@ -339,11 +337,15 @@ def record_basis(
         return  # checked against this history before the op, and unchanged by it
     messages: list[Any] = history.messages if history is not None else args["messages"]
     length = mapped.history_length(extent) if mapped is not None else min(extent, len(messages))
+    state.basis = (length, _prefix_digest(history, messages, length))
+
+
+def _prefix_digest(history: engine.History | None, messages: list[Any], length: int) -> bytes:
+    """The digest of the first ``length`` messages: from the kept history's chain, or
+    hashed from the list the request sent when no history is kept."""
     if history is not None:
-        digest = history.digest_of(length)
-    else:
-        digest = proto.DigestChain(messages[:length]).digest(length)
-    state.basis = (length, digest)
+        return history.digest_of(length)
+    return proto.DigestChain(messages[:length]).digest(length)
 
 
 RESIDENT_PER_BYTE = 5
