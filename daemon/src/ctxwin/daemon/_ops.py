@@ -291,7 +291,8 @@ TASK_OPS: dict[str, TaskOp] = {
     "rollback": _rollback,
     "should_compact": _should_compact_task,
 }
-"""Task ops that are engine calls; ``inspect``, ``flush`` and ``close`` are the actor's."""
+"""Task ops that are engine calls; ``inspect``, ``flush`` and ``close`` are the session's
+(``_session._OWN_OPS``)."""
 
 HISTORY_OPS = frozenset(
     op for op, spec in proto.OPS.items() if ("messages", "append") in spec.one_of
