@@ -15,6 +15,7 @@ import structlog
 
 from ctxwin import engine, proto
 
+from ._ops import dialect_refused
 from ._tokens import TokenCounter
 
 __all__ = ["HistoryCache", "KeptHistory", "engine_target", "record_basis"]
@@ -124,9 +125,7 @@ class KeptHistory:
         try:
             self.mapped.sync(history.messages, unchanged)
         except engine.DialectError as exc:
-            raise proto.ProtocolError(
-                proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({self.dialect.name} dialect)"
-            ) from None
+            raise dialect_refused(op, self.dialect, exc) from None
         return self.mapped
 
     def view_back(

@@ -18,6 +18,7 @@ __all__ = [
     "HISTORY_OPS",
     "TASK_OPS",
     "asks_estimates",
+    "dialect_refused",
     "run_free_op",
     "run_task_op",
 ]
@@ -72,9 +73,7 @@ def _count_tokens(args: Args, tokens: TokenCounter) -> Result:
     try:
         mapped.sync(args["messages"])
     except engine.DialectError as exc:
-        raise proto.ProtocolError(
-            proto.ErrorCode.BAD_REQUEST, f"count_tokens: {exc} ({dialect.name} dialect)"
-        ) from None
+        raise dialect_refused("count_tokens", dialect, exc) from None
     total = sum(tokens.count_message(message) for message in mapped.internal)
     total += sum(
         tokens.count_text(engine.kept_out_text(mapped.source[index])) for index in mapped.systems
@@ -270,9 +269,14 @@ def _internal(dialect: engine.Dialect, messages: Any, op: str) -> list[Any]:
     try:
         return list(engine.MappedHistory(dialect, messages).internal)
     except engine.DialectError as exc:
-        raise proto.ProtocolError(
-            proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({dialect.name} dialect)"
-        ) from None
+        raise dialect_refused(op, dialect, exc) from None
+
+
+def dialect_refused(
+    op: str, dialect: engine.Dialect, exc: engine.DialectError
+) -> proto.ProtocolError:
+    """The ``bad_request`` for a message ``dialect`` cannot carry, naming the op and dialect."""
+    return proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({dialect.name} dialect)")
 
 
 TaskOp = Callable[[engine.TaskState, Args, engine.Budgeting | None], Result]
