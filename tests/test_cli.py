@@ -237,7 +237,8 @@ def test_replay_fails_fast_on_a_plot_it_cannot_write(shared: DaemonProcess, tmp_
 def test_replay_into_a_live_persistent_task_is_refused(
     shared: DaemonProcess, tmp_path: Path
 ) -> None:
-    """Without --keep, replaying into a task open as persistent exits 1 and changes nothing."""
+    """Without --keep, replaying into a task open as persistent exits 1 and changes nothing:
+    the task stays loaded for the agent that holds it."""
     with Client(shared.endpoint) as client:
         client.compact("cli-live", conversation(10), "quarter", ts=1)
         before = client.inspect("cli-live")
@@ -246,11 +247,13 @@ def test_replay_into_a_live_persistent_task_is_refused(
             "--endpoint", shared.endpoint, "replay", str(history), "--task", "cli-live"
         )
         assert (1, True) == (code, "persistent" in err)
+        closed = client.close_task("cli-live")  # before inspect, which would load it again
         after = client.inspect("cli-live")
     assert (before["deleted_range"], before["updates"]) == (
         after["deleted_range"],
         after["updates"],
     )
+    assert closed["loaded"], "the refused replay unloaded the live task"
 
 
 def test_an_abstract_ipc_endpoint_is_not_taken_for_a_missing_socket(tmp_path: Path) -> None:

@@ -118,13 +118,15 @@ def run(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     )
     if len(args.strategy) > 1:
         return _compare(client, args, history, model, options, out, err)
+    # A task that existed before is someone else's: a refused replay leaves it loaded.
+    existed = args.task is not None and client.inspect(args.task).get("exists") is not False
     bar = _progress(args, err)
     try:
         report = replay(client, history, model, replace(options, progress=bar))
     except BaseException:  # Ctrl-C included
         if bar is not None:
             bar.clear()
-        if not args.keep:  # a failed replay leaves no task behind either
+        if not args.keep and not existed:  # a failed replay leaves no task behind either
             _drop_task(client, options.task_id, args.timeout)
         raise
     report.window_source = window_source
