@@ -48,6 +48,9 @@ class PingResult(TypedDict):
 class StatsResult(TypedDict):
     """``stats``: counters of the running daemon.
 
+    ``tasks``: the task ids used since the daemon started (closed ones too);
+    ``actors``: the tasks loaded now, which ``--max-tasks`` caps.
+
     ``histories`` and ``history_bytes``: the histories kept for delta sync and
     the memory they are counted as holding (their estimated resident size,
     which ``--history-cache-mb`` caps), not their encoded size.
