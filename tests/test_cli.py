@@ -110,8 +110,29 @@ def test_inspect_shows_overlay_range_and_savings(shared: DaemonProcess, tmp_path
     )
     data = json.loads(out)
     assert [2, 7] == data["deleted_range"]
-    assert data["summary"]["overlay_chars_saved"] > 2000
+    assert data["overview"]["overlay_chars_saved"] > 2000
     assert {"notice", "read_file"} == {block["edit"] for block in data["blocks"]}
+
+
+def test_inspect_json_keeps_the_summary_the_view_carries(shared: DaemonProcess) -> None:
+    """``--json inspect`` of a condensed task gives the daemon's ``summary`` as it is."""
+    model = {"id": "small-model", "context_window": 16000}
+    with Client(shared.endpoint) as client:
+        messages = conversation(12)
+        for message in messages[2:]:
+            message["content"][0]["text"] += " word" * 400
+        done = client.condense(
+            "cli-condensed", messages, model, summary="Parser half done.", ts=5000
+        )
+        assert done["condensed"], done
+        carried = client.inspect("cli-condensed")["summary"]
+    code, out, err = run("--endpoint", shared.endpoint, "--json", "inspect", "cli-condensed")
+    assert 0 == code, err
+    data = json.loads(out)
+    assert carried is not None
+    assert "Parser half done." in carried["text"]
+    assert carried == data["summary"]
+    assert data["overview"]["hidden_messages"] > 0
 
 
 def test_flush_rollback_close(shared: DaemonProcess) -> None:

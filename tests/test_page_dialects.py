@@ -227,7 +227,7 @@ def test_inspect_writes_the_page_of_a_native_task(
     assert 0 == code, err
     result = json.loads(out)
     assert all(row["saved"] > 0 for row in result["blocks"] if row["edit"] != "notice")
-    assert 0 == result["summary"]["hidden_messages"]
+    assert 0 == result["overview"]["hidden_messages"]
     text = page.read_text(encoding="utf-8")
     assert '<span class="badge read">file read replaced</span>' in text
     assert REPLACED_READ in unescape(text)
@@ -318,7 +318,7 @@ def _inspect_page(endpoint: str, client: Client, tmp_path: Path, name: str) -> P
     base = ("--endpoint", endpoint, "--json", "inspect", name)
     code, out, err = run(*base, "--messages", str(saved), "--html", str(page))
     assert 0 == code, err
-    assert 0 == json.loads(out)["summary"]["hidden_messages"]
+    assert 0 == json.loads(out)["overview"]["hidden_messages"]
     text = page.read_text(encoding="utf-8")
     shown = [label for label, _, hidden in _items(text) if not hidden]
     assert [f"#{index}" for index in range(7)] == shown

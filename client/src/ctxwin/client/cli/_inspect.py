@@ -90,8 +90,8 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         if not args.json:
             out.write(f"page written to {args.html}\n")
     if args.json:
-        # The daemon's "summary" (the one the view carries) is the last of "summaries".
-        print_json({**result, "summary": summary, "blocks": rows}, out)
+        # "summary" stays the daemon's (the summary the view carries, if any).
+        print_json({**result, "overview": summary, "blocks": rows}, out)
     else:
         _write_text(result, summary, rows, out)
     return EXIT_OK
