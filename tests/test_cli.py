@@ -116,7 +116,7 @@ def test_inspect_shows_overlay_range_and_savings(shared: DaemonProcess, tmp_path
 
 def test_inspect_json_keeps_the_summary_the_view_carries(shared: DaemonProcess) -> None:
     """``--json inspect`` of a condensed task gives the daemon's ``summary`` as it is."""
-    model = {"id": "small-model", "context_window": 16000}
+    model: Any = {"id": "small-model", "context_window": 16000}
     with Client(shared.endpoint) as client:
         messages = conversation(12)
         for message in messages[2:]:
