@@ -197,6 +197,12 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
 
 
+_CONNECTIONS = 100
+"""Connections to Redis at most, per daemon."""
+_CONNECTION_WAIT_S = 30.0
+"""How long a call waits for a free connection (the daemon's shutdown grace)."""
+
+
 class RedisStore:
     """The Redis side of fleet mode: leases, fenced writes, state reads.
 
@@ -234,8 +240,13 @@ class RedisStore:
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.owner = f"{advertise} {os.urandom(6).hex()}"
-        self.client = aioredis.Redis.from_url(
+        # A blocking pool: past its connections a call waits for one to come free. At a
+        # stop every task writes and gives up its lease at once, and the default pool
+        # failed the writes past its 100th connection (Too many connections).
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=_CONNECTIONS,
+            timeout=_CONNECTION_WAIT_S,
             password=password,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
@@ -244,6 +255,7 @@ class RedisStore:
             retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
             decode_responses=False,
         )
+        self.client = aioredis.Redis.from_pool(pool)
         self._acquire = self.client.register_script(_ACQUIRE)
         self._renew = self.client.register_script(_RENEW)
         self._write = self.client.register_script(_WRITE)
