@@ -392,7 +392,7 @@ def _check_endpoint(endpoint: str, allow_remote: bool, keys_dir: Path | None) ->
             f"endpoint {endpoint!r} is not on a loopback address and no keys are configured: "
             "anyone who can reach it could read and change every task. Create keys with "
             "`ctxwin keys server` and give the daemon --keys-dir (keys_dir, CTXWIN_KEYS_DIR); "
-            "see README, Many machines"
+            "see README, Who may connect"
         )
 
 
