@@ -121,6 +121,34 @@ def test_a_condense_shortens_the_view_carries_one_summary_and_rolls_back_byte_fo
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_condensed_views_estimate_is_its_count_and_its_usage_keeps_the_calibration(
+    client: Client, dialect: str
+) -> None:
+    """A condense's tokens_after is count_tokens of its view; that view's counted usage,
+    reported with the next request, leaves the calibration at 1 (no drift without usage)."""
+    task = client.task(f"calibrated-{dialect}", dialect=dialect, ephemeral=True)
+    named = None if dialect == "cline" else dialect
+
+    def count(view: list[Any]) -> int:
+        return client.count_tokens(view, dialect=named)["tokens"]
+
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    sent: Any = task.prepare_request(history, MODEL, estimate=True)
+    assert sent["estimated_tokens"] == count(sent["messages"])
+    result: Any = task.condense(history, MODEL, ts=5000)
+    assert result["condensed"]
+    view = result["messages"]
+    counted = count(view)
+    assert counted == result["tokens_after"] < sent["estimated_tokens"]
+    usage: Any = {"ts": 5001, "tokens_in": counted, "tokens_out": 0}
+    later = with_prompt(dialect, history, "Carry on.")
+    again: Any = task.prepare_request(later, MODEL, previous_request=usage, estimate=True)
+    assert 1.0 == again["calibration"]
+    assert again["estimated_tokens"] == count(again["messages"])
+    client.close_task(f"calibrated-{dialect}")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_second_condense_replaces_the_first_and_a_rollback_brings_it_back(
     client: Client, dialect: str
 ) -> None:

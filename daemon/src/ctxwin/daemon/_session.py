@@ -253,6 +253,10 @@ class TaskSession:
             result["restarted"] = True
         if op == "prepare_request":
             kept.note_estimate(result)
+        elif op == "condense":
+            # The caller sends the condensed view: the next report is of it, not of the view
+            # the request before the condense answered with.
+            kept.note_estimate({"estimated_tokens": result["tokens_after"]})
         # 5. The view as the caller's messages, a list or a patch.
         return kept.view_back(state, op, args, result, history, mapped)
 

@@ -18,6 +18,7 @@ from ._mapped_view import Pieces
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay
+from ._parts import MEDIA, MEDIA_TYPES, UNREAD, held_text, unrecognised
 from ._patch import PatchMaker, view_patch
 from ._range import Keep, next_truncation_range
 from ._reads import (
@@ -50,11 +51,14 @@ __all__ = [
     "DEFAULT_READ_TOOLS",
     "DIALECTS",
     "DIALECT_NAMES",
+    "MEDIA",
+    "MEDIA_TYPES",
     "SHELL_READ_PATTERN",
     "SRC",
     "STRATEGIES",
     "SUMMARY_MARK",
     "SUMMARY_PROMPT",
+    "UNREAD",
     "AutoPolicy",
     "Budgeting",
     "CacheEntry",
@@ -94,6 +98,7 @@ __all__ = [
     "fit_oversized",
     "fit_range",
     "get_dialect",
+    "held_text",
     "keep_from",
     "kept_out_text",
     "next_truncation_range",
@@ -106,6 +111,7 @@ __all__ = [
     "text_of",
     "total_tokens",
     "truncated_messages",
+    "unrecognised",
     "utf16_len",
     "view_patch",
 ]

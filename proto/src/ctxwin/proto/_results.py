@@ -294,9 +294,11 @@ class CloseResult(TypedDict):
 
 
 class CountTokensResult(TypedDict):
-    """``count_tokens``."""
+    """``count_tokens``: the tokens, and the part types ctxwin did not recognise (counted by
+    the text they hold) with how many parts of each, when there were any."""
 
     tokens: int
+    unrecognised: NotRequired[dict[str, int]]
 
 
 _TYPES: dict[str, type] = {
