@@ -270,6 +270,9 @@ def _check_threshold(value: object) -> None:
 MAX_READ_TOOLS = 64
 """Read tools one task may name (``read_tools``) besides the daemon's table."""
 
+MAX_READ_PATTERNS = 16
+"""Of a task's read tools, those with a ``pattern`` (each compiled by RE2, at a cost)."""
+
 
 def _check_read_tools(value: object) -> None:
     """A list of read-tool maps; what each must hold is checked where tools are built."""
@@ -283,6 +286,9 @@ def _check_read_tools(value: object) -> None:
                 f"read_tools[{position}] must be a map with string keys",
                 placed=f"read_tools[{position}]",
             )
+    patterns = sum(1 for item in value if item.get("pattern") is not None)
+    if patterns > MAX_READ_PATTERNS:
+        raise _Invalid(f"holds {patterns} tools with a pattern; at most {MAX_READ_PATTERNS}")
 
 
 def _one_of(values: tuple[str, ...]) -> Callable[[object], None]:
