@@ -124,7 +124,10 @@ class TaskSession:
             self.state, extras = await self.store.load()
             if extras.calibration is not None:
                 calibration = self.kept.calibration
-                calibration.ratio, calibration.samples = extras.calibration
+                ratio, calibration.samples = extras.calibration
+                # Within the bounds its updates keep it to: a stored 1e308 made every
+                # estimate overflow (prepare_request answered internal).
+                calibration.ratio = min(max(ratio, calibration.low), calibration.high)
             stored = extras.read_tools
         await self.settings.loaded(self.state, stored)
         self.kept.use_dialect(self.state.dialect)

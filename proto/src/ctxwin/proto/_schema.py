@@ -112,8 +112,8 @@ def _check_int(value: object) -> None:
 
 
 def _check_ts(value: object) -> None:
-    if not _is_int(value) or value < 0:  # type: ignore[operator]
-        raise _Invalid("must be a non-negative integer (milliseconds since the epoch)")
+    if not _is_int(value) or not 0 <= value <= MAX_COUNT:  # type: ignore[operator]
+        raise _Invalid(f"must be an integer from 0 to {MAX_COUNT} (milliseconds since the epoch)")
 
 
 def _check_bool(value: object) -> None:
@@ -263,8 +263,8 @@ def _check_threshold(value: object) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _Invalid("must be a number or nil")
-    if value < 0:
-        raise _Invalid("must not be negative")
+    if not 0 <= value <= 1:
+        raise _Invalid("must be a fraction of the context window, from 0 to 1, or nil")
 
 
 MAX_READ_TOOLS = 64
