@@ -27,7 +27,10 @@ from ._reads import (
     SHELL_READ_PATTERN,
     ReadRules,
     ReadTool,
+    cached_pattern,
+    compile_pattern,
     read_tool_from_config,
+    read_tool_pattern,
 )
 from ._request import Request, ViewStrategy
 from ._state import TaskState
@@ -90,8 +93,10 @@ __all__ = [
     "WindowInfo",
     "apply_truncation_notice",
     "basic_summary",
+    "cached_pattern",
     "compact",
     "compact_subagent",
+    "compile_pattern",
     "condense",
     "condensed",
     "context_window_info",
@@ -105,6 +110,7 @@ __all__ = [
     "optimize_file_reads",
     "plan",
     "read_tool_from_config",
+    "read_tool_pattern",
     "should_compact",
     "summary_due",
     "summary_prompt",

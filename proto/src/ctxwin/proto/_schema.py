@@ -112,8 +112,8 @@ def _check_int(value: object) -> None:
 
 
 def _check_ts(value: object) -> None:
-    if not _is_int(value) or value < 0:  # type: ignore[operator]
-        raise _Invalid("must be a non-negative integer (milliseconds since the epoch)")
+    if not _is_int(value) or not 0 <= value <= MAX_COUNT:  # type: ignore[operator]
+        raise _Invalid(f"must be an integer from 0 to {MAX_COUNT} (milliseconds since the epoch)")
 
 
 def _check_bool(value: object) -> None:
@@ -263,12 +263,15 @@ def _check_threshold(value: object) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _Invalid("must be a number or nil")
-    if value < 0:
-        raise _Invalid("must not be negative")
+    if not 0 <= value <= 1:
+        raise _Invalid("must be a fraction of the context window, from 0 to 1, or nil")
 
 
 MAX_READ_TOOLS = 64
 """Read tools one task may name (``read_tools``) besides the daemon's table."""
+
+MAX_READ_PATTERNS = 16
+"""Of a task's read tools, those with a ``pattern`` (each compiled by RE2, at a cost)."""
 
 
 def _check_read_tools(value: object) -> None:
@@ -283,6 +286,9 @@ def _check_read_tools(value: object) -> None:
                 f"read_tools[{position}] must be a map with string keys",
                 placed=f"read_tools[{position}]",
             )
+    patterns = sum(1 for item in value if item.get("pattern") is not None)
+    if patterns > MAX_READ_PATTERNS:
+        raise _Invalid(f"holds {patterns} tools with a pattern; at most {MAX_READ_PATTERNS}")
 
 
 def _one_of(values: tuple[str, ...]) -> Callable[[object], None]:
