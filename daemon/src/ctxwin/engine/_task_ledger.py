@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ._blocks import Block, Message
@@ -93,6 +93,9 @@ _WRITE_TOOLS = frozenset(
 _EDITORS = frozenset({"str_replace_based_edit_tool", "str_replace_editor"})
 _EDITOR_WRITES = frozenset({"create", "str_replace", "insert", "undo_edit"})
 _SHELL_READERS = frozenset({"cat", "head", "tail", "nl", "less", "more", "bat"})
+_READER_START = re.compile(
+    r"\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:\S*/)?(?:cat|head|tail|nl|less|more|bat|sed)\s"
+)
 _PATCH_FILE = re.compile(r"^\*\*\* (?:Update|Add|Delete) File: (.+)$", re.MULTILINE)
 
 
@@ -162,10 +165,9 @@ def _normalised(text: str) -> str:
     return " ".join(text.split())
 
 
-def _capped(text: str, cap: int) -> str:
-    """``text`` whole when its normalised form has at most ``cap`` characters; else that
-    form's first ``cap`` characters and how many were cut."""
-    flat = _normalised(text)
+def _capped(text: str, flat: str, cap: int) -> str:
+    """``text`` whole when ``flat``, its normalised form, has at most ``cap`` characters;
+    else that form's first ``cap`` characters and how many were cut."""
     if len(flat) <= cap:
         return text
     return f"{flat[:cap]} [… {len(flat) - cap:,} more characters cut]"
@@ -264,6 +266,8 @@ def shell_reads(command: str) -> tuple[str, ...]:
     paths: list[str] = []
     for segment in re.split(r"&&|\|\||;|\n", command):
         first = segment.split("|", 1)[0]
+        if _READER_START.match(first) is None:
+            continue  # not a command that prints a file: no need to split it
         try:
             words = shlex.split(first)
         except ValueError:
@@ -622,9 +626,11 @@ def task_ledger(
             said.setdefault(_normalised(text), []).append(text)
     calls = ledger_calls(messages, indices, rules)
     items: list[_Item] = []
-    for order, (_, texts) in enumerate(said.items()):
+    for order, (flat, texts) in enumerate(said.items()):
         times = f"(said {len(texts)} times) " if len(texts) > 1 else ""
-        forms: list[str | None] = [f"- {times}{_capped(texts[0], cap)}" for cap in INSTRUCTION_CAPS]
+        forms: list[str | None] = [
+            f"- {times}{_capped(texts[0], flat, cap)}" for cap in INSTRUCTION_CAPS
+        ]
         items.append(_Item("instruction", order, [*forms, None]))
     for order, group in enumerate(_group(calls)):
         tool = group[0].tool
@@ -647,13 +653,28 @@ def task_ledger(
 
 
 class _Shortener:
-    """The ledger's lines, shortened step by step until they fit the budget."""
+    """The ledger's lines, shortened step by step until they fit the budget.
+
+    What each step changes is kept as it goes (the lines' tokens, what the
+    note will say), so a step costs the same however long the ledger is.
+    """
 
     def __init__(self, items: list[_Item], budget: int, count: Callable[[str], int]) -> None:
-        self.items = items
         self.budget = budget
         self.count = count
         self.costs: dict[str, int] = {}
+        self.kinds: dict[str, list[_Item]] = {}
+        for item in items:
+            self.kinds.setdefault(item.kind, []).append(item)
+        self.lines = sum(self.cost(item.text) for item in items)
+        # What the note says: instructions per cap and left out, calls per level,
+        # the files lists shortened, the conclusions left out.
+        self.capped: dict[int, int] = {}
+        self.dropped = 0
+        self.calls: dict[int, int] = {}
+        self.finals = 0
+        self.merged: dict[str, int] = {}
+        self.merged_errors = 0
 
     def cost(self, line: str | None) -> int:
         if line is None:
@@ -664,7 +685,7 @@ class _Shortener:
         return found
 
     def of(self, kind: str) -> list[_Item]:
-        return [item for item in self.items if item.kind == kind]
+        return self.kinds.get(kind, [])
 
     def render(self) -> str:
         lines: list[str] = []
@@ -675,9 +696,8 @@ class _Shortener:
         groups = [item for item in self.of("calls") if item.level < LEFT_OUT]
         if groups:
             lines.append("Calls (tool: key argument, ok or error, result size in characters):")
-            merged = [call for item in groups if item.level == MERGED for call in item.calls]
-            if merged:
-                lines.append(self.merged_line(merged))
+            if self.merged:
+                lines.append(self.merged_line())
             run: list[str] = []  # consecutive groups counted per tool share a line
             for item in groups:
                 if item.level == COUNTED:
@@ -700,68 +720,53 @@ class _Shortener:
             lines.append(note)
         return "\n".join(lines)
 
-    @staticmethod
-    def merged_line(calls: Sequence[LedgerCall]) -> str:
-        by_tool: dict[str, int] = {}
-        for call in calls:
-            by_tool[call.tool] = by_tool.get(call.tool, 0) + 1
-        errors = sum(call.error is not None for call in calls)
-        tools = ", ".join(f"{tool} {number}" for tool, number in by_tool.items())
-        tail = f"; {errors} error{'s' if errors != 1 else ''}" if errors else ""
-        return f"- {len(calls)} calls: {tools}{tail}"
+    def merged_line(self) -> str:
+        """The one line of the calls counted together: how many of each tool."""
+        tools = ", ".join(f"{tool} {number}" for tool, number in self.merged.items())
+        errors = self.merged_errors
+        tail = f"; {_plural(errors, 'error')}" if errors else ""
+        return f"- {sum(self.merged.values())} calls: {tools}{tail}"
 
     def note(self) -> str:
-        """What the shortening did, from each line's state (empty when nothing was)."""
-        parts: list[str] = []
-        capped: dict[int, int] = {}
-        dropped = 0
-        for item in self.of("instruction"):
-            if item.text is None:
-                dropped += 1
-            elif item.text != item.forms[0]:
-                cap = INSTRUCTION_CAPS[item.level]
-                capped[cap] = capped.get(cap, 0) + 1
-        for cap, number in sorted(capped.items(), reverse=True):
-            parts.append(f"{_plural(number, 'instruction')} cut to {cap} characters")
-        if dropped:
-            parts.append(f"the {_plural(dropped, 'oldest instruction')} left out")
-        calls = self.of("calls")
+        """What the shortening did (empty when nothing was)."""
+        parts = [
+            f"{_plural(number, 'instruction')} cut to {cap} characters"
+            for cap, number in sorted(self.capped.items(), reverse=True)
+            if number
+        ]
+        if self.dropped:
+            parts.append(f"the {_plural(self.dropped, 'oldest instruction')} left out")
         for level, what in (
             (1, "without status and size"),
-            (2, "counted per tool"),
+            (COUNTED, "counted per tool"),
             (MERGED, "counted in one line"),
             (LEFT_OUT, "left out"),
         ):
-            number = sum(
-                len(item.calls)
-                for item in calls
-                if item.level == level and item.forms[level] != item.forms[0]
-            )
-            if number:
-                parts.append(f"{_plural(number, 'call')} {what}")
+            if self.calls.get(level):
+                parts.append(f"{_plural(self.calls[level], 'call')} {what}")
         for item in self.of("files"):
-            if item.level and item.text != item.forms[0]:
+            if item.text != item.forms[0]:
                 title = (item.forms[0] or "").split(":", 1)[0]
                 parts.append(
                     f"{title} "
                     + ("left out" if item.text is None else f"cut to the newest {FILES_SHORT}")
                 )
-        finals = sum(item.text is None for item in self.of("conclusion"))
-        if finals:
-            parts.append(f"{_plural(finals, 'assistant conclusion')} left out")
+        if self.finals:
+            parts.append(f"{_plural(self.finals, 'assistant conclusion')} left out")
         if not parts:
             return ""
         return f"Shortened to fit {self.budget:,} tokens: " + "; ".join(parts) + "."
 
     def estimate(self) -> int:
-        total = sum(self.cost(item.text) for item in self.items) + 3 * 20
-        merged = [c for item in self.of("calls") if item.level == MERGED for c in item.calls]
-        if merged:
-            total += self.cost(self.merged_line(merged))
-        note = self.note()
-        return total + (self.cost(note) if note else 0)
+        """The ledger's tokens, from its lines' (headers taken as 20 tokens each; the note
+        and the line of calls counted together, which change at every step, by their
+        length: about 3 characters a token)."""
+        total = self.lines + 3 * 20
+        if self.merged:
+            total += len(self.merged_line()) // 3 + 1
+        return total + len(self.note()) // 3 + 1
 
-    def steps(self) -> Iterable[tuple[_Item, int]]:
+    def steps(self) -> Iterator[tuple[_Item, int]]:
         """Each shortening, in the order the docstring of :func:`task_ledger` gives."""
         yield from ((item, 1) for item in self.of("conclusion"))
         calls = self.of("calls")
@@ -780,16 +785,49 @@ class _Shortener:
     def longest(items: list[_Item]) -> list[_Item]:
         return sorted(items, key=lambda item: (-len(item.text or ""), item.order))
 
-    @staticmethod
-    def apply(item: _Item, level: int) -> None:
-        item.level = max(item.level, level)
+    def apply(self, item: _Item, level: int) -> None:
+        """Take ``item`` to ``level`` (never back), keeping the totals and the note's counts."""
+        if level <= item.level:
+            return
+        before, shortened = item.text, item.level > 0 and item.text != item.forms[0]
+        self.lines -= self.cost(before)
+        if item.kind == "instruction":
+            if shortened:
+                self.capped[INSTRUCTION_CAPS[item.level]] -= 1
+        elif item.kind == "calls":
+            if shortened:
+                self.calls[item.level] -= len(item.calls)
+            if item.level == MERGED:
+                for call in item.calls:
+                    self.merged[call.tool] -= 1
+                    if not self.merged[call.tool]:
+                        del self.merged[call.tool]
+                self.merged_errors -= sum(call.error is not None for call in item.calls)
+        item.level = level
+        self.lines += self.cost(item.text)
+        if item.text == item.forms[0]:
+            return  # the same text at this level: nothing to say
+        if item.kind == "instruction":
+            if item.text is None:
+                self.dropped += 1
+            else:
+                cap = INSTRUCTION_CAPS[level]
+                self.capped[cap] = self.capped.get(cap, 0) + 1
+        elif item.kind == "calls":
+            self.calls[level] = self.calls.get(level, 0) + len(item.calls)
+            if level == MERGED:
+                for call in item.calls:
+                    self.merged[call.tool] = self.merged.get(call.tool, 0) + 1
+                self.merged_errors += sum(call.error is not None for call in item.calls)
+        elif item.kind == "conclusion":
+            self.finals += 1
 
     def text(self) -> str:
-        steps = iter(self.steps())
+        steps = self.steps()
         text = self.render()
         exact = self.count(text)
-        # The line estimate is scaled to the exact count of the whole text once, so
-        # that the steps stop near the budget rather than well under it.
+        # The estimate is scaled to the exact count of the whole text once, so that
+        # the steps stop near the budget rather than well under it.
         scale = exact / max(self.estimate(), 1)
         while exact > self.budget:
             moved = False
