@@ -93,6 +93,7 @@ _WRITE_TOOLS = frozenset(
 _EDITORS = frozenset({"str_replace_based_edit_tool", "str_replace_editor"})
 _EDITOR_WRITES = frozenset({"create", "str_replace", "insert", "undo_edit"})
 _SHELL_READERS = frozenset({"cat", "head", "tail", "nl", "less", "more", "bat"})
+_SEGMENT_CAP = 1000  # no command that prints a few files is longer
 _READER_START = re.compile(
     r"\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:\S*/)?(?:cat|head|tail|nl|less|more|bat|sed)\s"
 )
@@ -266,7 +267,7 @@ def shell_reads(command: str) -> tuple[str, ...]:
     paths: list[str] = []
     for segment in re.split(r"&&|\|\||;|\n", command):
         first = segment.split("|", 1)[0]
-        if _READER_START.match(first) is None:
+        if len(first) > _SEGMENT_CAP or _READER_START.match(first) is None:
             continue  # not a command that prints a file: no need to split it
         try:
             words = shlex.split(first)
@@ -666,9 +667,17 @@ class _Shortener:
         self.kinds: dict[str, list[_Item]] = {}
         for item in items:
             self.kinds.setdefault(item.kind, []).append(item)
-        self.lines = sum(self.cost(item.text) for item in items)
+        self.items = items
+        self.start = sum(self.cost(item.text) for item in items)
+        self.reset()
+
+    def reset(self) -> None:
+        """Every line back to its whole form, nothing shortened."""
+        for item in self.items:
+            item.level = 0
+        self.lines = self.start
         # What the note says: instructions per cap and left out, calls per level,
-        # the files lists shortened, the conclusions left out.
+        # the conclusions left out, the calls counted in one line.
         self.capped: dict[int, int] = {}
         self.dropped = 0
         self.calls: dict[int, int] = {}
@@ -823,28 +832,45 @@ class _Shortener:
             self.finals += 1
 
     def text(self) -> str:
-        steps = self.steps()
+        """The ledger within the budget, shortened by the fewest steps that make it fit."""
         text = self.render()
-        exact = self.count(text)
-        # The estimate is scaled to the exact count of the whole text once, so that
-        # the steps stop near the budget rather than well under it.
-        scale = exact / max(self.estimate(), 1)
-        while exact > self.budget:
-            moved = False
+        # A text the estimate puts at twice the budget is not counted whole (a count
+        # is linear in its length): it is over.
+        exact = self.count(text) if self.estimate() <= 2 * self.budget else None
+        steps = self.steps()
+        done: list[tuple[_Item, int]] = []
+        over = 0  # the most steps known to leave the text over the budget
+        while exact is None or exact > self.budget:
+            over = len(done)
+            # Steps by the estimate (scaled to the last exact count), then one exact count.
+            scale = 1.0 if exact is None else exact / max(self.estimate(), 1)
+            step = next(steps, None)
+            if step is None:
+                note = self.note()
+                return note if self.count(note) <= self.budget else ""
+            self.apply(*step)
+            done.append(step)
             while self.estimate() * scale > self.budget:
                 step = next(steps, None)
                 if step is None:
                     break
                 self.apply(*step)
-                moved = True
-            if not moved:
-                step = next(steps, None)
-                if step is None:
-                    note = self.note()
-                    return note if self.count(note) <= self.budget else ""
-                self.apply(*step)
+                done.append(step)
             text = self.render()
             exact = self.count(text)
+        # The estimate may have taken more steps than needed: the fewest that fit, by
+        # bisection between a count known over and one known within.
+        fits = len(done)
+        while fits - over > 1:
+            middle = (over + fits) // 2
+            self.reset()
+            for step in done[:middle]:
+                self.apply(*step)
+            attempt = self.render()
+            if self.count(attempt) <= self.budget:
+                fits, text = middle, attempt
+            else:
+                over = middle
         return text
 
 
