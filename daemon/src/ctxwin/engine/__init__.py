@@ -36,6 +36,7 @@ from ._request import Request, ViewStrategy
 from ._state import TaskState
 from ._strategy import STRATEGIES, plan
 from ._summary import SUMMARY_MARK, SUMMARY_PROMPT, Summary, basic_summary, summary_prompt
+from ._task_ledger import shell_reads, task_ledger, user_instructions
 from ._view import keep_from, truncated_messages
 from ._window import (
     CompactDecision,
@@ -111,13 +112,16 @@ __all__ = [
     "plan",
     "read_tool_from_config",
     "read_tool_pattern",
+    "shell_reads",
     "should_compact",
     "summary_due",
     "summary_prompt",
+    "task_ledger",
     "text_of",
     "total_tokens",
     "truncated_messages",
     "unrecognised",
+    "user_instructions",
     "utf16_len",
     "view_patch",
 ]
