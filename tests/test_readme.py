@@ -1,8 +1,8 @@
-"""The README's and docs/PROTOCOL.md's code runs: every ```python block of theirs.
+"""The code of the README and of docs/ runs: every ```python block of theirs.
 
-The README's blocks are under "## An agent in one line", "## Client quick
-start" and "## SDKs and agent frameworks"; the wire protocol's one is under
-docs/PROTOCOL.md's "## Dialects (`dialects`)".
+The README's blocks are under "## An agent in one line" and "## Client quick
+start"; docs/INTEGRATIONS.md holds one per SDK and framework, and
+docs/PROTOCOL.md one under "## Dialects (`dialects`)".
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from tests._fake_provider import FakeProvider
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PROTOCOL = ROOT / "docs" / "PROTOCOL.md"
+INTEGRATIONS = ROOT / "docs" / "INTEGRATIONS.md"
 SECTION = "## Client quick start"
 
 
-def python_blocks(text: str, heading: str = SECTION) -> list[str]:
-    """The ```python blocks between ``heading`` and the next level-2 heading."""
+def python_blocks(text: str, heading: str | None = SECTION) -> list[str]:
+    """The ```python blocks between ``heading`` and the next level-2 heading (None: all)."""
+    if heading is None:
+        return re.findall(r"^```python\n(.*?)^```$", text, flags=re.M | re.S)
     start = text.index(heading + "\n")
     following = re.search(r"^## ", text[start + len(heading) :], flags=re.M)
     end = start + len(heading) + following.start() if following else len(text)
@@ -69,15 +72,17 @@ def test_quick_start_block_runs_against_the_daemon(daemon: DaemonProcess, index:
 
 def test_every_python_block_of_the_readme_and_the_protocol_is_one_these_tests_run() -> None:
     """No ```python block lies outside the sections these tests read, so none goes unrun."""
-    sections = {
-        README: ["## An agent in one line", SECTION, INTEGRATIONS],
+    sections: dict[Path, list[str | None]] = {
+        README: [ONE_LINE, SECTION],
         PROTOCOL: [DIALECTS],
+        INTEGRATIONS: [None],
     }
-    for page, headings in sections.items():
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
         text = page.read_text()
-        every = re.findall(r"^```python\n(.*?)^```$", text, flags=re.M | re.S)
-        read = [block for heading in headings for block in python_blocks(text, heading)]
-        assert sorted(every) == sorted(read), page.name
+        read = [
+            block for heading in sections.get(page, []) for block in python_blocks(text, heading)
+        ]
+        assert sorted(python_blocks(text, None)) == sorted(read), page.name
 
 
 ONE_LINE = "## An agent in one line"
@@ -144,13 +149,12 @@ def test_the_dialects_example_runs_against_the_daemon(daemon: DaemonProcess) -> 
     assert [] == daemon.tasks_left()
 
 
-INTEGRATIONS = "## SDKs and agent frameworks"
 INTEGRATION_MODULES = ["openai", "anthropic", "agents", "langchain", "pydantic_ai"]
 
 
 def test_the_integrations_section_has_one_block_per_sdk_and_framework() -> None:
-    """The section holds one example for each adapter, in the order of its subsections."""
-    blocks = python_blocks(README.read_text(), INTEGRATIONS)
+    """docs/INTEGRATIONS.md holds one example for each adapter, in the order of its sections."""
+    blocks = python_blocks(INTEGRATIONS.read_text(), None)
     assert len(INTEGRATION_MODULES) == len(blocks)
     for module, block in zip(INTEGRATION_MODULES, blocks, strict=True):
         assert f"from ctxwin.client.integrations.{module} import" in block
@@ -161,7 +165,7 @@ def test_integration_block_runs_against_the_daemon_and_a_fake_provider(
     daemon: DaemonProcess, index: int
 ) -> None:
     """Each block runs as written, the SDK pointed at the fake provider by its own variables."""
-    code = python_blocks(README.read_text(), INTEGRATIONS)[index]
+    code = python_blocks(INTEGRATIONS.read_text(), None)[index]
     with FakeProvider(tool_turns=3) as provider:
         env = {
             **os.environ,
