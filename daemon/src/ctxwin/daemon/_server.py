@@ -279,7 +279,7 @@ class Server:
         try:
             try:
                 request_id, op, args = await decode_in_slices(
-                    body, self.limits, self.config.max_messages
+                    body, self.limits, self.config.max_messages, self._binding_check(user)
                 )
             except TooManyMessages as exc:
                 peeked = proto.peek_request_id(body)
@@ -296,6 +296,21 @@ class Server:
             self._dispatch(envelope, request_id, op, args, user)
         finally:
             self.reply_done()
+
+    def _binding_check(self, user: str | None) -> Callable[[int, str, object], None] | None:
+        """A bound client's prefix check, for the decoder to make before it reads the body."""
+        if not self.bindings or user is None:
+            return None
+        bindings = self.bindings
+
+        def check(request_id: int, op: str, task: object) -> None:
+            try:
+                _check_binding(bindings, user, op, task)
+            except proto.ProtocolError as exc:
+                exc.request_id = request_id
+                raise
+
+        return check
 
     def _dispatch(
         self,
