@@ -275,3 +275,27 @@ async def test_requests_decoded_in_slices_equal_those_decoded_whole() -> None:
     body = proto.encode_request(9, "compact", {**args, "messages": dense})
     with pytest.raises(proto.ProtocolError, match="the request holds more than 1176576 values"):
         await decode_in_slices(body, proto.Limits(), 4000)  # 1,048,576 + 32 x 4,000
+
+
+def test_checking_a_long_history_does_not_stall_other_clients(tmp_path: Path) -> None:
+    """400,000 messages refused by the task's dialect: checking them keeps others' pings quick.
+
+    The actor refuses the request before any engine work, so what is timed
+    is the decode and the check of every message, which held the loop for
+    one to two seconds before the check went to a worker thread.
+    """
+    messages = [{"role": "user", "content": "ok"}] * 400_000
+    with (
+        DaemonProcess(tmp_path, "--max-messages", "400000") as daemon,
+        WirePeer(daemon.endpoint, timeout=120) as sender,
+    ):
+        assert sender.call("inspect", {"task": "long", "dialect": "anthropic"}).ok
+        assert sender.call("flush", {"task": "long"}).ok
+        args = {"task": "long", "messages": messages, "dialect": "cline"}
+        body = proto.encode_request(5, "truncated_messages", args)
+        with pinging(daemon.endpoint) as pinger:
+            sender.send_frames([body])
+            reply = sender.recv()
+        assert (reply.ok, reply.code) == (False, "bad_request")
+        assert "has dialect 'anthropic', not 'cline'" in (reply.message or "")
+        assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"

@@ -231,6 +231,7 @@ class Server:
             "dialects": list(proto.DIALECTS),
         }
         self._routes = self._build_routes()
+        self._check_limiter = anyio.CapacityLimiter(2)  # large requests checked at once
         self.socket = RouterSocket(config, self.take)
         self.bindings = self.socket.bindings
         self.send = self.socket.send  # replies go straight to the socket (no hop)
@@ -293,7 +294,17 @@ class Server:
                 _log_failure(exc, None, "?", None)
                 self.send(envelope, _error_reply(exc, None, "?"))
                 return
-            self._dispatch(envelope, request_id, op, args, user)
+            try:
+                # Checking 100,000 messages takes the loop for hundreds of ms: a worker
+                # thread runs Python code in turns with it (every 5 ms at most).
+                await anyio.to_thread.run_sync(
+                    proto.validate_args, op, args, limiter=self._check_limiter
+                )
+            except Exception as exc:
+                _log_failure(exc, request_id, op, args.get("task"))
+                self.send(envelope, _error_reply(exc, request_id, op))
+                return
+            self._dispatch(envelope, request_id, op, args, user, validated=True)
         finally:
             self.reply_done()
 
@@ -319,13 +330,19 @@ class Server:
         op: str,
         args: dict[str, Any],
         user: str | None,
+        *,
+        validated: bool = False,
     ) -> None:
-        """Check a decoded request and route it (the reply is sent now or by its actor)."""
+        """Check a decoded request and route it (the reply is sent now or by its actor).
+
+        ``validated``: the args were checked already (a large request, in a worker thread).
+        """
         task: str | None = None
         try:
             if self.bindings and user is not None:  # before the args say anything
                 _check_binding(self.bindings, user, op, args.get("task"))
-            proto.validate_args(op, args)
+            if not validated:
+                proto.validate_args(op, args)
             self._check_message_count(op, args)
             task = args.get("task")
             result = self._routes[op](envelope, request_id, op, args, task)
