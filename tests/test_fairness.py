@@ -17,9 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zmq
 
 from ctxwin import proto
+from ctxwin.daemon._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices
 from tests._daemon import DaemonProcess, WirePeer
 
 HOSTILE_PATTERN = r"(?P<path>(?:\pL|\pN|\pP){1,200}\pS{1,200})!"
@@ -160,4 +162,140 @@ def test_stored_costly_patterns_do_not_stall_the_restart(tmp_path: Path) -> None
         unused = seen.result["read_tools_unused"]
         assert [position for position, _ in unused] == list(range(proto.MAX_READ_PATTERNS))
         assert all("too large" in reason for _, reason in unused)
+        assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"
+
+
+def _empty_arrays(size: int) -> bytes:
+    """About ``size`` bytes of msgpack: an array of arrays of 65,535 empty arrays each."""
+    inner = b"\xdc\xff\xff" + b"\x90" * 0xFFFF  # array 16 of 65,535 empty arrays
+    count = size // len(inner)
+    return b"\xdd" + count.to_bytes(4, "big") + inner * count
+
+
+def _request_with(prefix: dict[str, Any], key: str, raw_value: bytes) -> bytes:
+    """A prepare_request body whose args hold ``prefix``, then ``key`` set to ``raw_value``."""
+    head = proto.pack({"v": proto.PROTOCOL_VERSION, "id": 7, "op": "prepare_request"})
+    args = proto.pack(prefix)
+    assert head[0] == 0x83  # fixmap of 3: one more field, args, follows
+    assert 0x80 <= args[0] < 0x8F  # fixmap: one more key follows
+    return (
+        bytes([0x84])
+        + head[1:]
+        + proto.pack("args")
+        + bytes([args[0] + 1])
+        + args[1:]
+        + proto.pack(key)
+        + raw_value
+    )
+
+
+def _peak_rss_mib(daemon: DaemonProcess) -> float:
+    """The daemon's peak resident size so far (VmHWM), in MiB."""
+    assert daemon.proc is not None
+    status = Path(f"/proc/{daemon.proc.pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_a_decode_bomb_under_any_argument_stays_small_and_quick(tmp_path: Path) -> None:
+    """60 MiB of empty arrays under model, or in a message: too_large, no balloon, quick pings.
+
+    Decoded whole, such a body took the daemon from 84 MiB to 4.8 GiB
+    resident and every client waited 17-21 s.
+    """
+    bomb = _empty_arrays(60 << 20)
+    model = _request_with({"task": "bomb-a"}, "model", bomb)
+    message = b"\x91\x82" + proto.pack("role") + proto.pack("user") + proto.pack("content")
+    in_message = _request_with({"task": "bomb-b"}, "messages", message + bomb)
+    with DaemonProcess(tmp_path) as daemon, WirePeer(daemon.endpoint, timeout=120) as sender:
+        for body, where in ((model, "argument 'model'"), (in_message, "messages[0]")):
+            with pinging(daemon.endpoint) as pinger:
+                sender.send_frames([body])
+                reply = sender.recv()
+            assert (reply.id, reply.ok, reply.code) == (7, False, "too_large")
+            assert f"{where} holds more than" in (reply.message or "")
+            assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"
+        # The frames themselves (64 MiB in ZeroMQ, then in Python) are most of it.
+        assert _peak_rss_mib(daemon) < 600
+        unknown = _request_with({"task": "bomb-c"}, "colour", bomb)
+        sender.send_frames([unknown])
+        refused = sender.recv()
+        assert (refused.code, refused.message) == (
+            "bad_request",
+            "prepare_request: unknown argument(s) ['colour']",
+        )
+
+
+def _forbid(request_id: int, op: str, task: object) -> None:
+    """A bound client's check that refuses every task but ``mine-*``."""
+    if not (isinstance(task, str) and task.startswith("mine-")):
+        raise proto.ProtocolError(proto.ErrorCode.FORBIDDEN, f"not {task!r}", request_id)
+
+
+@pytest.mark.anyio
+async def test_the_envelope_and_binding_are_checked_before_the_arguments_are_read() -> None:
+    """A forbidden task, an unknown op or argument: refused with the body after them unread.
+
+    What follows is not even msgpack: read first, it would have been a bad_request.
+    """
+    limits = proto.Limits()
+    garbage = b"\xc1" * 200_000  # 0xc1 is never used in msgpack
+    forbidden = _request_with({"task": "theirs-1"}, "messages", garbage)
+    with pytest.raises(proto.ProtocolError) as caught:
+        await decode_in_slices(forbidden, limits, 100_000, _forbid)
+    assert (caught.value.code, caught.value.request_id) == (proto.ErrorCode.FORBIDDEN, 7)
+    allowed = _request_with({"task": "mine-1"}, "messages", garbage)
+    with pytest.raises(proto.ProtocolError) as caught:
+        await decode_in_slices(allowed, limits, 100_000, _forbid)
+    assert caught.value.code == proto.ErrorCode.BAD_REQUEST
+    unknown = _request_with({"task": "mine-1"}, "colour", garbage)
+    with pytest.raises(proto.ProtocolError, match=r"unknown argument\(s\) \['colour'\]"):
+        await decode_in_slices(unknown, limits, 100_000, _forbid)
+    bad_op = b"\x84" + proto.pack("v") + proto.pack(proto.PROTOCOL_VERSION)
+    bad_op += proto.pack("id") + proto.pack(3) + proto.pack("op") + proto.pack(5)
+    with pytest.raises(proto.ProtocolError, match="'op' must be a string"):
+        await decode_in_slices(bad_op + proto.pack("args") + garbage, limits, 100_000)
+
+
+@pytest.mark.anyio
+async def test_requests_decoded_in_slices_equal_those_decoded_whole() -> None:
+    """A large request of every kind of value comes out as msgpack decodes it whole."""
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "x" * 100}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "input": {"n": [1.5]}}]},
+    ] * 2000
+    args = {"task": "t", "messages": messages, "ts": 3, "keep": "none", "read_tools": None}
+    body = proto.encode_request(9, "compact", args)
+    assert len(body) > SLICED_DECODE_BYTES
+    decoded = await decode_in_slices(body, proto.Limits(), 100_000)
+    assert decoded == (9, "compact", args)
+    with pytest.raises(TooManyMessages):
+        await decode_in_slices(body, proto.Limits(), 3999)
+    dense = [{"role": "user", "content": [0] * 300}] * 4000  # 304 values each
+    body = proto.encode_request(9, "compact", {**args, "messages": dense})
+    with pytest.raises(proto.ProtocolError, match="the request holds more than 1176576 values"):
+        await decode_in_slices(body, proto.Limits(), 4000)  # 1,048,576 + 32 x 4,000
+
+
+def test_checking_a_long_history_does_not_stall_other_clients(tmp_path: Path) -> None:
+    """400,000 messages refused by the task's dialect: checking them keeps others' pings quick.
+
+    The actor refuses the request before any engine work, so what is timed
+    is the decode and the check of every message, which held the loop for
+    one to two seconds before the check went to a worker thread.
+    """
+    messages = [{"role": "user", "content": "ok"}] * 400_000
+    with (
+        DaemonProcess(tmp_path, "--max-messages", "400000") as daemon,
+        WirePeer(daemon.endpoint, timeout=120) as sender,
+    ):
+        assert sender.call("inspect", {"task": "long", "dialect": "anthropic"}).ok
+        assert sender.call("flush", {"task": "long"}).ok
+        args = {"task": "long", "messages": messages, "dialect": "cline"}
+        body = proto.encode_request(5, "truncated_messages", args)
+        with pinging(daemon.endpoint) as pinger:
+            sender.send_frames([body])
+            reply = sender.recv()
+        assert (reply.ok, reply.code) == (False, "bad_request")
+        assert "has dialect 'anthropic', not 'cline'" in (reply.message or "")
         assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"

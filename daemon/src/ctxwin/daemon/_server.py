@@ -260,6 +260,7 @@ class Server:
             "dialects": list(proto.DIALECTS),
         }
         self._routes = self._build_routes()
+        self._check_limiter = anyio.CapacityLimiter(2)  # large requests checked at once
         self.socket = RouterSocket(config, self.take)
         self.bindings = self.socket.bindings
         self.send = self.socket.send  # replies go straight to the socket (no hop)
@@ -343,7 +344,10 @@ class Server:
         try:
             try:
                 request_id, op, args = await decode_in_slices(
-                    body, self.limits, self.config.max_messages
+                    body,
+                    self.limits,
+                    self.config.max_messages,
+                    self._binding_check(client_of(peer)),
                 )
             except TooManyMessages as exc:
                 peeked = proto.peek_request_id(body)
@@ -357,9 +361,34 @@ class Server:
                 _log_failure(exc, None, "?", None)
                 self.send(envelope, _error_reply(exc, None, "?"))
                 return
-            self._dispatch(envelope, request_id, op, args, peer)
+            try:
+                # Checking 100,000 messages takes the loop for hundreds of ms: a worker
+                # thread runs Python code in turns with it (every 5 ms at most).
+                await anyio.to_thread.run_sync(
+                    proto.validate_args, op, args, limiter=self._check_limiter
+                )
+            except Exception as exc:
+                _log_failure(exc, request_id, op, args.get("task"))
+                self.send(envelope, _error_reply(exc, request_id, op))
+                return
+            self._dispatch(envelope, request_id, op, args, peer, validated=True)
         finally:
             self.reply_done(client)
+
+    def _binding_check(self, client: str) -> Callable[[int, str, object], None] | None:
+        """A bound client's prefix check, for the decoder to make before it reads the body."""
+        if not self.bindings:
+            return None
+        bindings = self.bindings
+
+        def check(request_id: int, op: str, task: object) -> None:
+            try:
+                _check_binding(bindings, client, op, task)
+            except proto.ProtocolError as exc:
+                exc.request_id = request_id
+                raise
+
+        return check
 
     def _dispatch(
         self,
@@ -368,14 +397,20 @@ class Server:
         op: str,
         args: dict[str, Any],
         peer: zmq.Frame,
+        *,
+        validated: bool = False,
     ) -> None:
-        """Check a decoded request and route it (the reply is sent now or by its actor)."""
+        """Check a decoded request and route it (the reply is sent now or by its actor).
+
+        ``validated``: the args were checked already (a large request, in a worker thread).
+        """
         task: str | None = None
         self._peer = peer  # the routes name the client from it
         try:
             if self.bindings:  # before the args say anything
                 _check_binding(self.bindings, client_of(peer), op, args.get("task"))
-            proto.validate_args(op, args)
+            if not validated:
+                proto.validate_args(op, args)
             self._check_message_count(op, args)
             task = args.get("task")
             result = self._routes[op](envelope, request_id, op, args, task)

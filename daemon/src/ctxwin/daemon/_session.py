@@ -229,6 +229,7 @@ class TaskSession:
         # 1. The history, 2. in the internal form.
         history = kept.resolve(args, keep=budgeted)
         mapped = kept.internal(op, history, args)
+        await _checkpoint(args)
         # 3. Token estimates, when asked for.
         budgeting = None
         if budgeted:
@@ -262,6 +263,7 @@ class TaskSession:
             # The caller sends the condensed view: the next report is of it, not of the view
             # the request before the condense answered with.
             kept.note_estimate({"estimated_tokens": result["tokens_after"]})
+        await _checkpoint(args)
         # 5. The view as the caller's messages, a list or a patch.
         return kept.view_back(state, op, args, result, history, mapped)
 
@@ -332,6 +334,21 @@ class TaskSession:
         if self.ephemeral or self.state is None:
             return False
         return await self.writes.flush()
+
+
+_LONG_HISTORY = 10_000
+"""Messages past which a request's pipeline hands the loop back between its steps."""
+
+
+async def _checkpoint(args: dict[str, Any]) -> None:
+    """Let other clients be answered between two steps of a long history's pipeline.
+
+    Each step over 100,000 messages takes the loop for 50-200 ms; nothing
+    between the steps leaves the state half-changed (the range and the
+    basis it was made on are recorded in one step).
+    """
+    if len(args.get("messages") or ()) + len(args.get("append") or ()) > _LONG_HISTORY:
+        await asyncio.sleep(0)
 
 
 def _wants_budgeting(op: str, args: dict[str, Any]) -> bool:

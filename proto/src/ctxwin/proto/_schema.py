@@ -134,7 +134,10 @@ def _check_messages(value: object, first: int = 0, cline: bool = True) -> None:
     """
     if not isinstance(value, list):
         raise _Invalid("must be a list of messages")
-    json_problem = _json_problem(value)
+    # One C call for the whole list is quickest, but holds the interpreter lock
+    # throughout: a long list (checked in a worker thread) is checked message by message.
+    whole = len(value) <= _WHOLE_JSON_CHECK
+    json_problem = _json_problem(value) if whole else "?"
     for offset, message in enumerate(value):
         where = f"messages[{first + offset}]"
         if not isinstance(message, dict):
@@ -160,8 +163,12 @@ def _check_messages(value: object, first: int = 0, cline: bool = True) -> None:
         for block_index, block in enumerate(content):
             if not isinstance(block, dict):
                 raise _Invalid(f"{where}.content[{block_index}] must be a map", where)
-    if json_problem is not None:
+    if json_problem is not None and whole:
         raise _Invalid(json_problem)  # the list as a whole (no one message alone)
+
+
+_WHOLE_JSON_CHECK = 4096
+"""Lists of at most this many messages are checked for a JSON form in one call."""
 
 
 def _any_value(value: object) -> None:
