@@ -777,8 +777,9 @@ def test_an_ipc_directory_others_can_write_stops_the_start(tmp_path: Path) -> No
 def test_the_allow_list_is_read_again_only_when_it_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Handshakes reuse the allow-list until its directory or a key file changes (a key added,
-    one rewritten, one made writable by others); each change is seen at the next handshake."""
+    """Handshakes reuse the allow-list until its directory or a key file changes: a key added
+    is seen at the next handshake (the directory changed), a key file made writable by others
+    once its files are looked at again (at most once a second: here at once)."""
     from zmq.utils import z85
 
     from ctxwin.daemon import _auth
@@ -798,6 +799,14 @@ def test_the_allow_list_is_read_again_only_when_it_changes(
         return real(directory)
 
     monkeypatch.setattr(_auth, "read_allowed", counted)
+    listings: list[Path] = []
+    real_listing = _auth._listing
+
+    def listed(directory: Path) -> tuple[object, ...] | None:
+        listings.append(directory)
+        return real_listing(directory)
+
+    monkeypatch.setattr(_auth, "_listing", listed)
 
     def handshake(auth: _auth.Authenticator, public: bytes) -> bytes:
         request = [b"1.0", b"7", b"ctxwind", b"127.0.0.1", b"", b"CURVE", z85.decode(public)]
@@ -812,11 +821,13 @@ def test_the_allow_list_is_read_again_only_when_it_changes(
                 assert handshake(auth, publics[0]) == b"200"
                 assert handshake(auth, publics[1]) == b"400"
             assert len(reads) == 1
+            assert len(listings) == 1  # within a second: the directory's status only
             keys(
                 "allow", str(tmp_path / "two" / "client.key"), "--name", "two", "--dir", str(server)
             )
             assert handshake(auth, publics[1]) == b"200"
             assert len(reads) == 2
+            monkeypatch.setattr(_auth, "RELIST_S", 0.0)  # the second is up
             os.chmod(server / "allowed" / "two.key", 0o666)  # the directory is unchanged
             assert handshake(auth, publics[1]) == b"400"
             assert len(reads) == 3
