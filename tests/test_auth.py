@@ -828,6 +828,10 @@ def test_the_allow_list_is_read_again_only_when_it_changes(
             assert handshake(auth, publics[1]) == b"200"
             assert len(reads) == 2
             monkeypatch.setattr(_auth, "RELIST_S", 0.0)  # the second is up
+            for _ in range(5):  # the files looked at again, unchanged: not read
+                assert handshake(auth, publics[0]) == b"200"
+            assert len(reads) == 2
+            assert len(listings) == 7
             os.chmod(server / "allowed" / "two.key", 0o666)  # the directory is unchanged
             assert handshake(auth, publics[1]) == b"400"
             assert len(reads) == 3
