@@ -772,3 +772,71 @@ def test_an_ipc_directory_others_can_write_stops_the_start(tmp_path: Path) -> No
     assert result.returncode == 1, result.stderr
     assert "writable by others" in result.stderr
     assert not (open_dir / "d.sock").exists()
+
+
+def test_the_allow_list_is_read_again_only_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handshakes reuse the allow-list until its directory or a key file changes: a key added
+    is seen at the next handshake (the directory changed), a key file made writable by others
+    once its files are looked at again (at most once a second: here at once)."""
+    from zmq.utils import z85
+
+    from ctxwin.daemon import _auth
+
+    server = tmp_path / "server"
+    keys("server", "--dir", str(server))
+    publics = []
+    for name in ("one", "two"):
+        keys("client", name, "--dir", str(tmp_path / name))
+        publics.append(proto.read_key_file(tmp_path / name / "client.key").public)
+    keys("allow", str(tmp_path / "one" / "client.key"), "--name", "one", "--dir", str(server))
+    reads: list[Path] = []
+    real = _auth.read_allowed
+
+    def counted(directory: Path) -> tuple[dict[bytes, str], dict[str, str]]:
+        reads.append(directory)
+        return real(directory)
+
+    monkeypatch.setattr(_auth, "read_allowed", counted)
+    listings: list[Path] = []
+    real_listing = _auth._listing
+
+    def listed(directory: Path) -> tuple[object, ...] | None:
+        listings.append(directory)
+        return real_listing(directory)
+
+    monkeypatch.setattr(_auth, "_listing", listed)
+
+    def handshake(auth: _auth.Authenticator, public: bytes) -> bytes:
+        request = [b"1.0", b"7", b"ctxwind", b"127.0.0.1", b"", b"CURVE", z85.decode(public)]
+        return auth._answer(request)[2]
+
+    async def run() -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        auth = _auth.Authenticator(context, load_server_keys(server), {})
+        try:
+            assert len(reads) == 1  # at start
+            for _ in range(20):
+                assert handshake(auth, publics[0]) == b"200"
+                assert handshake(auth, publics[1]) == b"400"
+            assert len(reads) == 1
+            assert len(listings) == 1  # within a second: the directory's status only
+            keys(
+                "allow", str(tmp_path / "two" / "client.key"), "--name", "two", "--dir", str(server)
+            )
+            assert handshake(auth, publics[1]) == b"200"
+            assert len(reads) == 2
+            monkeypatch.setattr(_auth, "RELIST_S", 0.0)  # the second is up
+            for _ in range(5):  # the files looked at again, unchanged: not read
+                assert handshake(auth, publics[0]) == b"200"
+            assert len(reads) == 2
+            assert len(listings) == 7
+            os.chmod(server / "allowed" / "two.key", 0o666)  # the directory is unchanged
+            assert handshake(auth, publics[1]) == b"400"
+            assert len(reads) == 3
+        finally:
+            auth.close()
+            context.term()
+
+    asyncio.run(run())

@@ -228,6 +228,20 @@ def test_daemon_errors_exit_1(tmp_path: Path) -> None:
     assert "internal: disk on fire" in err
 
 
+def test_a_slow_answer_is_a_timeout_not_a_missing_daemon(tmp_path: Path) -> None:
+    """A daemon that answered ping but not the command in time: said so, with --timeout."""
+
+    def handler(request: proto.Request) -> list[bytes]:
+        return ok(request) if request.op == "ping" else []  # still working on it
+
+    with FakeRouter(tmp_path, handler) as fake:
+        code, _, err = run("--endpoint", fake.endpoint, "--timeout", "0.5", "stats")
+    assert 1 == code
+    assert "no daemon answered" not in err
+    assert "is up but did not answer within 0.5 s" in err
+    assert "--timeout SECONDS" in err
+
+
 def test_usage_errors_exit_2(shared: DaemonProcess, tmp_path: Path) -> None:
     """Bad task ids, bad numbers, missing arguments and unreadable files exit 2."""
     base = ("--endpoint", shared.endpoint)

