@@ -564,19 +564,37 @@ def _conclusions(messages: Sequence[Message], gone: Sequence[int], cline: bool) 
     return out
 
 
-def _gone_indices(gone: Iterable[int | range], length: int) -> list[int]:
+Gone = int | range | Sequence[int]
+"""Removed messages: an index, a ``range``, or an inclusive pair ``(start, end)`` (the form
+of the deleted range and of each range of a deleted set)."""
+
+
+def _gone_indices(gone: Iterable[Gone], length: int) -> list[int]:
+    """The removed indices, ascending, within the history.
+
+    Raises:
+        ValueError: an item that is not an index, a range or an inclusive pair.
+    """
     found: set[int] = set()
     for item in gone:
         if isinstance(item, range):
             found.update(item)
-        else:
+        elif isinstance(item, int) and not isinstance(item, bool):
             found.add(item)
+        elif (
+            isinstance(item, Sequence)
+            and len(item) == 2
+            and all(isinstance(bound, int) and not isinstance(bound, bool) for bound in item)
+        ):
+            found.update(range(item[0], item[1] + 1))
+        else:
+            raise ValueError(f"removed messages are indices, ranges or (start, end): {item!r}")
     return sorted(index for index in found if 0 <= index < length)
 
 
 def task_ledger(
     messages: Sequence[Message],
-    gone: Iterable[int | range],
+    gone: Iterable[Gone],
     budget: int,
     count: Callable[[str], int],
     reads: ReadRules | None = None,
@@ -607,7 +625,9 @@ def task_ledger(
     Args:
         messages: the task's history (the internal form, any dialect's mapped
             messages).
-        gone: the indices removed from the view: ints and ``range`` objects.
+        gone: the messages removed from the view (any set of them): indices,
+            ``range`` objects and inclusive pairs ``(start, end)``, as the
+            deleted range and a deleted set hold them.
         budget: tokens the ledger may take.
         count: tokens of a text.
         reads: the task's read tools (a native dialect's), besides the usual
@@ -617,6 +637,9 @@ def task_ledger(
 
     Returns:
         The ledger, or an empty text when the gone messages hold nothing to list.
+
+    Raises:
+        ValueError: ``gone`` holds something else.
     """
     rules = DEFAULT_READ_RULES if reads is None else reads
     indices = _gone_indices(gone, len(messages))
