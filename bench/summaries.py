@@ -12,7 +12,10 @@ Per conversation: requests, requests over the window (input plus response),
 views a provider would refuse that the history itself would not
 (``bench.strategies.problems``), condenses stored and refused, the largest
 view after a condense against half the trigger, and each summary's size
-(characters and tokens).
+(characters and tokens), and how many of the instructions a person typed so far
+the view after it still holds, summed over the condenses, with the worst share
+(docs/SUMMARIES.md: each instruction's first 160 characters, spaces normalised,
+among the view's texts, in place or in the summary).
 
 Usage: ``.venv/bin/python -m bench.summaries [--corpus FOLDER] [--window 64000] [--json]``;
 the corpus folder is ``--corpus`` or else ``CTXWIN_CORPUS``.
@@ -36,7 +39,34 @@ from ctxwin.engine import (
     fit_oversized,
     get_dialect,
     summary_due,
+    text_of,
+    user_instructions,
 )
+
+
+def _strings(view: list[Any]) -> str:
+    """The view's texts (text blocks, tool results' texts), spaces normalised."""
+    texts: list[str] = []
+    for message in view:
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for block in blocks or []:
+            text = text_of(block) if isinstance(block, dict) else None
+            if text:
+                texts.append(" ".join(text.split()))
+    return "\n".join(texts)
+
+
+def typed_kept(history: list[Any], view: list[Any]) -> tuple[int, int]:
+    """How many instructions a person typed in ``history``, and how many ``view`` holds."""
+    cline = bool(history) and "<task>" in json.dumps(history[0].get("content"))
+    snippets = {
+        " ".join(text.split())[:160]
+        for message in history
+        for text in user_instructions(message, cline)
+    }
+    strings = _strings(view)
+    return len(snippets), sum(snippet in strings for snippet in snippets)
 
 
 def replay(conversation: Conversation, window: int, counter: Counter) -> dict[str, Any]:
@@ -63,6 +93,7 @@ def replay(conversation: Conversation, window: int, counter: Counter) -> dict[st
             done = condense(state, history, model, ts, budgeting)
             if done["condensed"] and done["summary"] is not None:
                 text = done["summary"]["text"]
+                typed, kept = typed_kept(history, done["messages"])
                 summaries.append(
                     {
                         "request": step + 1,
@@ -71,6 +102,8 @@ def replay(conversation: Conversation, window: int, counter: Counter) -> dict[st
                         "tokens": counter.tokens.count_text(text),
                         "view_before": done["tokens_before"],
                         "view_after": done["tokens_after"],
+                        "typed": typed,
+                        "typed_kept": kept,
                     }
                 )
                 view = done["messages"]
@@ -113,16 +146,21 @@ def main() -> None:
         return
     print(
         f"{'conversation':58} {'dialect':16} {'reqs':>5} {'over':>4} {'bad':>3} "
-        f"{'cond':>4} {'refd':>4} {'max after':>9} {'half trig':>9} {'summary tokens':>15}"
+        f"{'cond':>4} {'refd':>4} {'max after':>9} {'half trig':>9} {'summary tokens':>15} "
+        f"{'typed kept':>20}"
     )
     for row in results:
         sizes = [item["tokens"] for item in row["summaries"]]
         span = f"{min(sizes)}-{max(sizes)}" if sizes else "-"
+        typed = sum(item["typed"] for item in row["summaries"])
+        kept = sum(item["typed_kept"] for item in row["summaries"])
+        shares = [item["typed_kept"] / item["typed"] for item in row["summaries"] if item["typed"]]
+        typed_kept = f"{kept}/{typed}, worst {min(shares):.0%}" if shares else "-"
         print(
             f"{row['conversation'][:58]:58} {row['dialect']:16} {row['requests']:5} "
             f"{row['over_window']:4} {row['refused_views']:3} {row['condenses']:4} "
             f"{row['condenses_refused']:4} {row['max_view_after']:9,} "
-            f"{row['trigger'] // 2:9,} {span:>15}"
+            f"{row['trigger'] // 2:9,} {span:>15} {typed_kept:>20}"
         )
 
 

@@ -93,13 +93,14 @@ def test_a_native_conversation_gets_call_lines_with_their_key_arguments(dialect:
 
 
 def test_the_ledger_is_the_same_text_for_the_same_input() -> None:
-    """The same history and removed messages, given as a set, as ranges or as a copy, give the
-    same text, word for word."""
+    """The same history and removed messages, given as a set, as ranges, as inclusive pairs or
+    as a copy, give the same text, word for word."""
     messages = cline_task()
     first = task_ledger(messages, [range(2, 100)], 800, count)
     again = task_ledger(copy.deepcopy(messages), set(range(2, 100)), 800, count)
     split = task_ledger(messages, [range(50, 100), range(2, 50)], 800, count)
-    assert first == again == split
+    pairs = task_ledger(messages, [(2, 40), [41, 99]], 800, count)
+    assert first == again == split == pairs
     assert "Shortened to fit 800 tokens" in first
 
 
@@ -219,3 +220,9 @@ def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(nam
     listed = line.split(": ", 1)[1].split(", ") if line else []
     assert listed
     assert [] == [path for path in listed if path not in read | printed]
+
+
+def test_removed_messages_of_another_form_are_refused() -> None:
+    """Removed messages given as something else than indices, ranges or pairs are refused."""
+    with pytest.raises(ValueError, match="indices, ranges or"):
+        task_ledger(cline_task(6), ["2"], 800, count)  # type: ignore[list-item]

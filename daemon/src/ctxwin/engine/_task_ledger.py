@@ -32,6 +32,8 @@ COUNTED, MERGED, LEFT_OUT = 2, 3, 4
 line), counted in the one line of all such groups, and left out."""
 KEY_CAP = 200
 """Characters of a call's key argument shown (a longer one is cut, marked)."""
+PROSE_CAP = 80
+"""Characters shown of a key argument that is prose (a question, a description)."""
 ERROR_CAP = 120
 """Characters of an error's first line shown on its call."""
 FILES_SHORT = 20
@@ -68,6 +70,24 @@ _COMMAND_KEYS = ("command", "cmd")
 _SEARCH_KEYS = ("pattern", "regex", "query", "q")
 # A command or a search says more than the folder it runs in; a path comes next.
 _KEY_ORDER = (*_COMMAND_KEYS, *_SEARCH_KEYS, *_PATH_KEYS, "url", "glob", "paths", "description")
+# What a key argument given under one of these names is: not prose.
+_KEYED = frozenset({"cmd", "patch", *_SEARCH_KEYS, *_PATH_KEYS, "url", "glob", "paths"})
+# Cline's tools whose header names a path, a command, a pattern or a URL.
+_CLINE_KEYED = frozenset(
+    {
+        "read_file",
+        "write_to_file",
+        "replace_in_file",
+        "list_files",
+        "list_code_definition_names",
+        "search_files",
+        "execute_command",
+        "web_fetch",
+        "browser_action",
+        "use_mcp_tool",
+        "access_mcp_resource",
+    }
+)
 _EDITOR_KEY_ORDER = (*_PATH_KEYS, *_COMMAND_KEYS)
 _READ_TOOLS = frozenset({"read_file", "Read", "view", "read", "open_file", "ReadFile"})
 _WRITE_TOOLS = frozenset(
@@ -190,6 +210,8 @@ class LedgerCall:
         size: the result's characters.
         reads: the paths it read (a read tool, or a shell that prints files).
         writes: the paths it wrote.
+        prose: whether the key argument is prose (a question, a task's description)
+            rather than a path, a command, a pattern or a query: shown shorter.
     """
 
     index: int
@@ -200,6 +222,7 @@ class LedgerCall:
     size: int
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
+    prose: bool = False
 
 
 def _result_text(block: Block) -> tuple[str, int]:
@@ -425,7 +448,9 @@ def ledger_calls(
                     elif tool == "execute_command":
                         reads = shell_reads(key)
                 size = len(body.strip())
-                calls.append(LedgerCall(index, tool, key, error, True, size, reads, writes))
+                prose = tool not in _CLINE_KEYED
+                call = LedgerCall(index, tool, key, error, True, size, reads, writes, prose)
+                calls.append(call)
             continue
         if not isinstance(content, list):
             continue
@@ -442,13 +467,15 @@ def ledger_calls(
                 after = messages[index + 1] if index + 1 < len(messages) else None
                 if after is not None and _has_header(after):
                     continue  # answered by a Cline header: counted there
-                calls.append(LedgerCall(index, tool, key, None, False, 0))
+                prose = given_as not in _KEYED
+                calls.append(LedgerCall(index, tool, key, None, False, 0, prose=prose))
                 continue
             text, size = _result_text(result)
             error = "error" if result.get("_key") == "error" else None
             error = _error_line(text) or error
             reads, writes = ((), ()) if error else _files(tool, arguments, key, given_as, rules)
-            calls.append(LedgerCall(index, tool, key, error, True, size, reads, writes))
+            prose = given_as not in _KEYED
+            calls.append(LedgerCall(index, tool, key, error, True, size, reads, writes, prose))
     return calls
 
 
@@ -463,17 +490,19 @@ def _size(chars: int) -> str:
     return f"{round(chars / 1000)}k"
 
 
-def _key_text(key: str | None) -> str:
+def _key_text(call: LedgerCall) -> str:
+    key = call.key
     if key is None:
         return ""
     key = key.strip()
     if "\n" in key:
         key = " ".join(key.split())
-    return key if len(key) <= KEY_CAP else key[: KEY_CAP - 1] + "…"
+    cap = PROSE_CAP if call.prose else KEY_CAP
+    return key if len(key) <= cap else key[: cap - 1] + "…"
 
 
 def _call_full(call: LedgerCall) -> str:
-    key = _key_text(call.key)
+    key = _key_text(call)
     head = f"{key} " if key else ""
     if not call.answered:
         return f"{head}no result"
@@ -484,7 +513,7 @@ def _call_full(call: LedgerCall) -> str:
 
 
 def _call_short(call: LedgerCall) -> str:
-    key = _key_text(call.key) or "(no argument)"
+    key = _key_text(call) or "(no argument)"
     if call.error is not None:
         return f"{key} error"
     return key if call.answered else f"{key} no result"
@@ -564,19 +593,37 @@ def _conclusions(messages: Sequence[Message], gone: Sequence[int], cline: bool) 
     return out
 
 
-def _gone_indices(gone: Iterable[int | range], length: int) -> list[int]:
+Gone = int | range | Sequence[int]
+"""Removed messages: an index, a ``range``, or an inclusive pair ``(start, end)`` (the form
+of the deleted range and of each range of a deleted set)."""
+
+
+def _gone_indices(gone: Iterable[Gone], length: int) -> list[int]:
+    """The removed indices, ascending, within the history.
+
+    Raises:
+        ValueError: an item that is not an index, a range or an inclusive pair.
+    """
     found: set[int] = set()
     for item in gone:
         if isinstance(item, range):
             found.update(item)
-        else:
+        elif isinstance(item, int) and not isinstance(item, bool):
             found.add(item)
+        elif (
+            isinstance(item, Sequence)
+            and len(item) == 2
+            and all(isinstance(bound, int) and not isinstance(bound, bool) for bound in item)
+        ):
+            found.update(range(item[0], item[1] + 1))
+        else:
+            raise ValueError(f"removed messages are indices, ranges or (start, end): {item!r}")
     return sorted(index for index in found if 0 <= index < length)
 
 
 def task_ledger(
     messages: Sequence[Message],
-    gone: Iterable[int | range],
+    gone: Iterable[Gone],
     budget: int,
     count: Callable[[str], int],
     reads: ReadRules | None = None,
@@ -607,7 +654,9 @@ def task_ledger(
     Args:
         messages: the task's history (the internal form, any dialect's mapped
             messages).
-        gone: the indices removed from the view: ints and ``range`` objects.
+        gone: the messages removed from the view (any set of them): indices,
+            ``range`` objects and inclusive pairs ``(start, end)``, as the
+            deleted range and a deleted set hold them.
         budget: tokens the ledger may take.
         count: tokens of a text.
         reads: the task's read tools (a native dialect's), besides the usual
@@ -617,6 +666,9 @@ def task_ledger(
 
     Returns:
         The ledger, or an empty text when the gone messages hold nothing to list.
+
+    Raises:
+        ValueError: ``gone`` holds something else.
     """
     rules = DEFAULT_READ_RULES if reads is None else reads
     indices = _gone_indices(gone, len(messages))
