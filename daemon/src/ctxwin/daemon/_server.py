@@ -250,7 +250,8 @@ class Server:
         self.in_flight = 0
         self.max_client_requests = config.max_client_requests
         self.requests_of: dict[str, int] = {}  # client -> requests in flight
-        self._peer: zmq.Frame | None = None  # the last frame of the request being dispatched
+        # The request being dispatched: its last frame, or its client's name once known.
+        self._peer: zmq.Frame | str | None = None
         self._quiet = asyncio.Event()
         self._ping_result: dict[str, Any] = {
             "pong": True,
@@ -282,7 +283,7 @@ class Server:
         Raises:
             BusyError: the client has ``max_client_requests`` in flight already.
         """
-        client = client_of(self._peer) if self._peer is not None else "?"
+        client = _name_of(self._peer)
         held = self.requests_of.get(client, 0)
         if held >= self.max_client_requests:
             raise BusyError(
@@ -320,7 +321,8 @@ class Server:
                 return
             finally:
                 self._peer = None
-            self.spawn(lambda: self._handle_large(envelope, body, peer, client))
+            # The name, not the frame: the frame holds a copy of the body.
+            self.spawn(lambda: self._handle_large(envelope, body, client))
             return
         request_id: int | None = None
         op = "?"
@@ -332,9 +334,7 @@ class Server:
             return
         self._dispatch(envelope, request_id, op, args, peer)
 
-    async def _handle_large(
-        self, envelope: list[bytes], body: bytes, peer: zmq.Frame, client: str
-    ) -> None:
+    async def _handle_large(self, envelope: list[bytes], body: bytes, client: str) -> None:
         """A large request: decoded in slices (``_decode.py``) so others are answered meanwhile.
 
         Requests that arrive while it is decoded may be answered before it. It
@@ -357,7 +357,7 @@ class Server:
                 _log_failure(exc, None, "?", None)
                 self.send(envelope, _error_reply(exc, None, "?"))
                 return
-            self._dispatch(envelope, request_id, op, args, peer)
+            self._dispatch(envelope, request_id, op, args, client)
         finally:
             self.reply_done(client)
 
@@ -367,14 +367,17 @@ class Server:
         request_id: int,
         op: str,
         args: dict[str, Any],
-        peer: zmq.Frame,
+        peer: zmq.Frame | str,
     ) -> None:
-        """Check a decoded request and route it (the reply is sent now or by its actor)."""
+        """Check a decoded request and route it (the reply is sent now or by its actor).
+
+        ``peer``: the request's last frame, or its client's name.
+        """
         task: str | None = None
         self._peer = peer  # the routes name the client from it
         try:
             if self.bindings:  # before the args say anything
-                _check_binding(self.bindings, client_of(peer), op, args.get("task"))
+                _check_binding(self.bindings, _name_of(peer), op, args.get("task"))
             proto.validate_args(op, args)
             self._check_message_count(op, args)
             task = args.get("task")
@@ -525,6 +528,13 @@ class Server:
 
 
 _Route = Callable[[list[bytes], int, str, dict[str, Any], Any], dict[str, Any] | None]
+
+
+def _name_of(peer: zmq.Frame | str | None) -> str:
+    """A request's client name: from its last frame (see ``client_of``), or as given."""
+    if peer is None:
+        return "?"
+    return peer if isinstance(peer, str) else client_of(peer)
 
 
 def _code_of(exc: BaseException) -> str:
