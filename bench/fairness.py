@@ -14,9 +14,10 @@ the list's header, in one piece after the whole body is decoded).
 ``--slots`` runs the task-slot flood instead: one client (a CURVE key)
 opens ephemeral tasks as fast as it can, 64 requests in flight, past
 ``max_tasks``; once the daemon holds ``max_tasks`` another client opens a new
-task every 20 ms. Reported: how long the flood took to fill the daemon, its
-answers, and the other client's answers and latency (each new task of its
-own takes the place of an idle task of the flooder).
+task every 20 ms, each after a ping. Reported: how long the flood took to
+fill the daemon, its answers, and the other client's answers, new-task
+latency and worst ping (each new task of its own takes the place of an idle
+task of the flooder).
 
 Run::
 
@@ -169,7 +170,8 @@ def _open(task: str, request_id: int) -> bytes:
 def slots(flood_tasks: int, max_tasks: int, other_tasks: int) -> dict[str, Any]:
     """One client (alice) floods ephemeral new tasks, 64 in flight, without end; once it had
     its first ``busy`` (the daemon is full) or ``flood_tasks`` answers, another client (bob)
-    opens a new task every 20 ms while the flood goes on; bob's latency and answers.
+    pings and opens a new task every 20 ms while the flood goes on; bob's latencies and
+    answers.
 
     Two clients need two names: the daemon listens on loopback TCP with keys (each
     connection named ``key:alice``, ``key:bob``), made with ``ctxwin keys``.
@@ -260,9 +262,16 @@ def _flood_slots(
         raise TimeoutError("the flood did not fill max_tasks")
     other = _curve_dealer(endpoint, server_public, pairs["bob"])
     latencies: list[float] = []
+    pings: list[float] = []
     answers: dict[str, int] = {}
     try:
         for index in range(other_tasks):
+            begun = time.perf_counter()
+            other.send(PING)
+            if not other.poll(30_000):
+                raise TimeoutError("bob's ping was not answered")
+            other.recv()
+            pings.append(time.perf_counter() - begun)
             begun = time.perf_counter()
             other.send(_open(f"bob-{index}", index + 1))
             if not other.poll(30_000):
@@ -286,6 +295,7 @@ def _flood_slots(
         "other_answers": answers,
         "other_median_ms": round(statistics.median(latencies) * 1000, 1),
         "other_worst_ms": round(latencies[-1] * 1000, 1),
+        "other_worst_ping_ms": round(max(pings) * 1000, 1),
     }
 
 

@@ -250,7 +250,8 @@ class Server:
         self.in_flight = 0
         self.max_client_requests = config.max_client_requests
         self.requests_of: dict[str, int] = {}  # client -> requests in flight
-        self._peer: zmq.Frame | None = None  # the last frame of the request being dispatched
+        # The request being dispatched: its last frame, or its client's name once known.
+        self._peer: zmq.Frame | str | None = None
         self._quiet = asyncio.Event()
         self._ping_result: dict[str, Any] = {
             "pong": True,
@@ -283,7 +284,7 @@ class Server:
         Raises:
             BusyError: the client has ``max_client_requests`` in flight already.
         """
-        client = client_of(self._peer) if self._peer is not None else "?"
+        client = _name_of(self._peer)
         held = self.requests_of.get(client, 0)
         if held >= self.max_client_requests:
             raise BusyError(
@@ -321,7 +322,8 @@ class Server:
                 return
             finally:
                 self._peer = None
-            self.spawn(lambda: self._handle_large(envelope, body, peer, client))
+            # The name, not the frame: the frame holds a copy of the body.
+            self.spawn(lambda: self._handle_large(envelope, body, client))
             return
         request_id: int | None = None
         op = "?"
@@ -333,9 +335,7 @@ class Server:
             return
         self._dispatch(envelope, request_id, op, args, peer)
 
-    async def _handle_large(
-        self, envelope: list[bytes], body: bytes, peer: zmq.Frame, client: str
-    ) -> None:
+    async def _handle_large(self, envelope: list[bytes], body: bytes, client: str) -> None:
         """A large request: decoded in slices (``_decode.py``) so others are answered meanwhile.
 
         Requests that arrive while it is decoded may be answered before it. It
@@ -347,7 +347,7 @@ class Server:
                     body,
                     self.limits,
                     self.config.max_messages,
-                    self._binding_check(client_of(peer)),
+                    self._binding_check(client),
                 )
             except TooManyMessages as exc:
                 peeked = proto.peek_request_id(body)
@@ -371,7 +371,7 @@ class Server:
                 _log_failure(exc, request_id, op, args.get("task"))
                 self.send(envelope, _error_reply(exc, request_id, op))
                 return
-            self._dispatch(envelope, request_id, op, args, peer, validated=True)
+            self._dispatch(envelope, request_id, op, args, client, validated=True)
         finally:
             self.reply_done(client)
 
@@ -396,19 +396,20 @@ class Server:
         request_id: int,
         op: str,
         args: dict[str, Any],
-        peer: zmq.Frame,
+        peer: zmq.Frame | str,
         *,
         validated: bool = False,
     ) -> None:
         """Check a decoded request and route it (the reply is sent now or by its actor).
 
-        ``validated``: the args were checked already (a large request, in a worker thread).
+        ``peer``: the request's last frame, or its client's name. ``validated``: the
+        args were checked already (a large request, in a worker thread).
         """
         task: str | None = None
         self._peer = peer  # the routes name the client from it
         try:
             if self.bindings:  # before the args say anything
-                _check_binding(self.bindings, client_of(peer), op, args.get("task"))
+                _check_binding(self.bindings, _name_of(peer), op, args.get("task"))
             if not validated:
                 proto.validate_args(op, args)
             self._check_message_count(op, args)
@@ -560,6 +561,13 @@ class Server:
 
 
 _Route = Callable[[list[bytes], int, str, dict[str, Any], Any], dict[str, Any] | None]
+
+
+def _name_of(peer: zmq.Frame | str | None) -> str:
+    """A request's client name: from its last frame (see ``client_of``), or as given."""
+    if peer is None:
+        return "?"
+    return peer if isinstance(peer, str) else client_of(peer)
 
 
 def _code_of(exc: BaseException) -> str:

@@ -331,7 +331,6 @@ class RouterSocket:
             else:
                 too_many = True  # keep receiving, keep nothing: the message must be consumed
         self.received += 1
-        self._last = frame
         if too_many or total > limits.max_total_bytes:
             reason = (
                 f"message has more than {limits.max_frames} frames"
@@ -343,9 +342,11 @@ class RouterSocket:
             request_id = proto.peek_request_id(frame.buffer)  # the body is the last frame
             self.send(envelope, proto.encode_error(request_id, proto.ErrorCode.TOO_LARGE, reason))
             return None
+        self._last = frame
         return frames
 
     def _handle_frames(self, frames: list[bytes]) -> None:
+        last, self._last = self._last, None  # not kept: it holds a copy of the body
         peer = frames[0]
         if len(peer) != 5 or peer[0]:
             self._refuse_chosen_id(peer)
@@ -362,8 +363,8 @@ class RouterSocket:
                 ),
             )
             return
-        assert self._last is not None
-        self._on_message(envelope, body, self._last)
+        assert last is not None
+        self._on_message(envelope, body, last)
 
     def _refuse_chosen_id(self, peer: bytes) -> None:
         """Drop a request from a routing id the peer chose: no reply (it could reach another
