@@ -16,6 +16,7 @@ from tests._ledger_data import (
     NATIVE,
     assistant,
     cline_task,
+    files_listed,
     internal_of,
     kept,
     native_conversation,
@@ -43,13 +44,17 @@ def test_a_cline_task_keeps_every_typed_message_and_lists_only_paths() -> None:
     assert "environment_details" not in summary
     assert "task_progress" not in summary
     assert "was not executed" not in summary
-    files_read = re.search(r"^Files read: (.*)$", summary, re.MULTILINE)
-    assert files_read is not None
-    paths = files_read.group(1).split(", ")
+    # Every file is named on its call line: the files lists only count them.
+    assert "Files read: 11, each named on a call line above" in summary
+    assert "Files written: 1, each named on a call line above" in summary
+    assert "- execute_command: npm run dev ok 23;" in summary  # a call, with its command
+    # With the calls counted per tool to fit, the files lists name the paths: only paths.
+    short = basic_summary(messages, len(messages) - 1, 900, count)
+    assert "62 calls counted per tool" in short
     pages = [f"src/page{number}.tsx" for number in range(0, 60, 6)]
-    assert [pages[0], "src/config.json", *pages[1:]] == paths
-    assert "Files written: src/login.tsx" in summary
-    assert "npm run dev" in summary  # on its call line, as a command
+    assert [pages[0], "src/config.json", *pages[1:]] == files_listed(short, "Files read")
+    assert ["src/login.tsx"] == files_listed(short, "Files written")
+    assert [] == [text for text in said if not kept(snippet(text), short)]
 
 
 def test_a_cline_ledger_lists_each_call_with_its_argument_status_and_size() -> None:
@@ -83,8 +88,12 @@ def test_a_native_conversation_gets_call_lines_with_their_key_arguments(dialect:
         "- Edit: src/app.py ok 2",
     ):
         assert argument in ledger
-    assert "Files read: src/app.py, README.md, src/util.py" in ledger
-    assert "Files written: src/app.py" in ledger
+    assert "Files read: 3, each named on a call line above" in ledger
+    assert "Files written: 1, each named on a call line above" in ledger
+    counted = task_ledger(messages, [range(2, len(messages) - 2)], 120, count)
+    assert "calls counted" in counted.splitlines()[-1]
+    assert ["src/app.py", "README.md", "src/util.py"] == files_listed(counted, "Files read")
+    assert ["src/app.py"] == files_listed(counted, "Files written")
     instructions = re.findall(r"^- .*$", ledger.split("Calls")[0], re.MULTILINE)
     assert ["- Go ahead.", "- (said 2 times) Keep the output format stable, please."] == (
         instructions
@@ -185,20 +194,24 @@ NO_CORPUS = "set CTXWIN_CORPUS to the folder of the real conversations (README, 
 
 @pytest.mark.skipif(not CORPUS, reason=NO_CORPUS)
 @pytest.mark.parametrize(
-    "name",
+    ("name", "budget"),
     [
-        "mra-api_conversation_history.json",
-        "cline_gmfstu_1769064454592.api_conversation_history.json",
+        ("mra-api_conversation_history.json", 4000),
+        ("cline_gmfstu_1769064454592.api_conversation_history.json", 400),
     ],
 )
-def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(name: str) -> None:
+def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(
+    name: str, budget: int
+) -> None:
     """On a real Cline task the basic summary of all but the first pair and the newest turn
-    keeps every message a person typed, no boilerplate, and as files read only read paths."""
+    keeps every message a person typed, no boilerplate, and as files read only read paths (at
+    a budget where the calls are counted, so that the files lists name the paths)."""
     assert CORPUS is not None
     messages = json.loads((Path(CORPUS) / name).read_text(encoding="utf-8"))
     gone = range(2, len(messages) - 2)
-    ledger = basic_summary(messages, gone[-1], 4000, count)
-    assert count(ledger) <= 4000
+    ledger = basic_summary(messages, gone[-1], budget, count)
+    assert count(ledger) <= budget
+    assert "calls counted" in ledger.splitlines()[-1]
     said = [text for index in gone for text in user_instructions(messages[index], cline=True)]
     assert [] == [text for text in said if not kept(snippet(text), ledger)]
     for boilerplate in ("You did not use a tool", "environment_details", "was not executed"):
@@ -216,8 +229,7 @@ def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(nam
         for command in re.findall(r"\[execute_command for '(.*?)'\] Result:", texts)
         for path in shell_reads(command)
     }
-    line = next((line for line in ledger.splitlines() if line.startswith("Files read")), "")
-    listed = line.split(": ", 1)[1].split(", ") if line else []
+    listed = files_listed(ledger, "Files read")
     assert listed
     assert [] == [path for path in listed if path not in read | printed]
 
