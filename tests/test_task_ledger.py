@@ -9,9 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ctxwin.daemon._tokens import TokenCounter
 from ctxwin.engine import basic_summary, shell_reads, task_ledger, user_instructions
+from tests._dialect_data import Turn, conversations, render_cline
 from tests._ledger_data import (
     NATIVE,
     assistant,
@@ -238,3 +241,39 @@ def test_removed_messages_of_another_form_are_refused() -> None:
     """Removed messages given as something else than indices, ranges or pairs are refused."""
     with pytest.raises(ValueError, match="indices, ranges or"):
         task_ledger(cline_task(6), ["2"], 800, count)  # type: ignore[list-item]
+
+
+PROFILE = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def check_any_ledger(messages: list[dict[str, object]], data: st.DataObject) -> None:
+    """Whatever is removed and whatever the budget, the ledger fits it (or is empty), is the
+    same twice, and, with room, holds every instruction of the removed messages."""
+    gone = data.draw(st.sets(st.integers(0, len(messages) - 1)), label="gone")
+    budget = data.draw(st.integers(1, 600), label="budget")
+    text = task_ledger(messages, gone, budget, count)
+    assert text == task_ledger(copy.deepcopy(messages), sorted(gone), budget, count)
+    assert count(text) <= budget
+    roomy = task_ledger(messages, gone, 1_000_000, count)
+    said = [typed for index in sorted(gone) for typed in user_instructions(messages[index], False)]
+    assert [] == [typed for typed in said if not kept(snippet(typed), roomy)]
+
+
+@pytest.mark.parametrize("dialect", NATIVE)
+@PROFILE
+@given(turns=conversations(), data=st.data())
+def test_any_native_conversation_gets_a_ledger_within_its_budget(
+    dialect: str, turns: list[Turn], data: st.DataObject
+) -> None:
+    """A generated conversation of any native dialect, any set removed, any budget: the ledger
+    fits, is deterministic, and keeps every removed instruction when it has room."""
+    check_any_ledger(internal_of(dialect, turns), data)
+
+
+@PROFILE
+@given(turns=conversations(systems=False, exact=True), data=st.data())
+def test_any_cline_conversation_gets_a_ledger_within_its_budget(
+    turns: list[Turn], data: st.DataObject
+) -> None:
+    """The same for a generated conversation in the Cline dialect."""
+    check_any_ledger(render_cline(turns), data)
