@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ctxwin.daemon._tokens import TokenCounter
 from ctxwin.engine import basic_summary, shell_reads, task_ledger, user_instructions
-from tests._dialect_data import Turn, conversations, render_cline
+from tests._dialect_data import Call, Turn, conversations, render_cline
 from tests._ledger_data import (
     NATIVE,
     assistant,
@@ -102,6 +102,35 @@ def test_a_native_conversation_gets_call_lines_with_their_key_arguments(dialect:
         instructions
     )
     assert "system-reminder" not in ledger
+
+
+@pytest.mark.parametrize("dialect", NATIVE)
+def test_editor_commands_and_patches_are_read_and_written_by_their_paths(dialect: str) -> None:
+    """An editor's view is a read of its path and its create a write; a patch writes the
+    files it names; each is on its call line by the path, not by the command or the patch."""
+    patch = "*** Begin Patch\n*** Update File: src/a.py\n@@\n-x\n+y\n*** End Patch"
+    calls = [
+        (Call("e1", "str_replace_based_edit_tool", {"command": "view", "path": "src/b.py"}), "x"),
+        (
+            Call("e2", "str_replace_based_edit_tool", {"command": "create", "path": "src/c.py"}),
+            "File created",
+        ),
+        (Call("e3", "apply_patch", {"input": patch}), "Done"),
+    ]
+    turns = [Turn("user", "Fix it."), Turn("assistant", "On it."), Turn("user", "Go.")]
+    for call, result in calls:
+        turns.append(Turn("assistant", "", calls=[call]))
+        turns.append(Turn("results", results=[(call.id, result)]))
+    turns.append(Turn("assistant", "Done."))
+    turns.append(Turn("user", "Thanks."))
+    messages = internal_of(dialect, turns)
+    ledger = task_ledger(messages, [range(2, len(messages) - 2)], 2000, count)
+    assert "- str_replace_based_edit_tool: src/b.py ok 1; src/c.py ok 12" in ledger
+    assert "- apply_patch: src/a.py ok 4" in ledger
+    counted = task_ledger(messages, [range(2, len(messages) - 2)], 75, count)
+    assert "3 calls counted per tool" in counted
+    assert ["src/b.py"] == files_listed(counted, "Files read")
+    assert ["src/c.py", "src/a.py"] == files_listed(counted, "Files written")
 
 
 def test_the_ledger_is_the_same_text_for_the_same_input() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ._blocks import Block, Message
 from ._reads import DEFAULT_READ_RULES, ReadRules
 
-__all__ = ["LedgerCall", "task_ledger", "user_instructions"]
+__all__ = ["Gone", "LedgerCall", "ledger_calls", "shell_reads", "task_ledger", "user_instructions"]
 
 INSTRUCTION_CAPS = (1000, 500, 250, 160)
 """Characters (spaces normalised) an instruction keeps, at each step of shortening.
@@ -41,6 +41,7 @@ ERROR_CAP = 80
 FILES_SHORT = 20
 """Paths a files list keeps once shortened (the newest)."""
 CONCLUSION_CAP = 600
+"""Characters of an assistant's conclusion kept (a longer one: its first line, cut there)."""
 
 _CLINE_TAGS = re.compile(r"<(task|feedback|user_message|answer)>\s*(.*?)\s*(?:</\1>|\Z)", re.DOTALL)
 # Cline's result header (SPEC.md §6): ``[tool for 'arg'] Result:`` or ``[tool] Result:``;
@@ -274,14 +275,14 @@ def _key_argument(tool: str, arguments: object) -> tuple[str | None, str | None]
             return " ".join(value), ("cmd" if name in _COMMAND_KEYS else name)
         if isinstance(value, str) and value.strip():
             return value, ("cmd" if name in _COMMAND_KEYS else name)
-    for name, value in arguments.items():
-        if isinstance(value, str) and value.strip() and len(value) <= KEY_CAP:
-            return value, str(name)
     patch = arguments.get("input") or arguments.get("patch")
     if isinstance(patch, str):
         files = _PATCH_FILE.findall(patch)
         if files:
             return ", ".join(path.strip() for path in files), "patch"
+    for name, value in arguments.items():
+        if isinstance(value, str) and value.strip() and len(value) <= KEY_CAP:
+            return value, str(name)
     return None, None
 
 
