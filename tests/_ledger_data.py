@@ -138,13 +138,15 @@ def internal_of(dialect: str, turns: list[Turn]) -> list[Message]:
 def files_listed(text: str, title: str) -> list[str] | None:
     """The paths a ledger's files list (``Files read``, ``Files written``) shows itself (not
     those it says are named on a call line); None when it has no such list."""
-    line = next((line for line in text.splitlines() if line.startswith(f"{title}: ")), None)
-    if line is None:
+    head = re.compile(rf"{title}(?: \([\d,]+ earlier left out\))?: ")
+    found = next((head.match(line) for line in text.splitlines() if head.match(line)), None)
+    if found is None:
         return None
-    rest = line[len(title) + 2 :]
+    rest = found.string[found.end() :]
     named = re.match(
-        r"\d+, (?:each named on a call line above$|those not named on a call line above: )", rest
+        r"[\d,]+, (?:each named on a call line above$|those not named on a call line above: )",
+        rest,
     )
     if named is not None:
         rest = rest[named.end() :]
-    return [path for path in rest.split(", ") if path and not path.startswith("(")]
+    return [path for path in rest.split(", ") if path]

@@ -772,14 +772,16 @@ class _Shortener:
         title = item.forms[0]
         if not paths:
             return f"{title}: {len(item.paths)}, each named on a call line above"
+        head = (
+            f"{title}: "
+            if len(paths) == len(item.paths)
+            else (f"{title}: {len(item.paths)}, those not named on a call line above: ")
+        )
         if len(paths) > FILES_SHORT and item.level == 1:
             left = len(paths) - FILES_SHORT
-            paths = [f"({left} earlier left out)", *paths[-FILES_SHORT:]]
-        if len(paths) == len(item.paths):
-            return f"{title}: " + ", ".join(paths)
-        return f"{title}: {len(item.paths)}, those not named on a call line above: " + ", ".join(
-            paths
-        )
+            head = head.replace(f"{title}: ", f"{title} ({left} earlier left out): ", 1)
+            paths = paths[-FILES_SHORT:]
+        return head + ", ".join(paths)
 
     def cost(self, line: str | None) -> int:
         if line is None:
