@@ -7,6 +7,7 @@ dumps and shell commands between the feedback a person typed), made up here.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ctxwin.engine import MappedHistory, get_dialect, user_instructions
@@ -132,3 +133,20 @@ def native_conversation() -> list[Turn]:
 
 def internal_of(dialect: str, turns: list[Turn]) -> list[Message]:
     return MappedHistory(get_dialect(dialect), RENDER[dialect](turns)).internal
+
+
+def files_listed(text: str, title: str) -> list[str] | None:
+    """The paths a ledger's files list (``Files read``, ``Files written``) shows itself (not
+    those it says are named on a call line); None when it has no such list."""
+    head = re.compile(rf"{title}(?: \([\d,]+ earlier left out\))?: ")
+    found = next((head.match(line) for line in text.splitlines() if head.match(line)), None)
+    if found is None:
+        return None
+    rest = found.string[found.end() :]
+    named = re.match(
+        r"[\d,]+, (?:each named on a call line above$|those not named on a call line above: )",
+        rest,
+    )
+    if named is not None:
+        rest = rest[named.end() :]
+    return [path for path in rest.split(", ") if path]

@@ -13,7 +13,7 @@ from ctxwin import engine
 from ctxwin.client import BadRequestError, Client
 from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline, sdk_validator
-from tests._ledger_data import cline_task, snippet, typed
+from tests._ledger_data import cline_task, files_listed, snippet, typed
 from tests._redis import RedisServer
 from tests._rules import CHECKS
 
@@ -249,11 +249,14 @@ def test_a_basic_summary_of_a_cline_task_keeps_what_a_person_typed(client: Clien
     assert [] == [said for said in typed(history) if snippet(said) not in strings]
     for boilerplate in ("You did not use a tool", "environment_details", "was not executed"):
         assert boilerplate not in text
-    files_read = [line for line in text.splitlines() if line.startswith("Files read: ")]
+    # Each file is on its call line or in the files list, and only files are listed there.
     removed = result["summary"]["range"][1]
     pages = [f"src/page{n}.tsx" for n in range(0, 40, 6) if 2 + 2 * n <= removed]
-    assert [f"Files read: {pages[0]}, src/config.json, {', '.join(pages[1:])}"] == files_read
-    assert "- execute_command: npm run dev ok" in text
+    listed = files_listed(text, "Files read")
+    assert listed is not None
+    assert [] == [path for path in listed if path not in [*pages, "src/config.json"]]
+    assert [] == [path for path in pages if path not in text]
+    assert "execute_command: npm run dev" in text
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

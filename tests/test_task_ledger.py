@@ -9,13 +9,17 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ctxwin.daemon._tokens import TokenCounter
 from ctxwin.engine import basic_summary, shell_reads, task_ledger, user_instructions
+from tests._dialect_data import Call, Turn, conversations, render_cline
 from tests._ledger_data import (
     NATIVE,
     assistant,
     cline_task,
+    files_listed,
     internal_of,
     kept,
     native_conversation,
@@ -43,13 +47,17 @@ def test_a_cline_task_keeps_every_typed_message_and_lists_only_paths() -> None:
     assert "environment_details" not in summary
     assert "task_progress" not in summary
     assert "was not executed" not in summary
-    files_read = re.search(r"^Files read: (.*)$", summary, re.MULTILINE)
-    assert files_read is not None
-    paths = files_read.group(1).split(", ")
+    # Every file is named on its call line: the files lists only count them.
+    assert "Files read: 11, each named on a call line above" in summary
+    assert "Files written: 1, each named on a call line above" in summary
+    assert "- execute_command: npm run dev ok 23;" in summary  # a call, with its command
+    # With the calls counted per tool to fit, the files lists name the paths: only paths.
+    short = basic_summary(messages, len(messages) - 1, 900, count)
+    assert "62 calls counted per tool" in short
     pages = [f"src/page{number}.tsx" for number in range(0, 60, 6)]
-    assert [pages[0], "src/config.json", *pages[1:]] == paths
-    assert "Files written: src/login.tsx" in summary
-    assert "npm run dev" in summary  # on its call line, as a command
+    assert [pages[0], "src/config.json", *pages[1:]] == files_listed(short, "Files read")
+    assert ["src/login.tsx"] == files_listed(short, "Files written")
+    assert [] == [text for text in said if not kept(snippet(text), short)]
 
 
 def test_a_cline_ledger_lists_each_call_with_its_argument_status_and_size() -> None:
@@ -83,13 +91,46 @@ def test_a_native_conversation_gets_call_lines_with_their_key_arguments(dialect:
         "- Edit: src/app.py ok 2",
     ):
         assert argument in ledger
-    assert "Files read: src/app.py, README.md, src/util.py" in ledger
-    assert "Files written: src/app.py" in ledger
+    assert "Files read: 3, each named on a call line above" in ledger
+    assert "Files written: 1, each named on a call line above" in ledger
+    counted = task_ledger(messages, [range(2, len(messages) - 2)], 120, count)
+    assert "calls counted" in counted.splitlines()[-1]
+    assert ["src/app.py", "README.md", "src/util.py"] == files_listed(counted, "Files read")
+    assert ["src/app.py"] == files_listed(counted, "Files written")
     instructions = re.findall(r"^- .*$", ledger.split("Calls")[0], re.MULTILINE)
     assert ["- Go ahead.", "- (said 2 times) Keep the output format stable, please."] == (
         instructions
     )
     assert "system-reminder" not in ledger
+
+
+@pytest.mark.parametrize("dialect", NATIVE)
+def test_editor_commands_and_patches_are_read_and_written_by_their_paths(dialect: str) -> None:
+    """An editor's view is a read of its path and its create a write; a patch writes the
+    files it names; each is on its call line by the path, not by the command or the patch."""
+    patch = "*** Begin Patch\n*** Update File: src/a.py\n@@\n-x\n+y\n*** End Patch"
+    calls = [
+        (Call("e1", "str_replace_based_edit_tool", {"command": "view", "path": "src/b.py"}), "x"),
+        (
+            Call("e2", "str_replace_based_edit_tool", {"command": "create", "path": "src/c.py"}),
+            "File created",
+        ),
+        (Call("e3", "apply_patch", {"input": patch}), "Done"),
+    ]
+    turns = [Turn("user", "Fix it."), Turn("assistant", "On it."), Turn("user", "Go.")]
+    for call, result in calls:
+        turns.append(Turn("assistant", "", calls=[call]))
+        turns.append(Turn("results", results=[(call.id, result)]))
+    turns.append(Turn("assistant", "Done."))
+    turns.append(Turn("user", "Thanks."))
+    messages = internal_of(dialect, turns)
+    ledger = task_ledger(messages, [range(2, len(messages) - 2)], 2000, count)
+    assert "- str_replace_based_edit_tool: src/b.py ok 1; src/c.py ok 12" in ledger
+    assert "- apply_patch: src/a.py ok 4" in ledger
+    counted = task_ledger(messages, [range(2, len(messages) - 2)], 75, count)
+    assert "3 calls counted per tool" in counted
+    assert ["src/b.py"] == files_listed(counted, "Files read")
+    assert ["src/c.py", "src/a.py"] == files_listed(counted, "Files written")
 
 
 def test_the_ledger_is_the_same_text_for_the_same_input() -> None:
@@ -185,20 +226,24 @@ NO_CORPUS = "set CTXWIN_CORPUS to the folder of the real conversations (README, 
 
 @pytest.mark.skipif(not CORPUS, reason=NO_CORPUS)
 @pytest.mark.parametrize(
-    "name",
+    ("name", "budget"),
     [
-        "mra-api_conversation_history.json",
-        "cline_gmfstu_1769064454592.api_conversation_history.json",
+        ("mra-api_conversation_history.json", 4000),
+        ("cline_gmfstu_1769064454592.api_conversation_history.json", 400),
     ],
 )
-def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(name: str) -> None:
+def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(
+    name: str, budget: int
+) -> None:
     """On a real Cline task the basic summary of all but the first pair and the newest turn
-    keeps every message a person typed, no boilerplate, and as files read only read paths."""
+    keeps every message a person typed, no boilerplate, and as files read only read paths (at
+    a budget where the calls are counted, so that the files lists name the paths)."""
     assert CORPUS is not None
     messages = json.loads((Path(CORPUS) / name).read_text(encoding="utf-8"))
     gone = range(2, len(messages) - 2)
-    ledger = basic_summary(messages, gone[-1], 4000, count)
-    assert count(ledger) <= 4000
+    ledger = basic_summary(messages, gone[-1], budget, count)
+    assert count(ledger) <= budget
+    assert "calls counted" in ledger.splitlines()[-1]
     said = [text for index in gone for text in user_instructions(messages[index], cline=True)]
     assert [] == [text for text in said if not kept(snippet(text), ledger)]
     for boilerplate in ("You did not use a tool", "environment_details", "was not executed"):
@@ -216,8 +261,7 @@ def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(nam
         for command in re.findall(r"\[execute_command for '(.*?)'\] Result:", texts)
         for path in shell_reads(command)
     }
-    line = next((line for line in ledger.splitlines() if line.startswith("Files read")), "")
-    listed = line.split(": ", 1)[1].split(", ") if line else []
+    listed = files_listed(ledger, "Files read")
     assert listed
     assert [] == [path for path in listed if path not in read | printed]
 
@@ -226,3 +270,39 @@ def test_removed_messages_of_another_form_are_refused() -> None:
     """Removed messages given as something else than indices, ranges or pairs are refused."""
     with pytest.raises(ValueError, match="indices, ranges or"):
         task_ledger(cline_task(6), ["2"], 800, count)  # type: ignore[list-item]
+
+
+PROFILE = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def check_any_ledger(messages: list[dict[str, object]], data: st.DataObject) -> None:
+    """Whatever is removed and whatever the budget, the ledger fits it (or is empty), is the
+    same twice, and, with room, holds every instruction of the removed messages."""
+    gone = data.draw(st.sets(st.integers(0, len(messages) - 1)), label="gone")
+    budget = data.draw(st.integers(1, 600), label="budget")
+    text = task_ledger(messages, gone, budget, count)
+    assert text == task_ledger(copy.deepcopy(messages), sorted(gone), budget, count)
+    assert count(text) <= budget
+    roomy = task_ledger(messages, gone, 1_000_000, count)
+    said = [typed for index in sorted(gone) for typed in user_instructions(messages[index], False)]
+    assert [] == [typed for typed in said if not kept(snippet(typed), roomy)]
+
+
+@pytest.mark.parametrize("dialect", NATIVE)
+@PROFILE
+@given(turns=conversations(), data=st.data())
+def test_any_native_conversation_gets_a_ledger_within_its_budget(
+    dialect: str, turns: list[Turn], data: st.DataObject
+) -> None:
+    """A generated conversation of any native dialect, any set removed, any budget: the ledger
+    fits, is deterministic, and keeps every removed instruction when it has room."""
+    check_any_ledger(internal_of(dialect, turns), data)
+
+
+@PROFILE
+@given(turns=conversations(systems=False, exact=True), data=st.data())
+def test_any_cline_conversation_gets_a_ledger_within_its_budget(
+    turns: list[Turn], data: st.DataObject
+) -> None:
+    """The same for a generated conversation in the Cline dialect."""
+    check_any_ledger(render_cline(turns), data)

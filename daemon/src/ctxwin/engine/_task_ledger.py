@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ._blocks import Block, Message
 from ._reads import DEFAULT_READ_RULES, ReadRules
 
-__all__ = ["LedgerCall", "task_ledger", "user_instructions"]
+__all__ = ["Gone", "LedgerCall", "ledger_calls", "shell_reads", "task_ledger", "user_instructions"]
 
 INSTRUCTION_CAPS = (1000, 500, 250, 160)
 """Characters (spaces normalised) an instruction keeps, at each step of shortening.
@@ -31,14 +31,17 @@ COUNTED, MERGED, LEFT_OUT = 2, 3, 4
 """The levels of a call group shown as its tool and a count (consecutive ones share a
 line), counted in the one line of all such groups, and left out."""
 KEY_CAP = 200
-"""Characters of a call's key argument shown (a longer one is cut, marked)."""
-PROSE_CAP = 80
+"""Characters of a call's key argument shown whole (a longer one: its beginning)."""
+PROSE_CAP = 60
 """Characters shown of a key argument that is prose (a question, a description)."""
-ERROR_CAP = 120
+LONG_KEY_SHOWN = 60
+"""Characters shown of a key argument over its cap (the rest cut, marked)."""
+ERROR_CAP = 80
 """Characters of an error's first line shown on its call."""
 FILES_SHORT = 20
 """Paths a files list keeps once shortened (the newest)."""
 CONCLUSION_CAP = 600
+"""Characters of an assistant's conclusion kept (a longer one: its first line, cut there)."""
 
 _CLINE_TAGS = re.compile(r"<(task|feedback|user_message|answer)>\s*(.*?)\s*(?:</\1>|\Z)", re.DOTALL)
 # Cline's result header (SPEC.md §6): ``[tool for 'arg'] Result:`` or ``[tool] Result:``;
@@ -272,14 +275,14 @@ def _key_argument(tool: str, arguments: object) -> tuple[str | None, str | None]
             return " ".join(value), ("cmd" if name in _COMMAND_KEYS else name)
         if isinstance(value, str) and value.strip():
             return value, ("cmd" if name in _COMMAND_KEYS else name)
-    for name, value in arguments.items():
-        if isinstance(value, str) and value.strip() and len(value) <= KEY_CAP:
-            return value, str(name)
     patch = arguments.get("input") or arguments.get("patch")
     if isinstance(patch, str):
         files = _PATCH_FILE.findall(patch)
         if files:
             return ", ".join(path.strip() for path in files), "patch"
+    for name, value in arguments.items():
+        if isinstance(value, str) and value.strip() and len(value) <= KEY_CAP:
+            return value, str(name)
     return None, None
 
 
@@ -498,7 +501,11 @@ def _key_text(call: LedgerCall) -> str:
     if "\n" in key:
         key = " ".join(key.split())
     cap = PROSE_CAP if call.prose else KEY_CAP
-    return key if len(key) <= cap else key[: cap - 1] + "…"
+    if len(key) <= cap:
+        return key
+    # A key argument too long to show whole cannot be found in the view anyway: its
+    # beginning says what it was.
+    return key[: LONG_KEY_SHOWN - 1] + "…"
 
 
 def _call_full(call: LedgerCall) -> str:
@@ -537,6 +544,7 @@ class _Item:
     forms: list[str | None]
     level: int = 0
     calls: tuple[LedgerCall, ...] = ()
+    paths: tuple[str, ...] = ()
 
     @property
     def text(self) -> str | None:
@@ -554,14 +562,10 @@ def _group(calls: Sequence[LedgerCall]) -> list[tuple[LedgerCall, ...]]:
     return [tuple(group) for group in groups]
 
 
-def _files_forms(title: str, paths: list[str]) -> list[str | None]:
-    full = f"{title}: " + ", ".join(paths)
-    if len(paths) <= FILES_SHORT:
-        return [full, full, None]
-    short = f"{title} ({len(paths) - FILES_SHORT} earlier left out): " + ", ".join(
-        paths[-FILES_SHORT:]
-    )
-    return [full, short, None]
+def _named(call: LedgerCall) -> tuple[str, ...]:
+    """The paths ``call`` reads or writes that its call line shows (in its key argument)."""
+    key = _key_text(call)
+    return tuple(path for path in (*call.reads, *call.writes) if path in key)
 
 
 def _unique(paths: Iterable[str]) -> list[str]:
@@ -638,7 +642,8 @@ def task_ledger(
     over 1,000 characters is cut there, saying how many were cut); the calls
     whose turn is gone, consecutive calls of one tool on one line (each with
     its key argument, ok or error with the error's first line, and the
-    result's size in characters); the files read and written, paths only;
+    result's size in characters); the files read and written, paths only
+    (how many, and those no call line shown names: a path is written once);
     and, with ``conclusions``, each turn's last assistant text.
 
     Over the budget it shortens, in this order, and says what it shortened
@@ -694,9 +699,10 @@ def task_ledger(
     read = _unique(path for call in calls for path in call.reads)
     written = _unique(path for call in calls for path in call.writes)
     if read:
-        items.append(_Item("files", 0, _files_forms("Files read", read)))
+        items.append(_Item("files", 0, ["Files read", "Files read", None], paths=tuple(read)))
     if written:
-        items.append(_Item("files", 1, _files_forms("Files written", written)))
+        title = "Files written"
+        items.append(_Item("files", 1, [title, title, None], paths=tuple(written)))
     if conclusions:
         for order, final in enumerate(_conclusions(messages, indices, cline)):
             items.append(_Item("conclusion", order, [f"- {final}", None]))
@@ -720,7 +726,13 @@ class _Shortener:
         for item in items:
             self.kinds.setdefault(item.kind, []).append(item)
         self.items = items
-        self.start = sum(self.cost(item.text) for item in items)
+        self.start = sum(self.cost(item.text) for item in items if item.kind != "files")
+        # Per call group, the paths its line names; per path, the files lists holding it.
+        self.named = {id(item): [p for c in item.calls for p in _named(c)] for item in items}
+        self.lists: dict[str, list[int]] = {}
+        for place, item in enumerate(self.of("files")):
+            for path in item.paths:
+                self.lists.setdefault(path, []).append(place)
         self.reset()
 
     def reset(self) -> None:
@@ -736,6 +748,40 @@ class _Shortener:
         self.finals = 0
         self.merged: dict[str, int] = {}
         self.merged_errors = 0
+        # How many call lines shown whole name each path (the files lists leave those out),
+        # and the characters of each files list's paths that no line names.
+        self.shown: dict[str, int] = {}
+        self.unshown = [sum(len(path) + 2 for path in item.paths) for item in self.of("files")]
+        for item in self.of("calls"):
+            self.show(item, 1)
+
+    def show(self, item: _Item, step: int) -> None:
+        """Count the paths ``item``'s calls name on their line (``step`` 1), or uncount them."""
+        for path in self.named[id(item)]:
+            before = self.shown.get(path, 0)
+            self.shown[path] = before + step
+            if (before == 0) != (before + step == 0):  # named on no line before, or after
+                for place in self.lists.get(path, ()):
+                    self.unshown[place] -= step * (len(path) + 2)
+
+    def files_line(self, item: _Item) -> str | None:
+        """A files list: its paths not named on a call line, the newest 20 once shortened."""
+        if item.level == 2:
+            return None
+        paths = [path for path in item.paths if not self.shown.get(path)]
+        title = item.forms[0]
+        if not paths:
+            return f"{title}: {len(item.paths)}, each named on a call line above"
+        head = (
+            f"{title}: "
+            if len(paths) == len(item.paths)
+            else (f"{title}: {len(item.paths)}, those not named on a call line above: ")
+        )
+        if len(paths) > FILES_SHORT and item.level == 1:
+            left = len(paths) - FILES_SHORT
+            head = head.replace(f"{title}: ", f"{title} ({left} earlier left out): ", 1)
+            paths = paths[-FILES_SHORT:]
+        return head + ", ".join(paths)
 
     def cost(self, line: str | None) -> int:
         if line is None:
@@ -771,7 +817,10 @@ class _Shortener:
                     lines.append(item.text)
             if run:
                 lines.append("- " + ", ".join(run))
-        lines.extend(item.text for item in self.of("files") if item.text is not None)
+        for item in self.of("files"):
+            line = self.files_line(item)
+            if line is not None:
+                lines.append(line)
         finals = [item.text for item in self.of("conclusion") if item.text is not None]
         if finals:
             lines.append("Assistant, at the end of each turn:")
@@ -806,12 +855,10 @@ class _Shortener:
             if self.calls.get(level):
                 parts.append(f"{_plural(self.calls[level], 'call')} {what}")
         for item in self.of("files"):
-            if item.text != item.forms[0]:
-                title = (item.forms[0] or "").split(":", 1)[0]
-                parts.append(
-                    f"{title} "
-                    + ("left out" if item.text is None else f"cut to the newest {FILES_SHORT}")
-                )
+            if item.level == 2:
+                parts.append(f"{item.forms[0]} left out")
+            elif item.level == 1 and sum(not self.shown.get(p) for p in item.paths) > FILES_SHORT:
+                parts.append(f"{item.forms[0]} cut to the newest {FILES_SHORT}")
         if self.finals:
             parts.append(f"{_plural(self.finals, 'assistant conclusion')} left out")
         if not parts:
@@ -819,10 +866,13 @@ class _Shortener:
         return f"Shortened to fit {self.budget:,} tokens: " + "; ".join(parts) + "."
 
     def estimate(self) -> int:
-        """The ledger's tokens, from its lines' (headers taken as 20 tokens each; the note
-        and the line of calls counted together, which change at every step, by their
-        length: about 3 characters a token)."""
+        """The ledger's tokens, from its lines' (headers taken as 20 tokens each; the note,
+        the files lists and the line of calls counted together, which change with the
+        steps, by their length: about 3 characters a token)."""
         total = self.lines + 3 * 20
+        for item, chars in zip(self.of("files"), self.unshown, strict=True):
+            if item.level < 2:
+                total += 20 + min(chars, 60 * FILES_SHORT if item.level else chars) // 3
         if self.merged:
             total += len(self.merged_line()) // 3 + 1
         return total + len(self.note()) // 3 + 1
@@ -850,8 +900,13 @@ class _Shortener:
         """Take ``item`` to ``level`` (never back), keeping the totals and the note's counts."""
         if level <= item.level:
             return
+        if item.kind == "files":
+            item.level = level
+            return
         before, shortened = item.text, item.level > 0 and item.text != item.forms[0]
         self.lines -= self.cost(before)
+        if item.kind == "calls" and item.level < COUNTED <= level:
+            self.show(item, -1)  # its paths are no longer on its line
         if item.kind == "instruction":
             if shortened:
                 self.capped[INSTRUCTION_CAPS[item.level]] -= 1
@@ -913,14 +968,16 @@ class _Shortener:
         # The estimate may have taken more steps than needed: the fewest that fit, by
         # bisection between a count known over and one known within.
         fits = len(done)
-        while fits - over > 1:
+        # (Within 3% of the budget is near enough: each probe counts the whole text.)
+        while fits - over > 1 and exact < self.budget * 0.97:
             middle = (over + fits) // 2
             self.reset()
             for step in done[:middle]:
                 self.apply(*step)
             attempt = self.render()
-            if self.count(attempt) <= self.budget:
-                fits, text = middle, attempt
+            tokens = self.count(attempt)
+            if tokens <= self.budget:
+                fits, text, exact = middle, attempt, tokens
             else:
                 over = middle
         return text
