@@ -49,16 +49,22 @@ class ViewState:
             as it is, else the index into :attr:`ReplayReport.variants` of a
             message the view rebuilt or added; None in the Cline dialect, whose
             view follows from the range.
+        merged: history index -> the history index of the rebuilt message it
+            went into, for each message a native view sends merged into
+            another (calls split over consecutive messages, sent as one).
     """
 
     deleted_range: DeletedRange
     altered: dict[int, int] = field(default_factory=dict)
     order: list[tuple[int, int | None]] | None = None
+    merged: dict[int, int] = field(default_factory=dict)
 
     def removed(self, end: int) -> list[int]:
-        """The history indices below ``end`` a native view neither sends nor rebuilds."""
+        """The history indices below ``end`` a native view neither sends, rebuilds nor
+        merges into another message."""
         order = self.order or []
         sent = {index for index, variant in order if variant is None} | set(self.altered)
+        sent.update(self.merged)
         return [index for index in range(end) if index not in sent]
 
 
@@ -309,7 +315,37 @@ class NativeViews:
                 number = self._variant(at, self._kinds(message, at, marks), message, added=False)
                 state.altered[at] = number
                 state.order.append((at, number))
+        self._merges(state, view, origins, end)
         return state
+
+    def _merges(
+        self,
+        state: ViewState,
+        view: Sequence[Mapping[str, Any]],
+        origins: Sequence[int | None],
+        end: int,
+    ) -> None:
+        """The history messages a rebuilt view message holds besides its own: later ones of
+        its role whose every id (their calls) it carries, not sent otherwise (split calls
+        the view sends as one message, docs/DIALECTS.md)."""
+        assert state.order is not None
+        sent = {index for index, _ in state.order}
+        for message, at in zip(view, origins, strict=True):
+            if at is None or at not in state.altered:
+                continue
+            ids = _leaves_pair(message)[0] - self._leaves_of(at)[0]
+            role = self.history[at].get("role")
+            for index in sorted({i for name in ids for i in self._holding(name)}):
+                own = self._leaves_of(index)[0]
+                if (
+                    at < index < end
+                    and index not in sent
+                    and index not in state.merged
+                    and own
+                    and own <= ids
+                    and self.history[index].get("role") == role
+                ):
+                    state.merged[index] = at
 
     def _kinds(self, message: Mapping[str, Any], at: int | None, marks: _Marks) -> list[str]:
         """What changed ``message``, rebuilt from history message ``at`` or added (None):
