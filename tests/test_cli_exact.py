@@ -116,7 +116,9 @@ def test_a_window_that_is_not_positive_is_a_usage_error(
 
 def test_a_cut_that_removes_nothing_is_no_truncation(exact: DaemonProcess, tmp_path: Path) -> None:
     """A window so small that the first cut can remove nothing lists no [2, 1] truncation."""
-    path = write(tmp_path, "h.json", cline_material(6))
+    material = cline_material(6)
+    material[0] = {"role": "user", "content": [{"type": "text", "text": "the task " * 2000}]}
+    path = write(tmp_path, "h.json", material)
     code, out, err = run(
         "--endpoint", exact.endpoint, "replay", str(path), "--model-window", "1000"
     )
