@@ -184,8 +184,9 @@ def test_summaries_are_events_of_the_page(exact: DaemonProcess, tmp_path: Path) 
     assert "summary of messages [2, " in html
 
 
-def test_an_edit_is_labelled_by_what_it_did(exact: DaemonProcess) -> None:
-    """A result auto shortened reads shortened, a stubbed one stubbed, not "no file read"."""
+def test_an_edit_is_labelled_by_what_it_did(exact: DaemonProcess, tmp_path: Path) -> None:
+    """A result auto shortened reads shortened, a stubbed one stubbed, not "no file read" (nor
+    "file read replaced" on the page)."""
     assert "stubbed" == proto.edit_label(proto.EDIT_NO_FILE_READ, _stub("bash", {"c": 1}, 900))
     assert "read_file" == proto.edit_label(proto.EDIT_READ_FILE, "[ctxwin] This copy ...")
     messages = conversation(1)
@@ -195,10 +196,21 @@ def test_an_edit_is_labelled_by_what_it_did(exact: DaemonProcess) -> None:
         model: Any = {"id": "m", "context_window": 16000}
         task.prepare_request(messages, model, strategy="auto")
         code, out, _ = run("--endpoint", exact.endpoint, "inspect", "labelled")
+        page = tmp_path / "page.html"
+        path = write(tmp_path, "h.json", messages)
+        paged = run(
+            "--endpoint", exact.endpoint, "inspect", "labelled", "--messages", str(path),
+            "--html", str(page),
+        )  # fmt: skip
         client.close_task("labelled")
     assert 0 == code
     assert re.search(r"^4 +0 +shortened ", out, flags=re.M), out
     assert "no file read" not in out
+    assert 0 == paged[0], paged[2]
+    html = page.read_text()
+    assert 1 == html.count('<span class="kind">shortened</span>')  # the event
+    assert 2 == html.count('<span class="badge read">shortened</span>')  # legend, message
+    assert 1 == html.count(">file read replaced</span>")  # the legend's only
 
 
 # Read-only inspect ----------------------------------------------------------

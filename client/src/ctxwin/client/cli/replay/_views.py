@@ -19,6 +19,7 @@ from ctxwin.proto import (
     DeletedRange,
     OverlayFormatError,
     Update,
+    edit_label,
     read_overlay,
     update_text,
 )
@@ -31,6 +32,10 @@ NOTICE_EDIT = 0
 
 NOTICE = "notice"
 FILE_READ = "file read replaced"
+SHORTENED = "shortened"
+"""A message too large for the budget, shortened by ``auto`` (docs/STRATEGIES.md)."""
+STUBBED = "result stubbed"
+"""A tool result ``auto`` replaced by a stub naming the call."""
 REPAIRED = "tool pair repaired"
 SUMMARY = "summary"
 """A message the view carries a summary of removed turns in (docs/SUMMARIES.md)."""
@@ -219,9 +224,13 @@ def view_state(
         if message is original or message == original or original is None:
             continue
         kinds: list[str] = []
-        edits = {edit for (at, _), (edit, texts) in overlay.items() if at == index and texts}
+        edits = {
+            edit_kind(edit, texts[-1])
+            for (at, _), (edit, texts) in overlay.items()
+            if at == index and texts
+        }
         if edits:
-            kinds.append(NOTICE if NOTICE_EDIT in edits else FILE_READ)
+            kinds.extend(kind for kind in _EDIT_KINDS if kind in edits)
         bare = _without_summary(message)
         if bare is not message:
             kinds.append(SUMMARY)
@@ -389,11 +398,23 @@ def _overlay_marks(overlay: Overlay, sources: Sources) -> _Marks:
     marks: _Marks = {}
     for key, (edit_type, updates) in overlay.items():
         if updates:
-            kind = NOTICE if edit_type == NOTICE_EDIT else FILE_READ
+            kind = edit_kind(edit_type, updates[-1])
             marks.setdefault(sources[key][0] if key in sources else None, []).append(
                 (updates[-1], kind)
             )
     return marks
+
+
+_EDIT_KINDS = (NOTICE, FILE_READ, SHORTENED, STUBBED)
+
+
+def edit_kind(edit_type: int, text: str) -> str:
+    """What an overlay edit made of a message: a notice, a replaced file read, or a result
+    ``auto`` shortened or stubbed (told by its text, ``ctxwin.proto.edit_label``)."""
+    if edit_type == NOTICE_EDIT:
+        return NOTICE
+    label = edit_label(edit_type, text)
+    return SHORTENED if label == "shortened" else STUBBED if label == "stubbed" else FILE_READ
 
 
 def _next_origin(origins: Sequence[int | None], position: int) -> int:
@@ -434,7 +455,7 @@ def _summary_kind(texts: set[str]) -> list[str]:
 def _marked(texts: set[str], marks: _Marks, index: int | None) -> list[str]:
     """The kinds of the overlay texts (of history message ``index``, or of none) among ``texts``."""
     found = {kind for at in {index, None} for text, kind in marks.get(at, ()) if text in texts}
-    return [kind for kind in (NOTICE, FILE_READ) if kind in found]
+    return [kind for kind in _EDIT_KINDS if kind in found]
 
 
 def keeps_content(original: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
