@@ -203,8 +203,9 @@ def actor_hop(repeat: int) -> dict[str, float]:
                 def set_exception(self, exc: BaseException) -> None:
                     self.done.set_exception(exc)
 
-            await actor.ask("rollback", {"task": "hop", "ts": 0})  # started (an inspect of a
-            # task that holds nothing would close it)
+            # Started by a checkpoint restore (an inspect of a task that holds nothing, or a
+            # rollback of it without a range, would close it).
+            await actor.ask("rollback", {"task": "hop", "ts": 0, "deleted_range": None})
             for _ in range(repeat):
                 done: asyncio.Future[None] = loop.create_future()
                 actor.tell(

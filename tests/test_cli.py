@@ -92,8 +92,16 @@ def test_inspect_shows_overlay_range_and_savings(shared: DaemonProcess, tmp_path
     )
     assert 0 == code
     assert "overlay saves" in out
-    # A range past the end of the history hides only what exists of it.
+    # A rollback to a range past the end of the history the task was last sent is refused.
+    code, _, err = run(
+        "--endpoint", shared.endpoint, "rollback", "cli-inspect", "9", "--range", "2", "1000"
+    )
+    assert 1 == code
+    assert "deleted_range [2, 1000] reaches past the task's history, which has 10" in err
+    # Taken as it is by a daemon that has not seen the history since it loaded the task, a
+    # range past its end hides only what exists of it.
     with Client(shared.endpoint) as client:
+        client.close_task("cli-inspect")
         client.rollback("cli-inspect", 9, deleted_range=[2, 1000])
     code, out, _ = run(
         "--endpoint", shared.endpoint, "inspect", "cli-inspect", "--messages", str(history)
@@ -112,8 +120,21 @@ def test_inspect_shows_overlay_range_and_savings(shared: DaemonProcess, tmp_path
     )
     data = json.loads(out)
     assert [2, 7] == data["deleted_range"]
-    assert data["overview"]["overlay_chars_saved"] > 2000
     assert {"notice", "read_file"} == {block["edit"] for block in data["blocks"]}
+    # The replaced reads (messages 4 and 6) are hidden by the range: the range saves them
+    # (hidden_chars), the overlay does not save them a second time.
+    hidden = [block for block in data["blocks"] if block["hidden"]]
+    assert [(4, None), (6, None)] == [(block["message"], block["saved"]) for block in hidden]
+    shown = [block["saved"] for block in data["blocks"] if not block["hidden"]]
+    assert sum(shown) == data["overview"]["overlay_chars_saved"] < 0  # the notices only
+    with Client(shared.endpoint) as client:
+        client.rollback("cli-inspect", 9, deleted_range=[2, 3])
+    code, out, _ = run(
+        "--endpoint", shared.endpoint, "inspect", "cli-inspect", "--messages", str(history)
+    )
+    assert 0 == code
+    saved = int(out.split("overlay saves ")[1].split(" chars")[0].replace(",", ""))
+    assert saved > 2000  # both replaced reads are sent now
 
 
 def test_inspect_json_keeps_the_summary_the_view_carries(shared: DaemonProcess) -> None:

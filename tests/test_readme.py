@@ -187,6 +187,7 @@ def test_integration_block_runs_against_the_daemon_and_a_fake_provider(
         sent = provider.sent()
     assert 0 == run.returncode, run.stderr
     assert run.stdout
+    assert "tracing" not in run.stderr.lower(), run.stderr  # offline as the README says
     assert 4 == len(sent)  # three tool calls, then the answer
     assert [200] * 4 == [r.status for r in sent]
     assert [] == [r.problems for r in sent if r.problems]

@@ -116,13 +116,18 @@ class DaemonUnavailableError(_CodedError):
 
     Attributes:
         endpoint: the endpoint tried.
+        reason: why, without the endpoint or advice on starting a daemon (the
+            command line gives its own); the message when it says nothing more.
     """
 
     code = "unavailable"
 
-    def __init__(self, message: str, code: str | None = None, *, endpoint: str = "") -> None:
+    def __init__(
+        self, message: str, code: str | None = None, *, endpoint: str = "", reason: str = ""
+    ) -> None:
         super().__init__(message, code)
         self.endpoint = endpoint
+        self.reason = reason or message
 
 
 class AuthenticationError(DaemonUnavailableError):

@@ -232,10 +232,12 @@ def features_of(pong: PingResult) -> frozenset[str]:
 def unreachable_error(endpoint: str, link: Link) -> DaemonUnavailableError:
     """The error for a call when nothing can answer at ``endpoint``."""
     if link.reached:
+        reason = f"the daemon went away and has not come back in {RECONNECT_GRACE:g} s"
         what = f"the daemon at {endpoint} went away and has not come back in {RECONNECT_GRACE:g} s"
     else:
+        reason = "no daemon listens there"
         what = f"nothing answers at {endpoint} (no daemon listens there)"
-    return DaemonUnavailableError(f"{what}: {_START_HINT}", endpoint=endpoint)
+    return DaemonUnavailableError(f"{what}: {_START_HINT}", endpoint=endpoint, reason=reason)
 
 
 HANDSHAKE_EVENT_MS = 100

@@ -506,13 +506,18 @@ def rollback(
 @takes_options
 def inspect(
     task: str,
+    *,
+    messages: Messages | None = None,
     **options: Unpack[TaskOptions],
 ) -> Call[InspectResult]:
-    """``inspect``: the task's overlay, range and dirty flag."""
+    """``inspect``: the task's overlay, range and dirty flag; given ``messages`` (the task's
+    history), also the view a request with them would now get and where each of its
+    messages came from (``view``, ``origins``), worked out without changing the task."""
     return _task_call(
         "inspect",
         {"task": task},
         options,
+        messages=None if messages is None else copy_messages(messages),
     )
 
 

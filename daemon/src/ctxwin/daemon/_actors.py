@@ -239,15 +239,15 @@ class Actor:
     ) -> None:
         """Deliver a request's outcome, then have the session settle what it added."""
         session = self.session
+        if session.closed:
+            # Detach before the reply: later requests for this task start a fresh actor.
+            self.stopping = True
+            self.system.detach(self)
         if exc is not None:
             if reply is not None:
                 reply.set_exception(exc)
         else:
             assert result is not None
-            if session.closed:
-                # Detach before the reply: later requests for this task start a fresh actor.
-                self.stopping = True
-                self.system.detach(self)
             if reply is not None:
                 reply.set_result(result)
         session.settle()  # after the reply: what it hashes is for the next request

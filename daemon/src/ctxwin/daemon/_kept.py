@@ -18,7 +18,14 @@ from ctxwin import engine, proto
 from ._ops import dialect_refused
 from ._tokens import TokenCounter
 
-__all__ = ["HistoryCache", "KeptHistory", "engine_target", "record_basis"]
+__all__ = [
+    "HistoryCache",
+    "KeptHistory",
+    "engine_target",
+    "inspected_view",
+    "overlay_sources",
+    "record_basis",
+]
 
 _log = structlog.get_logger("ctxwin.daemon.actors")
 
@@ -49,6 +56,9 @@ class KeptHistory:
         self.dialect: engine.Dialect = engine.get_dialect(proto.CLINE)
         self.mapped: engine.MappedHistory | None = None
         self._kept_out: dict[int, tuple[Any, int]] = {}  # history index: (message, tokens)
+        # How many messages (internal ones in a native dialect) the last history op ran on;
+        # None before one since the task was loaded.
+        self.last_length: int | None = None
 
     def use_dialect(self, dialect: engine.Dialect) -> None:
         """Serve the task's history in ``dialect`` from now on."""
@@ -197,26 +207,7 @@ class KeptHistory:
             dialect, or no history sent since the task was loaded or its
             history was dropped).
         """
-        mapped = self.mapped
-        if mapped is None:
-            return None
-        internal = mapped.internal
-        found: list[list[Any]] = []
-        for index in overlay.indices():
-            updates = overlay.messages[index]
-            content = internal[index].get("content") if index < len(internal) else None
-            if not isinstance(content, list):
-                continue
-            for block in sorted(updates.blocks):
-                item = content[block] if block < len(content) else None
-                if not isinstance(item, dict):
-                    continue
-                text = engine.text_of(item)
-                source = item.get(engine.SRC)
-                # A notice put in as a block of its own (message 1 without a text) has none.
-                if text is not None and isinstance(source, int):
-                    found.append([index, block, source, text])
-        return found
+        return None if self.mapped is None else overlay_sources(self.mapped, overlay)
 
     def kept_messages(self) -> int | None:
         """How many messages are kept; None when no history is."""
@@ -274,6 +265,66 @@ class KeptHistory:
         estimate, ratio = self._estimate
         real = sum(usage.get(field) or 0 for field in ("tokens_in", "cache_writes", "cache_reads"))
         self.calibration.update(real, round(estimate / ratio))
+
+
+def overlay_sources(mapped: engine.MappedHistory, overlay: engine.Overlay) -> list[list[Any]]:
+    """Where the blocks ``overlay`` edits came from in ``mapped`` (:meth:`KeptHistory.sources`)."""
+    internal = mapped.internal
+    found: list[list[Any]] = []
+    for index in overlay.indices():
+        updates = overlay.messages[index]
+        content = internal[index].get("content") if index < len(internal) else None
+        if not isinstance(content, list):
+            continue
+        for block in sorted(updates.blocks):
+            item = content[block] if block < len(content) else None
+            if not isinstance(item, dict):
+                continue
+            text = engine.text_of(item)
+            source = item.get(engine.SRC)
+            # A notice put in as a block of its own (message 1 without a text) has none.
+            if text is not None and isinstance(source, int):
+                found.append([index, block, source, text])
+    return found
+
+
+def inspected_view(state: engine.TaskState, messages: list[Any]) -> dict[str, Any]:
+    """What a request with ``messages`` would now be answered with (``inspect`` given them),
+    worked out on a copy of the task: nothing of the task, its kept history or its
+    calibration changes.
+
+    Returns:
+        ``view``: the view, in the task's dialect; in a native dialect
+        ``origins`` (the history index of each view message, None for one the
+        view added) and ``sources`` (as :meth:`KeptHistory.sources`, of these
+        messages); ``restarted``: true when these are not the history the
+        task's range and edits were made on (the view is then built afresh, as
+        the next history op would build it).
+
+    Raises:
+        ProtocolError: ``bad_request`` naming a message the dialect cannot carry.
+    """
+    dialect = state.dialect
+    copy = state.clone()
+    mapped: engine.MappedHistory | None = None
+    if dialect.native:
+        mapped = engine.MappedHistory(dialect)
+        try:
+            mapped.sync(messages)
+        except engine.DialectError as exc:
+            raise dialect_refused("inspect", dialect, exc) from None
+    result: dict[str, Any] = {}
+    if _restarted(copy, None, mapped, {"messages": messages}):
+        copy.start_over()
+        result["restarted"] = True
+    if mapped is None:
+        result["view"] = copy.truncated_messages(messages)
+        return result
+    view = copy.truncated_messages(mapped.internal)
+    missing = copy.notices.missing_result
+    result["view"], result["origins"] = mapped.view_with_origins(view, copy.deleted_range, missing)
+    result["sources"] = overlay_sources(mapped, copy.overlay)
+    return result
 
 
 def engine_target(

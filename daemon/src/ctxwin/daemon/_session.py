@@ -35,7 +35,7 @@ import structlog
 from ctxwin import engine, proto
 
 from ._errors import ActorStoppedError
-from ._kept import HistoryCache, KeptHistory, engine_target, record_basis
+from ._kept import HistoryCache, KeptHistory, engine_target, inspected_view, record_basis
 from ._ops import HISTORY_OPS, asks_estimates, run_task_op
 from ._patterns import PatternCompiler
 from ._schedule import FlushError, WriteCounters, WriteSchedule
@@ -192,6 +192,8 @@ class TaskSession:
                 raise ActorStoppedError(
                     f"task {self.task}: this daemon's lease on it lapsed; send the request again"
                 )
+            if op == "rollback":
+                await self._check_rollback(state, args)
             tools = await settings.wanted_tools(state, op, args)
             if args.get("ephemeral") is True and not settings.ephemeral:
                 settings.become_ephemeral(state, lambda: self.dirty)
@@ -205,7 +207,7 @@ class TaskSession:
                 settings.use_tools(state, tools)
             own = _OWN_OPS.get(op)
             if own is not None:
-                result = await own(self)
+                result = await own(self, args)
             elif op in HISTORY_OPS:
                 result = await self._history_op(state, op, args)
             else:
@@ -218,6 +220,38 @@ class TaskSession:
         self._changed()
         return result
 
+    async def _check_rollback(self, state: engine.TaskState, args: dict[str, Any]) -> None:
+        """Refuse a rollback with nothing to act on, before anything is loaded or kept.
+
+        A task that holds nothing and was never used here (nothing stored, not
+        loaded) has no updates to drop: a rollback without a checkpoint range
+        is refused and leaves no actor behind, as ``inspect`` leaves none (with
+        the range, it starts the task on that range). A range that reaches past
+        the history the task was last sent is no checkpoint's range of it.
+
+        Raises:
+            ProtocolError: ``bad_request`` saying which.
+        """
+        if "deleted_range" not in args:
+            if self.settings.only_inspected and _holds_nothing(self, state):
+                await _close(self)
+                raise proto.ProtocolError(
+                    proto.ErrorCode.BAD_REQUEST,
+                    f"rollback: task {self.task} does not exist (nothing stored, not loaded): "
+                    "there is nothing to roll back",
+                )
+            return
+        deleted = args["deleted_range"]
+        length = self.kept.last_length
+        if deleted is not None and length is not None and deleted[1] >= length:
+            what = "internal messages" if state.dialect.native else "messages"
+            raise proto.ProtocolError(
+                proto.ErrorCode.BAD_REQUEST,
+                f"rollback: deleted_range [{deleted[0]}, {deleted[1]}] reaches past the task's "
+                f"history, which has {length} {what} (the last is {length - 1}); a checkpoint's "
+                "range lies within the history it was taken on",
+            )
+
     def settle(self) -> None:
         """Once the reply is out: hash what the request added (for the next one)."""
         self.kept.settle()
@@ -229,6 +263,10 @@ class TaskSession:
         # 1. The history, 2. in the internal form.
         history = kept.resolve(args, keep=budgeted)
         mapped = kept.internal(op, history, args)
+        if mapped is not None:
+            kept.last_length = len(mapped.internal)
+        else:
+            kept.last_length = len(history.messages if history is not None else args["messages"])
         await _checkpoint(args)
         # 3. Token estimates, when asked for.
         budgeting = None
@@ -361,8 +399,10 @@ def _wants_budgeting(op: str, args: dict[str, Any]) -> bool:
 # The session's own ops ------------------------------------------------------
 
 
-async def _inspect(session: TaskSession) -> Result:
-    """The task as it stands (the ``inspect`` op)."""
+async def _inspect(session: TaskSession, args: dict[str, Any]) -> Result:
+    """The task as it stands (the ``inspect`` op); given ``messages``, also the view a
+    request with them would now get (:func:`~._kept.inspected_view`): inspecting changes
+    nothing of what it looks at."""
     state = session.state
     assert state is not None
     calibration = session.kept.calibration
@@ -384,6 +424,8 @@ async def _inspect(session: TaskSession) -> Result:
     sources = session.kept.sources(state.overlay)
     if sources is not None:
         result["sources"] = sources
+    if "messages" in args:
+        result.update(inspected_view(state, args["messages"]))
     if state.summaries:
         result["summaries"] = [summary.wire() for summary in state.summaries]
         shown = state.summary
@@ -410,11 +452,11 @@ def _holds_nothing(session: TaskSession, state: engine.TaskState) -> bool:
     )
 
 
-async def _flush(session: TaskSession) -> Result:
+async def _flush(session: TaskSession, args: dict[str, Any]) -> Result:
     return {"flushed": int(await session.flush()), "loaded": True}
 
 
-async def _close(session: TaskSession) -> Result:
+async def _close(session: TaskSession, args: dict[str, Any] | None = None) -> Result:
     if not session.ephemeral:
         await session.flush()
         await session.store.release()  # before the reply: the task is free once closed
@@ -422,7 +464,7 @@ async def _close(session: TaskSession) -> Result:
     return {"closed": True, "loaded": True}
 
 
-_OWN_OPS: dict[str, Callable[[TaskSession], Awaitable[Result]]] = {
+_OWN_OPS: dict[str, Callable[[TaskSession, dict[str, Any]], Awaitable[Result]]] = {
     "inspect": _inspect,
     "flush": _flush,
     "close": _close,

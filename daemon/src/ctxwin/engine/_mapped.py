@@ -277,6 +277,26 @@ class MappedHistory:
                 out.append(message)
         return out
 
+    def view_with_origins(
+        self,
+        view: Sequence[Message],
+        deleted_range: Sequence[int] | None,
+        missing_result: str = DEFAULT_NOTICES.missing_result,
+    ) -> tuple[list[Message], list[int | None]]:
+        """:meth:`view`, with the history index each of its messages stands for (None for
+        one the view added), made by the plain walk (no view resumed, none kept)."""
+        out: list[Message] = []
+        origins: list[int | None] = []
+        for index, message, end in view_pieces(self, view, deleted_range, missing_result).pieces:
+            if message is None:
+                assert index is not None
+                out.extend(self.source[index:end])
+                origins.extend(range(index, end))
+            else:
+                out.append(message)
+                origins.append(index)
+        return out, origins
+
     def pieces(
         self,
         view: Sequence[Message],

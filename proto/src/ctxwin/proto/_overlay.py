@@ -26,6 +26,27 @@ EDIT_TYPES = {
 }
 """What each edit type marks, as a person reads it."""
 
+SHORTENED_NOTICE = "[ctxwin] This content was shortened to fit the model's context window"
+"""How the text of a message too large for the budget begins its notice, in the middle of
+what is left of it (``auto``, docs/STRATEGIES.md; edit type :data:`EDIT_NO_FILE_READ`)."""
+STUB_START = "[ctxwin] The result of "
+STUB_END = " was removed to save context ("
+"""A tool result ``auto`` stubbed says ``[ctxwin] The result of TOOL(ARGS) was removed to
+save context (N tokens); ...`` (edit type :data:`EDIT_NO_FILE_READ`)."""
+
+
+def edit_label(edit_type: int, text: str | None = None) -> str:
+    """What an edit did, as a person reads it: ``shortened`` or ``stubbed`` when its text
+    (the latest update's) says so, else what its edit type marks (:data:`EDIT_TYPES`)."""
+    if text is not None:
+        if SHORTENED_NOTICE in text:
+            return "shortened"
+        start = text.find(STUB_START)
+        if start >= 0 and STUB_END in text[start:]:
+            return "stubbed"
+    return EDIT_TYPES.get(edit_type, str(edit_type))
+
+
 Update = list[Any]
 """One edit as stored: ``[ts, kind, [text, ...], metadata]``."""
 

@@ -256,6 +256,11 @@ class InspectResult(TypedDict):
     longer build (a pattern RE2 refuses), ``[position, reason]``, kept and
     not used. ``exists`` is false (and present only then) for a task
     the daemon neither had loaded nor holds anything of: inspecting it creates nothing.
+    Given ``messages``: ``view``, the view a request with them would now get
+    (worked out on a copy: nothing changes), with ``origins`` (each view
+    message's history index, None for one the view added) and ``sources`` of
+    those messages in a native dialect, and ``restarted`` (true, present only
+    then) when they are not the history the task's range and edits were made on.
     """
 
     updates: list[Any]
@@ -274,6 +279,9 @@ class InspectResult(TypedDict):
     pricing: NotRequired[dict[str, Any]]
     summaries: NotRequired[list[SummaryInfo]]
     summary: NotRequired[SummaryInfo | None]
+    view: NotRequired[list[Message]]
+    origins: NotRequired[list[int | None]]
+    restarted: NotRequired[bool]
 
 
 class FlushResult(TypedDict):

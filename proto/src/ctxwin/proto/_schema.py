@@ -433,7 +433,7 @@ OPS: dict[str, OpSpec] = {
         _history_op("condensed", ("task",)),
         _history_op("condense", ("task", "model", "ts"), ("summary", "threshold", "usage")),
         OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN)),
-        OpSpec("inspect", ("task",), _OPEN),
+        OpSpec("inspect", ("task",), ("messages", *_OPEN)),
         OpSpec("flush", (), ("task",)),
         OpSpec("close", ("task",)),
         OpSpec("count_tokens", optional=("dialect",), one_of=(("messages", "text"),)),

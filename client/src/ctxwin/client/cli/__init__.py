@@ -48,11 +48,12 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace, TextIO, TextIO], int]]
 }
 
 
-def _unreachable(endpoint: str, detail: str, err: TextIO) -> int:
+def _unreachable(endpoint: str, reason: str, err: TextIO) -> int:
+    """Say once which endpoint was tried, why nothing answered, and how to start a daemon."""
     err.write(
-        f"ctxwin: no daemon answered at {endpoint} ({detail})\n"
-        "  start one with `ctxwind` (or `python3 dev.py daemon` from a checkout),\n"
-        f"  or point at it with --endpoint / ${proto.ENDPOINT_ENV}\n"
+        f"ctxwin: no daemon answers at {endpoint}: {reason}\n"
+        "  start one with `ctxwind` (or `python3 dev.py daemon` in a checkout), or name "
+        f"another endpoint with --endpoint or ${proto.ENDPOINT_ENV}\n"
     )
     return EXIT_UNREACHABLE
 
@@ -82,7 +83,8 @@ def main(
     endpoint = proto.resolve_endpoint(args.endpoint)
     missing = _autostart.socket_missing(endpoint)
     if missing is not None:
-        return _unreachable(endpoint, missing, err)
+        path = proto.ipc_path(endpoint)
+        return _unreachable(endpoint, missing.replace(f" at {path}", " file there"), err)
     answered = False  # the daemon answered the first ping: a later timeout is not its absence
     try:
         with Client(
@@ -116,7 +118,7 @@ def main(
         )
         return EXIT_DAEMON_ERROR
     except DaemonUnavailableError as exc:
-        return _unreachable(endpoint, exc.message, err)
+        return _unreachable(endpoint, exc.reason, err)
     except UsageError as exc:
         err.write(f"ctxwin: {exc}\n")
         return EXIT_USAGE

@@ -62,6 +62,16 @@ def _non_negative_int(value: str) -> int:
     return number
 
 
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
+    return number
+
+
 def _positive_float(value: str) -> float:
     try:
         number = float(value)
@@ -198,7 +208,7 @@ def _add_replay(
     )
     play.add_argument(
         "--model-window",
-        type=_non_negative_int,
+        type=_positive_int,
         metavar="N",
         help="the model's context window in tokens (default: the one published for the "
         "file's model, else the daemon's, 128000)",

@@ -10,7 +10,6 @@ from typing import Any, TextIO
 from ctxwin import proto
 
 from .._sync import Client
-from .._task import Task
 from ._commands import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
@@ -45,31 +44,36 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         if problem is not None:
             raise UsageError(problem)
     history, dialect = _inspect_history(args, err)
-    result = client.inspect(args.task)
+    result: Any = client.inspect(args.task)
     if result.get("exists") is False:
         err.write(f"ctxwin: task {args.task} does not exist (nothing stored, not loaded)\n")
         return EXIT_DAEMON_ERROR
-    mapped: tuple[list[Any], list[int | None]] | None = None
-    if history is not None and dialect != proto.CLINE:
-        # So that the daemon holds the mapped history and inspect names the sources; the
-        # view comes as a patch, which says which history message each view message is.
-        handle = Task(client, args.task, dialect=dialect)
-        view = handle.truncated_messages(history)["messages"]
-        mapped = view, handle.view_origins() or [None] * len(view)
-        result = client.inspect(args.task)
+    if history is not None:
+        # The view these messages would now get, worked out by the daemon on a copy of the
+        # task: inspecting changes nothing of what it looks at.
+        result = client.inspect(args.task, messages=history, dialect=dialect)
+        if result.get("restarted"):
+            err.write(
+                f"ctxwin: {args.messages} is not the history task {args.task}'s range and "
+                "edits were made on: its next request starts the task over (shown so)\n"
+            )
+    view_range = None if result.get("restarted") else result["deleted_range"]
     overlay = parse_updates(result["updates"])
-    sources = parse_sources(result.get("sources", [])) if mapped is not None else None
-    rows = _overlay_rows(overlay, sources, history)
+    native = history is not None and dialect != proto.CLINE
+    sources = parse_sources(result.get("sources", [])) if native else None
+    rows = _overlay_rows(overlay, sources, history, result["deleted_range"])
     variants: list[Variant] = []
     state: ViewState | None = None
-    if history is not None and mapped is not None and sources is not None:
-        view, origins = mapped
-        state = NativeViews(history, variants).state(
-            view, origins, len(history), result["deleted_range"], overlay, sources
-        )
-    elif history is not None and args.html is not None:
-        view = client.truncated_messages(args.task, history)["messages"]
-        state = view_state(history, view, result["deleted_range"], overlay, variants)
+    if history is not None:
+        view = result["view"]
+        shown = {} if result.get("restarted") else overlay
+        if sources is not None:
+            origins = result.get("origins") or [None] * len(view)
+            state = NativeViews(history, variants).state(
+                view, origins, len(history), view_range, shown, sources
+            )
+        elif args.html is not None:
+            state = view_state(history, view, view_range, shown, variants)
     hidden, hidden_chars = _hidden(result, history, state, dialect)
     saved_values = [row["saved"] for row in rows if row["saved"] is not None]
     summary = {
@@ -90,29 +94,40 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
         if not args.json:
             out.write(f"page written to {args.html}\n")
     if args.json:
-        # "summary" stays the daemon's (the summary the view carries, if any).
-        print_json({**result, "overview": summary, "blocks": rows}, out)
+        # "summary" stays the daemon's (the summary the view carries, if any); the view
+        # itself is the file's messages again, left out.
+        shown = {key: value for key, value in result.items() if key not in ("view", "origins")}
+        print_json({**shown, "overview": summary, "blocks": rows}, out)
     else:
         _write_text(result, summary, rows, out)
     return EXIT_OK
 
 
 def _overlay_rows(
-    overlay: Overlay, sources: Sources | None, history: list[dict[str, Any]] | None
+    overlay: Overlay,
+    sources: Sources | None,
+    history: list[dict[str, Any]] | None,
+    deleted_range: Any = None,
 ) -> list[dict[str, Any]]:
-    """One row per block the overlay edits: its edit, updates, size now, and (with the
-    history) the characters it saves: from ``inspect``'s sources in another dialect."""
+    """One row per block the overlay edits: what the edit did (shortened, stubbed, a
+    replaced read, a notice), its updates, size now, whether the range hides its message,
+    and (with the history) the characters it saves: from ``inspect``'s sources in another
+    dialect; none for a hidden message, whose characters the range saves."""
     rows: list[dict[str, Any]] = []
+    end = deleted_range[1] if deleted_range else 1
     for (index, block), (edit_type, texts) in sorted(overlay.items()):
         row: dict[str, Any] = {
             "message": index,
             "block": block,
-            "edit": proto.EDIT_TYPES.get(edit_type, str(edit_type)),
+            "edit": proto.edit_label(edit_type, texts[-1] if texts else None),
             "updates": len(texts),
             "chars": len(texts[-1]) if texts else 0,
             "saved": None,
+            "hidden": 2 <= index <= end,
         }
-        if sources is not None:
+        if row["hidden"]:
+            pass  # not sent: the range saves all of it (hidden_chars)
+        elif sources is not None:
             source = sources.get((index, block))
             if texts and source is not None:
                 row["saved"] = len(source[1]) - len(texts[-1])
@@ -192,13 +207,15 @@ def _write_text(
                 row["edit"],
                 row["updates"],
                 f"{row['chars']:,}",
-                "-" if row["saved"] is None else f"{row['saved']:,}",
+                "hidden" if row["hidden"] else "-" if row["saved"] is None else f"{row['saved']:,}",
             )
             for row in rows
         ],
         ("message", "block", "edit", "updates", "chars now", "chars saved"),
         out,
     )
+    if any(row["hidden"] for row in rows):
+        out.write("(hidden: the range hides that message; its characters count as hidden)\n")
     if summary["overlay_chars_saved"] is not None:
         out.write(f"overlay saves {summary['overlay_chars_saved']:,} chars\n")
     else:

@@ -130,7 +130,25 @@ def replay_page(
                 "tokens": None,
             }
         )
-    events.sort(key=lambda event: (event["turn"], event["kind"] == "over window"))
+    for item in report.summaries:
+        stored = item["condensed"]
+        events.append(
+            {
+                "turn": item["turn"],
+                "kind": "summary",
+                "what": (
+                    f"summary of messages {_range(item['range'])} stored, "
+                    f"{item['chars']:,} chars ({item['tokens']:,} tokens); view "
+                    f"{item['tokens_before']:,} -> {item['tokens_after']:,} tokens"
+                    if stored
+                    else f"no summary stored: {item['reason']}"
+                ),
+                "chars": None,
+                "tokens": None,
+            }
+        )
+    order = {"summary": 0, "truncation": 1, "optimisation": 2, "over window": 3}
+    events.sort(key=lambda event: (event["turn"], order.get(event["kind"], 2)))
     marks: dict[int, str] = {}
     for event in events:
         marks[event["turn"]] = ", ".join(filter(None, (marks.get(event["turn"]), event["kind"])))
@@ -160,7 +178,7 @@ def replay_page(
             ("tokens saved", signed(totals["tokens_saved"])),
             ("peak input", f"{report.peak_tokens:,}"),
             ("over the window", f"{len(report.over_window)}"),
-            ("messages in the last request", f"{report.last_request_messages} / {report.messages}"),
+            ("messages in the last request", _last_request(report)),
             *_cost_cards(report),
         ],
         chart=chart(report),
@@ -237,6 +255,12 @@ def inspect_page(
         dialect=dialect,
     )
     return render(page)
+
+
+def _last_request(report: ReplayReport) -> str:
+    """The last request's messages of the history it was made of (as its turn's picker says)."""
+    end = report.per_turn[-1].messages if report.per_turn else report.messages
+    return f"{report.last_request_messages} of {end}"
 
 
 def _range(deleted_range: Any) -> str:

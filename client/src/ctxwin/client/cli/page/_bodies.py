@@ -15,12 +15,19 @@ from typing import Any
 from ctxwin import proto
 
 from .._dialects import chars_of, message_chars
-from ..replay import FILE_READ, NOTICE, REPAIRED, SUMMARY
+from ..replay import FILE_READ, NOTICE, REPAIRED, SHORTENED, STUBBED, SUMMARY
 
 __all__ = ["message_item"]
 
 _PREVIEW = 140
-_BADGES = {NOTICE: "notice", FILE_READ: "read", REPAIRED: "repair", SUMMARY: "summary"}
+_BADGES = {
+    NOTICE: "notice",
+    FILE_READ: "read",
+    SHORTENED: "read",
+    STUBBED: "read",
+    REPAIRED: "repair",
+    SUMMARY: "summary",
+}
 
 
 def _text(value: Any) -> str:

@@ -192,7 +192,9 @@ def _frame(
         f' <span id="view-summary">{html.escape(_summary(page, selected))}</span></div>'
         '<p class="legend-line"><span class="badge notice">notice</span> a ctxwin notice '
         'stands in for the text <span class="badge read">file read replaced</span> a stale '
-        'file read replaced by a notice <span class="badge repair">tool pair repaired</span> '
+        'file read replaced by a notice <span class="badge read">shortened</span> <span '
+        'class="badge read">result stubbed</span> a result too large shortened, or stubbed, '
+        'by strategy auto <span class="badge repair">tool pair repaired</span> '
         "tool calls and results made to match. Click a message to open it.</p>"
         "<noscript><p>Without JavaScript the page shows the last turn.</p></noscript>"
         f'<ol id="conversation">{"".join(items)}</ol></section>'

@@ -321,8 +321,7 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
         f"{totals['truncations']} truncation(s) removing {totals['messages_removed']} messages, "
         f"{totals['optimisations']} optimisation(s); saved {_saved(totals['chars_saved'])} "
         f"chars, {_saved(totals['tokens_saved'])} tokens\n"
-        f"final range {shown_range(report.final_range)}; the last request sent "
-        f"{report.last_request_messages} of {report.messages} messages\n"
+        f"final range {shown_range(report.final_range)}; {last_request(report)}\n"
     )
     if report.over_window:
         _write_over_window(report, out)
@@ -330,10 +329,34 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
         every = 1 if per_turn else max(1, len(report.per_turn) // 20)
         out.write(
             "estimated vs reported input tokens per turn"
-            + ("" if every == 1 else f" (every {every}th turn and events; --per-turn for all)")
+            + (
+                ""
+                if every == 1
+                else f" (every {ordinal(every)} turn and events; --per-turn for all)"
+            )
             + f"; final calibration {report.per_turn[-1].calibration:.3f}\n"
         )
         _write_turns(report, out, every)
+
+
+def ordinal(number: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``, ..."""
+    suffix = "th" if 10 <= number % 100 <= 20 else _SUFFIXES.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+_SUFFIXES = {1: "st", 2: "nd", 3: "rd"}
+
+
+def last_request(report: ReplayReport) -> str:
+    """How many messages the last request sent of the history it was made of."""
+    if not report.per_turn:
+        return "no request was made"
+    last = report.per_turn[-1]
+    return (
+        f"the last request (turn {last.turn}) sent {report.last_request_messages} of its "
+        f"{last.messages} messages"
+    )
 
 
 def _write_events(report: ReplayReport, out: TextIO) -> None:
@@ -355,7 +378,9 @@ def _write_events(report: ReplayReport, out: TextIO) -> None:
                 _saved(event.tokens_saved),
             )
         )
-    table(rows, ("turn", "sent", "event", "range", "removed", "chars saved", "tokens saved"), out)
+    table(
+        rows, ("turn", "history", "event", "range", "removed", "chars saved", "tokens saved"), out
+    )
     if negative:
         out.write("* negative: the notice is longer than the text it replaced\n")
 

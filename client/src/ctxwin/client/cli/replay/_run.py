@@ -232,7 +232,8 @@ class _Run:
         overlay = parse_updates(inspected["updates"])
         sources = parse_sources(inspected.get("sources", [])) if self.native else None
         state = self._state(view, end, new_range, overlay, sources)
-        if new_range != self.deleted_range and new_range is not None:
+        if _hidden_end(new_range) > _hidden_end(self.deleted_range):
+            assert new_range is not None
             self.report.events.append(self._truncation(turn, end, new_range, state))
         self.deleted_range = new_range
         event = optimisation(
@@ -393,6 +394,11 @@ class _Run:
                 report.over_window_cause = _over_window_cause(
                     self.history, sent.get("largest"), row.turn, self.points, tokens, report
                 )
+
+
+def _hidden_end(deleted_range: DeletedRange) -> int:
+    """The last message a range hides (1 for none: ``[2, 1]`` is the empty range)."""
+    return deleted_range[1] if deleted_range else 1
 
 
 def _condensed(

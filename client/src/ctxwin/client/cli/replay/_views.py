@@ -19,6 +19,7 @@ from ctxwin.proto import (
     DeletedRange,
     OverlayFormatError,
     Update,
+    edit_label,
     read_overlay,
     update_text,
 )
@@ -31,6 +32,10 @@ NOTICE_EDIT = 0
 
 NOTICE = "notice"
 FILE_READ = "file read replaced"
+SHORTENED = "shortened"
+"""A message too large for the budget, shortened by ``auto`` (docs/STRATEGIES.md)."""
+STUBBED = "result stubbed"
+"""A tool result ``auto`` replaced by a stub naming the call."""
 REPAIRED = "tool pair repaired"
 SUMMARY = "summary"
 """A message the view carries a summary of removed turns in (docs/SUMMARIES.md)."""
@@ -49,16 +54,22 @@ class ViewState:
             as it is, else the index into :attr:`ReplayReport.variants` of a
             message the view rebuilt or added; None in the Cline dialect, whose
             view follows from the range.
+        merged: history index -> the history index of the rebuilt message it
+            went into, for each message a native view sends merged into
+            another (calls split over consecutive messages, sent as one).
     """
 
     deleted_range: DeletedRange
     altered: dict[int, int] = field(default_factory=dict)
     order: list[tuple[int, int | None]] | None = None
+    merged: dict[int, int] = field(default_factory=dict)
 
     def removed(self, end: int) -> list[int]:
-        """The history indices below ``end`` a native view neither sends nor rebuilds."""
+        """The history indices below ``end`` a native view neither sends, rebuilds nor
+        merges into another message."""
         order = self.order or []
         sent = {index for index, variant in order if variant is None} | set(self.altered)
+        sent.update(self.merged)
         return [index for index in range(end) if index not in sent]
 
 
@@ -213,9 +224,13 @@ def view_state(
         if message is original or message == original or original is None:
             continue
         kinds: list[str] = []
-        edits = {edit for (at, _), (edit, texts) in overlay.items() if at == index and texts}
+        edits = {
+            edit_kind(edit, texts[-1])
+            for (at, _), (edit, texts) in overlay.items()
+            if at == index and texts
+        }
         if edits:
-            kinds.append(NOTICE if NOTICE_EDIT in edits else FILE_READ)
+            kinds.extend(kind for kind in _EDIT_KINDS if kind in edits)
         bare = _without_summary(message)
         if bare is not message:
             kinds.append(SUMMARY)
@@ -309,7 +324,37 @@ class NativeViews:
                 number = self._variant(at, self._kinds(message, at, marks), message, added=False)
                 state.altered[at] = number
                 state.order.append((at, number))
+        self._merges(state, view, origins, end)
         return state
+
+    def _merges(
+        self,
+        state: ViewState,
+        view: Sequence[Mapping[str, Any]],
+        origins: Sequence[int | None],
+        end: int,
+    ) -> None:
+        """The history messages a rebuilt view message holds besides its own: later ones of
+        its role whose every id (their calls) it carries, not sent otherwise (split calls
+        the view sends as one message, docs/DIALECTS.md)."""
+        assert state.order is not None
+        sent = {index for index, _ in state.order}
+        for message, at in zip(view, origins, strict=True):
+            if at is None or at not in state.altered:
+                continue
+            ids = _leaves_pair(message)[0] - self._leaves_of(at)[0]
+            role = self.history[at].get("role")
+            for index in sorted({i for name in ids for i in self._holding(name)}):
+                own = self._leaves_of(index)[0]
+                if (
+                    at < index < end
+                    and index not in sent
+                    and index not in state.merged
+                    and own
+                    and own <= ids
+                    and self.history[index].get("role") == role
+                ):
+                    state.merged[index] = at
 
     def _kinds(self, message: Mapping[str, Any], at: int | None, marks: _Marks) -> list[str]:
         """What changed ``message``, rebuilt from history message ``at`` or added (None):
@@ -353,11 +398,23 @@ def _overlay_marks(overlay: Overlay, sources: Sources) -> _Marks:
     marks: _Marks = {}
     for key, (edit_type, updates) in overlay.items():
         if updates:
-            kind = NOTICE if edit_type == NOTICE_EDIT else FILE_READ
+            kind = edit_kind(edit_type, updates[-1])
             marks.setdefault(sources[key][0] if key in sources else None, []).append(
                 (updates[-1], kind)
             )
     return marks
+
+
+_EDIT_KINDS = (NOTICE, FILE_READ, SHORTENED, STUBBED)
+
+
+def edit_kind(edit_type: int, text: str) -> str:
+    """What an overlay edit made of a message: a notice, a replaced file read, or a result
+    ``auto`` shortened or stubbed (told by its text, ``ctxwin.proto.edit_label``)."""
+    if edit_type == NOTICE_EDIT:
+        return NOTICE
+    label = edit_label(edit_type, text)
+    return SHORTENED if label == "shortened" else STUBBED if label == "stubbed" else FILE_READ
 
 
 def _next_origin(origins: Sequence[int | None], position: int) -> int:
@@ -398,7 +455,7 @@ def _summary_kind(texts: set[str]) -> list[str]:
 def _marked(texts: set[str], marks: _Marks, index: int | None) -> list[str]:
     """The kinds of the overlay texts (of history message ``index``, or of none) among ``texts``."""
     found = {kind for at in {index, None} for text, kind in marks.get(at, ()) if text in texts}
-    return [kind for kind in (NOTICE, FILE_READ) if kind in found]
+    return [kind for kind in _EDIT_KINDS if kind in found]
 
 
 def keeps_content(original: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
