@@ -226,6 +226,40 @@ def test_hand_over_under_chaos_keeps_one_writer() -> None:
     assert len(summary["fences_seen"]) >= 3, summary  # two hand-overs
 
 
+def test_the_chaos_acts_only_on_an_owner_that_acknowledged_a_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No owner between two leases, then an owner that refuses (its lease lapsed under load):
+    the chaos asks again until an owner acknowledges, or says it could not act."""
+    from bench.reliability import fleet
+
+    daemon = DaemonProcess(tmp_path)
+    daemon.proc = object()  # type: ignore[assignment]  # never started: only its endpoint is used
+    owners: list[DaemonProcess | None] = [None, daemon, daemon]
+    replies = [
+        proto.Reply(1, False, None, "actor_stopped", "lease lapsed"),
+        proto.Reply(2, True, {}),
+    ]
+    asked: list[tuple[str, Any]] = []
+
+    class Cluster:
+        def owner(self) -> DaemonProcess | None:
+            return owners.pop(0) if len(owners) > 1 else owners[0]
+
+    def call(endpoint: str, op: str, args: Any, timeout: float) -> proto.Reply:
+        asked.append((endpoint, args["deleted_range"]))
+        return replies.pop(0)
+
+    monkeypatch.setattr(fleet, "call", call)
+    writer = fleet.Writer([daemon], 5, step=7)
+    assert (daemon, 8) == fleet.acknowledged(Cluster(), writer, 10)  # type: ignore[arg-type]
+    assert [(daemon.endpoint, [2, 10]), (daemon.endpoint, [2, 10])] == asked
+    assert 8 == writer.step
+    replies.extend([proto.Reply(3, False, None, "owned_elsewhere", "moved")] * 1000)
+    assert fleet.acknowledged(Cluster(), writer, 0.2) is None  # type: ignore[arg-type]
+    assert 8 == writer.step
+
+
 def test_the_same_chaos_without_the_fence_check_fails() -> None:
     """Control: with Redis accepting every write, a resumed owner's stale state lands."""
     from bench.reliability import fleet

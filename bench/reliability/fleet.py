@@ -222,6 +222,31 @@ def wait_for(predicate: Any, timeout: float) -> bool:
     return False
 
 
+def acknowledged(
+    cluster: Fleet, writer: Writer, timeout: float
+) -> tuple[DaemonProcess, int] | None:
+    """The owner and the step it acknowledged: one more change, held unwritten (debounce).
+
+    The owner is read from the lease and asked until one acknowledges: under load
+    the lease may be between owners, or the owner's own deadline may have passed
+    (it then refuses the request, and whatever it held was written or is lost to
+    the fence already). Pausing a daemon that acknowledged nothing tests nothing.
+    None when no owner acknowledged within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        owner = cluster.owner()
+        if owner is not None and owner.proc is not None:
+            at = writer.step + 1
+            args = {"task": TASK, "ts": 0, "deleted_range": [2, 2 + at]}
+            with contextlib.suppress(TimeoutError):
+                if call(owner.endpoint, "rollback", args, timeout=5).ok:
+                    writer.step = at
+                    return owner, at
+        time.sleep(0.02)
+    return None
+
+
 def run(
     pauses: int, kills: int, ttl_ms: int, flush_every: int, control: bool, seed: int
 ) -> dict[str, Any]:
@@ -239,17 +264,15 @@ def run(
             events = ["pause"] * pauses + ["kill"] * kills
             for event in events:
                 time.sleep(rng.uniform(0.2, 0.6))
-                owner = cluster.owner()
-                if owner is None or owner.proc is None:
-                    takeovers.append(f"{event}: no live owner to act on")
-                    continue
                 with writer.turn_lock:
                     # The owner acknowledges one more change, still unwritten (debounce),
                     # and stops (or dies) right after.
-                    at = writer.step + 1
-                    args = {"task": TASK, "ts": 0, "deleted_range": [2, 2 + at]}
-                    if call(owner.endpoint, "rollback", args, timeout=5).ok:
-                        writer.step = at
+                    acted = acknowledged(cluster, writer, ttl * 10 + 5)
+                    if acted is None:
+                        takeovers.append(f"{event}: NOT done, no owner acknowledged a change")
+                        continue
+                    owner, at = acted
+                    assert owner.proc is not None
                     if event == "pause":
                         owner.proc.send_signal(signal.SIGSTOP)
                     else:
