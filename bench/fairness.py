@@ -66,7 +66,8 @@ class Pinger:
         self.thread = threading.Thread(target=self._run)
 
     def _run(self) -> None:
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        # A context of its own: the sender's (a 60 MiB body) would queue the pings.
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.endpoint)
@@ -79,6 +80,7 @@ class Pinger:
             self.times.append(time.perf_counter() - started)
             self.done.wait(0.001)
         sock.close(linger=0)
+        context.term()
 
 
 @contextmanager
