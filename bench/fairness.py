@@ -236,6 +236,7 @@ def run_fleet() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ctxwin-fair-") as root:
         server = RedisServer(Path(root) / "redis")
         with server:
+            (Path(root) / "d").mkdir()
             daemon = DaemonProcess(
                 Path(root) / "d", "--state-store", server.url, "--log-level", "warning"
             )
