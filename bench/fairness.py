@@ -1,15 +1,28 @@
-"""How long one client's huge request holds up another client's ping.
+"""How long one client's costly request holds up another client's ping (issue 33).
 
-A real daemon; one client sends a large ``truncated_messages`` while another
-pings it back to back. Reported: the longest ping round trip while the large
-request was under way (the stall others see) and the large request's own
-time. Each case runs with the daemon decoding large bodies in slices (as it
-does) and in one piece (``CTXWIN_BENCH_SLICED_DECODE_BYTES`` past any body:
-msgpack's single call, as before), the two in turn, median of ``--repeat`` runs.
+A real daemon; one client sends a costly request while another pings it back
+to back. Reported per case: the answer, the request's own time, and the other
+client's worst and median ping while the request was under way (the stall
+others see). Cases:
 
-Cases: ``100k`` (100,000 small messages, the default ``max_messages``: taken)
-and ``2M`` (2,000,000 small messages: refused as too_large; in slices from
-the list's header, in one piece after the whole body is decoded).
+- ``patterns``: 16 tasks at once, each naming 16 read tools of the issue's
+  pattern (``(?P<path>(?:\\pL|\\pN|\\pP){1,200}\\pS{1,200})!`` with a suffix of
+  its own, so no cache helps): refused as too large;
+- ``decode bomb``: 60 MiB of empty arrays under ``model`` of a
+  ``prepare_request``: refused as too large (also the daemon's peak resident
+  size, VmHWM);
+- ``100k``: 100,000 two-character messages (the default ``max_messages``): taken;
+- ``2M``: 2,000,000 messages: refused from the list's header;
+- ``idle``: no request, 2 s of pings: the machine's own noise, beside the others.
+
+``100k`` and ``2M`` run twice, with the daemon as it is and decoding every
+body in one piece (``CTXWIN_BENCH_SLICED_DECODE_BYTES`` past any body:
+msgpack's single call and the arguments' check on the loop, as before).
+
+``--fleet`` runs the ``patterns`` case on a fleet daemon (a redis-server of
+its own, the default 10 s lease) holding another task, and reports whether
+that task's lease lapsed: its key's shortest remaining time while the case
+ran, and whether the task is still served after it.
 
 ``--slots`` runs the task-slot flood instead: one client (a CURVE key)
 opens ephemeral tasks as fast as it can, 64 requests in flight, past
@@ -23,6 +36,7 @@ Run::
 
     .venv/bin/python -m bench.fairness              # table, median of 3 runs
     .venv/bin/python -m bench.fairness --repeat 1 --json
+    .venv/bin/python -m bench.fairness --repeat 1 --fleet
     .venv/bin/python -m bench.fairness --slots      # the task-slot flood (JSON)
 """
 
@@ -38,101 +52,187 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from bench.wire import PING, wait_ready
+from bench.wire import PING
 from ctxwin import proto
+from tests._daemon import DaemonProcess
 
 ONE_PIECE = str(2**62)
+HOSTILE_PATTERN = r"(?P<path>(?:\pL|\pN|\pP){1,200}\pS{1,200})!"
 
 
-def start(endpoint: str, state_dir: Path, sliced: bool) -> subprocess.Popen[bytes]:
-    """ctxwind in its own process; ``sliced`` False decodes every body in one piece."""
-    env = dict(os.environ)
-    if not sliced:
-        env["CTXWIN_BENCH_SLICED_DECODE_BYTES"] = ONE_PIECE
-    argv = [sys.executable, "-m", "ctxwin.daemon", "--endpoint", endpoint]
-    argv += ["--state-dir", str(state_dir), "--log-format", "json", "--log-level", "warning"]
-    return subprocess.Popen(argv, env=env)
+class Pinger:
+    """Another client pinging back to back in a thread: its round trips (seconds)."""
 
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.times: list[float] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run)
 
-def body_of(count: int) -> bytes:
-    """A truncated_messages request of ``count`` two-character messages."""
-    messages = [
-        {"role": "user" if index % 2 == 0 else "assistant", "content": "ok"}
-        for index in range(count)
-    ]
-    return proto.encode_request(1, "truncated_messages", {"task": "big", "messages": messages})
-
-
-def stall(endpoint: str, body: bytes) -> dict[str, Any]:
-    """Send ``body`` from one client while another pings; the longest ping meanwhile."""
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    done = threading.Event()
-    pings: list[float] = []
-
-    def pinger() -> None:
-        sock = context.socket(zmq.REQ)
+    def _run(self) -> None:
+        # A context of its own: the sender's (a 60 MiB body) would queue the pings.
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
-        while not done.is_set():
+        sock.connect(self.endpoint)
+        while not self.done.is_set():
             started = time.perf_counter()
             sock.send(PING)
+            if not sock.poll(600_000):
+                raise TimeoutError("a ping was not answered")
             sock.recv()
-            pings.append(time.perf_counter() - started)
-            time.sleep(0.001)
+            self.times.append(time.perf_counter() - started)
+            self.done.wait(0.001)
         sock.close(linger=0)
+        context.term()
 
-    thread = threading.Thread(target=pinger)
-    thread.start()
-    time.sleep(0.2)
-    pings.clear()
+
+@contextmanager
+def pinging(endpoint: str) -> Iterator[Pinger]:
+    """Ping from another client while the block runs (after one warm-up ping)."""
+    pinger = Pinger(endpoint)
+    pinger.thread.start()
+    while not pinger.times:
+        time.sleep(0.001)
+    pinger.times.clear()
+    try:
+        yield pinger
+    finally:
+        pinger.done.set()
+        pinger.thread.join()
+
+
+def send_all(endpoint: str, bodies: list[bytes]) -> tuple[list[proto.Reply], float]:
+    """Send every body from one client at once; their replies and the time to the last."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sender = context.socket(zmq.DEALER)
     sender.setsockopt(zmq.LINGER, 0)
     sender.connect(endpoint)
     started = time.perf_counter()
-    sender.send(body)
-    if not sender.poll(600_000):
-        raise TimeoutError("the large request was not answered")
-    reply = proto.decode_reply(sender.recv())
+    for body in bodies:
+        sender.send(body)
+    replies = []
+    for _ in bodies:
+        if not sender.poll(600_000):
+            raise TimeoutError("the costly request was not answered")
+        replies.append(proto.decode_reply(sender.recv()))
     took = time.perf_counter() - started
-    done.set()
-    thread.join()
     sender.close(linger=0)
+    return replies, took
+
+
+def patterns_case() -> list[bytes]:
+    """16 inspect requests, each naming 16 tools of the hostile pattern (distinct texts)."""
+    bodies = []
+    for task in range(16):
+        tools = [
+            {"name": f"sh{n}", "arg": "command", "pattern": f"{HOSTILE_PATTERN}{task}-{n}"}
+            for n in range(16)
+        ]
+        args = {"task": f"flood-{task}", "dialect": "anthropic", "read_tools": tools}
+        bodies.append(proto.encode_request(task + 1, "inspect", args))
+    return bodies
+
+
+def bomb_case() -> list[bytes]:
+    """A prepare_request whose ``model`` is 60 MiB of empty arrays."""
+    inner = b"\xdc\xff\xff" + b"\x90" * 0xFFFF
+    count = (60 << 20) // len(inner)
+    bomb = b"\xdd" + count.to_bytes(4, "big") + inner * count
+    head = proto.pack({"v": proto.PROTOCOL_VERSION, "id": 1, "op": "prepare_request"})
+    args = proto.pack({"task": "bomb"})
+    body = bytes([0x84]) + head[1:] + proto.pack("args") + bytes([args[0] + 1]) + args[1:]
+    return [body + proto.pack("model") + bomb]
+
+
+def messages_case(count: int) -> Callable[[], list[bytes]]:
+    """A truncated_messages request of ``count`` two-character messages."""
+
+    def build() -> list[bytes]:
+        messages = [
+            {"role": "user" if index % 2 == 0 else "assistant", "content": "ok"}
+            for index in range(count)
+        ]
+        args = {"task": f"big-{count}", "messages": messages}
+        return [proto.encode_request(1, "truncated_messages", args)]
+
+    return build
+
+
+CASES: dict[str, tuple[Callable[[], list[bytes]], bool]] = {
+    "idle": (list, False),
+    "patterns": (patterns_case, False),
+    "decode bomb": (bomb_case, False),
+    "100k": (messages_case(100_000), True),
+    "2M": (messages_case(2_000_000), True),
+}
+"""Case -> (its bodies, whether it also runs with the daemon decoding in one piece)."""
+
+
+def peak_rss_mib(daemon: DaemonProcess) -> float:
+    """The daemon's peak resident size (VmHWM) in MiB."""
+    assert daemon.proc is not None
+    for line in Path(f"/proc/{daemon.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(daemon: DaemonProcess, bodies: list[bytes]) -> dict[str, Any]:
+    """Send ``bodies`` while another client pings: the figures of one run."""
+    with pinging(daemon.endpoint) as pinger:
+        if bodies:
+            replies, took = send_all(daemon.endpoint, bodies)
+        else:
+            replies, took = [], 0.0
+            time.sleep(2)
+    codes = sorted({"ok" if reply.ok else str(reply.code) for reply in replies}) or ["-"]
     return {
-        "code": "ok" if reply.ok else reply.code,
+        "code": ",".join(codes),
         "request_s": took,
-        "max_ping_ms": max(pings) * 1000 if pings else float("nan"),
-        "pings": len(pings),
+        "worst_ping_ms": max(pinger.times) * 1000,
+        "median_ping_ms": statistics.median(pinger.times) * 1000,
+        "pings": len(pinger.times),
+        "peak_rss_mib": peak_rss_mib(daemon),
     }
 
 
-def run(repeat: int) -> dict[str, dict[str, Any]]:
-    """Median figures per (case, mode)."""
-    cases = {"100k": body_of(100_000), "2M": body_of(2_000_000)}
+def run(repeat: int, only: list[str] | None) -> dict[str, dict[str, Any]]:
+    """Median figures per case and mode."""
     samples: dict[str, list[dict[str, Any]]] = {}
+    names = only or list(CASES)
     for _ in range(repeat):
-        for sliced in (False, True):
-            with tempfile.TemporaryDirectory(prefix="ctxwin-fair-") as root:
-                endpoint = f"ipc://{root}/d.sock"
-                daemon = start(endpoint, Path(root) / "state", sliced)
-                try:
-                    wait_ready(endpoint)
-                    for name, body in cases.items():
-                        key = f"{name} {'sliced' if sliced else 'one piece'}"
-                        samples.setdefault(key, []).append(stall(endpoint, body))
-                finally:
-                    daemon.terminate()
-                    daemon.wait(60)
+        for name in names:
+            build, both = CASES[name]
+            bodies = build()
+            for one_piece in (False, True) if both else (False,):
+                env = {"CTXWIN_BENCH_SLICED_DECODE_BYTES": ONE_PIECE} if one_piece else {}
+                with tempfile.TemporaryDirectory(prefix="ctxwin-fair-") as root:
+                    daemon = DaemonProcess(Path(root), "--log-level", "warning", env=env)
+                    with daemon:
+                        key = f"{name} {'one piece' if one_piece else 'now'}"
+                        samples.setdefault(key, []).append(measure(daemon, bodies))
     return {
         key: {
             "code": runs[0]["code"],
-            "request_s": statistics.median(r["request_s"] for r in runs),
-            "max_ping_ms": statistics.median(r["max_ping_ms"] for r in runs),
-            "pings": statistics.median(r["pings"] for r in runs),
+            **{
+                figure: statistics.median(run[figure] for run in runs)
+                for figure in (
+                    "request_s",
+                    "worst_ping_ms",
+                    "median_ping_ms",
+                    "pings",
+                    "peak_rss_mib",
+                )
+            },
+            "worst_ping_ms_max": max(run["worst_ping_ms"] for run in runs),
         }
         for key, runs in samples.items()
     }
@@ -299,9 +399,55 @@ def _flood_slots(
     }
 
 
+def run_fleet() -> dict[str, Any]:
+    """The patterns case on a fleet daemon holding another task: does that lease lapse?"""
+    import redis
+
+    from tests._redis import RedisServer
+
+    with tempfile.TemporaryDirectory(prefix="ctxwin-fair-") as root:
+        server = RedisServer(Path(root) / "redis")
+        with server:
+            (Path(root) / "d").mkdir()
+            daemon = DaemonProcess(
+                Path(root) / "d", "--state-store", server.url, "--log-level", "warning"
+            )
+            with daemon:
+                held = {"task": "held", "messages": [{"role": "user", "content": "hi"}]}
+                first = daemon.call("truncated_messages", held)
+                assert first.ok, first
+                client = redis.Redis(unix_socket_path=str(server.socket))
+                shortest = [float("inf")]
+                stop = threading.Event()
+
+                def watch() -> None:
+                    while not stop.is_set():
+                        left = client.pttl("ctxwin:{held}:lease")
+                        shortest[0] = min(shortest[0], float(left))
+                        stop.wait(0.05)
+
+                watcher = threading.Thread(target=watch)
+                watcher.start()
+                try:
+                    figures = measure(daemon, patterns_case())
+                finally:
+                    stop.set()
+                    watcher.join()
+                after = daemon.call("truncated_messages", held)
+                client.close()
+                return {
+                    **figures,
+                    "lease_ttl_ms": 10_000,
+                    "shortest_lease_left_ms": shortest[0],
+                    "held_task_after": "ok" if after.ok else f"{after.code}: {after.message}",
+                }
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--case", action="append", choices=list(CASES), help="only these")
+    parser.add_argument("--fleet", action="store_true", help="the patterns case on a fleet")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--slots",
@@ -318,19 +464,32 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(figures, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    result = run(args.repeat)
+    result: dict[str, Any] = run(args.repeat, args.case) if not args.fleet else {}
+    if args.fleet:
+        result["patterns fleet"] = run_fleet()
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(f"{'case':<20}{'answer':>12}{'request s':>12}{'longest ping ms':>17}{'pings':>8}")
+    print(
+        f"{'case':<22}{'answer':>12}{'request s':>11}{'worst ping ms':>15}"
+        f"{'median ms':>11}{'pings':>7}{'peak MiB':>10}"
+    )
     for key, figures in result.items():
         print(
-            f"{key:<20}{figures['code']:>12}{figures['request_s']:>12.2f}"
-            f"{figures['max_ping_ms']:>17.1f}{figures['pings']:>8.0f}"
+            f"{key:<22}{figures['code']:>12}{figures['request_s']:>11.2f}"
+            f"{figures['worst_ping_ms']:>15.1f}{figures['median_ping_ms']:>11.1f}"
+            f"{figures['pings']:>7.0f}{figures['peak_rss_mib']:>10.0f}"
         )
+        if "shortest_lease_left_ms" in figures:
+            print(
+                f"  lease {figures['lease_ttl_ms']} ms: shortest left "
+                f"{figures['shortest_lease_left_ms']:.0f} ms; held task after: "
+                f"{figures['held_task_after']}"
+            )
     return 0
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())

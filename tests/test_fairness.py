@@ -41,7 +41,8 @@ class Pinger:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        # A context of its own: the sender's (a 60 MiB body) would queue the pings.
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.endpoint)
@@ -57,6 +58,7 @@ class Pinger:
                 self._done.wait(0.002)
         finally:
             sock.close(linger=0)
+            context.term()
 
     @property
     def worst(self) -> float:

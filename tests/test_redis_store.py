@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -220,3 +222,40 @@ async def test_a_write_after_the_fence_was_overwritten_is_refused_clearly(
             await redis.write(taken.lease, b"newer")
     finally:
         await redis.close()
+
+
+async def test_leases_are_renewed_while_the_event_loop_is_held(redis_server: RedisServer) -> None:
+    """A 300 ms lease outlives the loop held for 1.5 s: its thread renews it meanwhile.
+
+    Renewed from the event loop, the lease lapsed (the task served no more,
+    its key expired) whenever a request held the loop longer than the TTL.
+    """
+    import time
+
+    import anyio
+
+    from ctxwin import engine
+    from ctxwin.daemon.store._fleet import RedisStateStore
+
+    redis = store(redis_server, "a", lease_ttl_ms=300, timeout_s=0.2)
+    lost: list[str] = []
+    async with anyio.create_task_group() as group:
+
+        def spawn(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+            group.start_soon(run)
+
+        fleet = RedisStateStore(redis, engine.DEFAULT_NOTICES, spawn)
+        try:
+            task = fleet.open("held", lost.append)
+            await task.load()
+            time.sleep(1.5)  # noqa: ASYNC251 - the loop held, as by a long request
+            assert task.serving()
+            assert lost == []
+            assert fleet.renewer.renewals >= 3
+            assert await redis.owner_of("held") == "tcp://a:7878"
+            await task.release()
+            assert await redis.owner_of("held") is None
+            await anyio.sleep(0.5)  # a renewal after the release would set it again
+            assert await redis.owner_of("held") is None
+        finally:
+            await fleet.close()

@@ -130,6 +130,24 @@ Check = Callable[[int, str, object], None]
 """Called with ``(id, op, task)`` before any argument after ``task`` is decoded."""
 
 
+_READ_BYTES = 256 * 1024
+
+
+class _Chunks:
+    """The body as a file msgpack reads in chunks (no copy of the whole)."""
+
+    __slots__ = ("body", "position")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = memoryview(body)
+        self.position = 0
+
+    def read(self, size: int) -> bytes:
+        start = self.position
+        self.position = min(start + size, len(self.body))
+        return bytes(self.body[start : self.position])
+
+
 class _Reader:
     """One request body, read value by value within its budgets."""
 
@@ -139,6 +157,8 @@ class _Reader:
         self.total_left = request_budget
         self.request_budget = request_budget
         self.unpacker = msgpack.Unpacker(
+            _Chunks(body),  # read as it goes: feeding the body whole copied it (64 MiB)
+            read_size=min(_READ_BYTES, max(len(body), 1)),
             raw=False,
             strict_map_key=True,
             max_buffer_size=max(len(body), 1),
@@ -150,7 +170,6 @@ class _Reader:
             list_hook=self.values.list_hook,
             object_hook=self.values.map_hook,
         )
-        self.unpacker.feed(body)
         self.request_id: int | None = None
 
     def next_byte(self) -> int | None:

@@ -2,13 +2,15 @@
 
 A task's store takes the lease when its actor starts (``load``): another
 daemon's live lease is answered with ``owned_elsewhere`` naming its
-endpoint. While the actor runs, the lease is renewed every third of its TTL;
-the task is served only while the local deadline (the send time of the last
-successful renew plus the TTL, which the server's expiry can only follow) has
-not passed. A renew the server refuses, or a write refused by the fence,
-means another daemon owns the task: the actor is told (``on_lost``), drops
-the task from memory and this store never writes it again. The actor's final
-write on stop is followed by the release (compare-and-delete).
+endpoint. While the actor runs, the lease is renewed every third of its TTL
+by the daemon's lease thread (``_renewer.py``), whatever the event loop is
+doing; the task is served only while the local deadline (the send time of
+the last successful renew plus the TTL, which the server's expiry can only
+follow) has not passed. A renew the server refuses, or a write refused by
+the fence, means another daemon owns the task: the actor is told
+(``on_lost``), drops the task from memory and this store never writes it
+again. The actor's final write on stop is followed by the release
+(compare-and-delete, by the same thread, so no renewal can follow it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import structlog
 
 from ctxwin import engine, proto
@@ -27,6 +28,7 @@ from ctxwin import engine, proto
 from ._base import Spawn, StoreError, StoreUnavailableError, TaskExtras
 from ._record import TaskRecord, build_state, decode_record, encode_task, extras_of, record_of
 from ._redis import BadContent, Fenced, Lease, OwnedElsewhere, RedisStore, StoreUnavailable
+from ._renewer import LeaseRenewer
 
 __all__ = ["RedisStateStore", "RedisTaskStore"]
 
@@ -48,13 +50,11 @@ class RedisTaskStore:
         self.task = task
         self.on_lost = on_lost
         self.lease: Lease | None = None
-        self.deadline = 0.0
+        self.deadline = 0.0  # written by the lease thread
         self._current: bytes | None = None
-        self._fenced = False  # a write was refused: never write again
-        self._lost = False  # the renew was refused or came too late: serve no more
-        self._released = asyncio.Event()
-        # A renew in flight while the lease is released could set it again: one at a time.
-        self._lease_lock = asyncio.Lock()
+        self.fenced = False  # a write was refused: never write again
+        self.lost = False  # the renew was refused or came too late: serve no more
+        self._released = False
 
     def _encode(self, state: engine.TaskState, extras: TaskExtras) -> bytes:
         assert self.lease is not None
@@ -91,7 +91,7 @@ class RedisTaskStore:
         self.lease = taken.lease
         self.deadline = sent + self.parent.ttl_s
         self.parent.owned[self.task] = self
-        self.parent.spawn(self._renew_loop)
+        self.parent.renewer.add(self)
         record = TaskRecord()
         if taken.state is not None:
             try:
@@ -125,7 +125,7 @@ class RedisTaskStore:
             StoreError: another daemon owns the task (never written again), or
                 the store refused or could not be reached (retried).
         """
-        if self._fenced or self.lease is None:
+        if self.fenced or self.lease is None:
             raise StoreError(f"task {self.task}: another daemon owns it; not written")
         data = self._encode(state, extras)
         if data == self._current:
@@ -133,7 +133,7 @@ class RedisTaskStore:
         try:
             await self.redis.write(self.lease, data)
         except Fenced as exc:
-            self._fenced = True
+            self.fenced = True
             _log.error("write_fenced", task=self.task, fence=self.lease.fence, reason=str(exc))
             self.on_lost(str(exc))
             raise StoreError(str(exc)) from None
@@ -148,51 +148,28 @@ class RedisTaskStore:
 
     def serving(self) -> bool:
         """Whether the lease is this daemon's for sure: not lost, local deadline ahead."""
-        return not self._fenced and not self._lost and self.parent.loop.time() < self.deadline
+        return not self.fenced and not self.lost and self.parent.loop.time() < self.deadline
 
-    async def _renew_loop(self) -> None:
-        lease = self.lease
-        assert lease is not None
-        loop = self.parent.loop
-        interval = self.parent.ttl_s / 3
-        while not self._released.is_set():
-            with anyio.move_on_after(interval):
-                await self._released.wait()
-            if self._released.is_set() or self._fenced:
-                return
-            sent = loop.time()
-            try:
-                async with self._lease_lock:
-                    if self._released.is_set():
-                        return
-                    held = await self.redis.renew(lease)
-            except StoreUnavailable as exc:
-                if loop.time() >= self.deadline:
-                    self._lost = True
-                    self.on_lost(f"lease not renewed before its deadline: {exc}")
-                    return
-                _log.warning("lease_renew_failed", task=self.task, error=str(exc))
-                continue
-            if not held:
-                self._lost = True
-                # Its final write goes to the server, whose fence check refuses it.
-                self.on_lost("the lease was taken by another daemon")
-                return
-            self.deadline = sent + self.parent.ttl_s
+    def lease_lost(self, reason: str) -> None:
+        """The lease thread lost the lease (taken by another daemon, or lapsed)."""
+        self.on_lost(reason)
 
     async def release(self) -> None:
         """Stop renewing and delete the lease if it is still this daemon's (once)."""
-        if self._released.is_set():
+        if self._released:
             return
-        self._released.set()
+        self._released = True
         self.parent.owned.pop(self.task, None)
-        if self.lease is None or self._fenced:
+        if self.lease is None or self.fenced:
+            self.parent.renewer.forget(self)
             return
         try:
-            async with self._lease_lock:
-                await self.redis.release(self.lease)  # compare-and-delete: a later owner's stays
+            released = await self.parent.renewer.release(self)  # compare-and-delete
         except StoreUnavailable as exc:
             _log.warning("lease_release_failed", task=self.task, error=str(exc))
+            return
+        if released:
+            _log.info("lease_released", task=self.task, fence=self.lease.fence)
 
     def describe(self) -> dict[str, Any]:
         """The store, this daemon as owner, and the lease's fence."""
@@ -227,6 +204,7 @@ class RedisStateStore:
         self.ttl_s = redis.lease_ttl_ms / 1000
         self.advertise = redis.advertise
         self.owned: dict[str, RedisTaskStore] = {}
+        self.renewer = LeaseRenewer(redis, self.loop)
 
     def open(self, task: str, on_lost: Callable[[str], None]) -> RedisTaskStore:
         """The store of one task (nothing is asked of Redis until ``load``)."""
@@ -244,5 +222,6 @@ class RedisStateStore:
         }
 
     async def close(self) -> None:
-        """Close the connections."""
+        """Stop the lease thread and close the connections."""
+        await self.renewer.close()
         await self.redis.close()

@@ -31,6 +31,7 @@ import structlog
 from .._redact import redact_url
 
 try:  # an optional extra: ctxwin[redis]
+    import redis
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialBackoff
@@ -240,6 +241,8 @@ class RedisStore:
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.owner = f"{advertise} {os.urandom(6).hex()}"
+        self._password = password
+        self._timeout_s = timeout_s
         # A blocking pool: past its connections a call waits for one to come free. At a
         # stop every task writes and gives up its lease at once, and the default pool
         # failed the writes past its 100th connection (Too many connections).
@@ -260,6 +263,16 @@ class RedisStore:
         self._renew = self.client.register_script(_RENEW)
         self._write = self.client.register_script(_WRITE)
         self._release = self.client.register_script(_RELEASE)
+
+    def sync_client(self) -> Any:
+        """A blocking client of the same server and options, for a thread of its own."""
+        return redis.Redis.from_url(
+            self.url,
+            password=self._password,
+            socket_timeout=self._timeout_s,
+            socket_connect_timeout=self._timeout_s,
+            decode_responses=False,
+        )
 
     def keys(self, task: str) -> tuple[str, str, str]:
         """The lease, fence and state keys of ``task``."""
