@@ -341,6 +341,7 @@ class Server:
         Requests that arrive while it is decoded may be answered before it. It
         holds one of its client's in-flight slots while it is decoded.
         """
+        handed = False
         try:
             try:
                 request_id, op, args = await decode_in_slices(
@@ -371,9 +372,14 @@ class Server:
                 _log_failure(exc, request_id, op, args.get("task"))
                 self.send(envelope, _error_reply(exc, request_id, op))
                 return
+            # The decode's slot passes to the request's reply, which takes one of its own:
+            # a large request holds one slot of its client, not two.
+            handed = True
+            self.reply_done(client)
             self._dispatch(envelope, request_id, op, args, client, validated=True)
         finally:
-            self.reply_done(client)
+            if not handed:
+                self.reply_done(client)
 
     def _binding_check(self, client: str) -> Callable[[int, str, object], None] | None:
         """A bound client's prefix check, for the decoder to make before it reads the body."""
