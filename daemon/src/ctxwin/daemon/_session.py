@@ -192,8 +192,12 @@ class TaskSession:
                 raise ActorStoppedError(
                     f"task {self.task}: this daemon's lease on it lapsed; send the request again"
                 )
-            if op == "rollback":
-                await self._check_rollback(state, args)
+            if op == "rollback" and await self._check_rollback(state, args):
+                # Nothing to roll back: answered as SPEC.md's rollback of an empty task,
+                # and the task is left as it was found (not loaded, nothing written).
+                result = run_task_op(state, op, args)
+                await _close(self)
+                return result
             tools = await settings.wanted_tools(state, op, args)
             if args.get("ephemeral") is True and not settings.ephemeral:
                 settings.become_ephemeral(state, lambda: self.dirty)
@@ -220,27 +224,22 @@ class TaskSession:
         self._changed()
         return result
 
-    async def _check_rollback(self, state: engine.TaskState, args: dict[str, Any]) -> None:
-        """Refuse a rollback with nothing to act on, before anything is loaded or kept.
+    async def _check_rollback(self, state: engine.TaskState, args: dict[str, Any]) -> bool:
+        """Check a rollback before anything is loaded or kept; whether it has nothing to act on.
 
         A task that holds nothing and was never used here (nothing stored, not
         loaded) has no updates to drop: a rollback without a checkpoint range
-        is refused and leaves no actor behind, as ``inspect`` leaves none (with
-        the range, it starts the task on that range). A range that reaches past
+        answers as on an empty task (the conformance scenarios roll back new
+        tasks) but leaves no actor and no file behind, as ``inspect`` leaves
+        none; ``ctxwin rollback`` tells the user the task does not exist. With
+        the range, it starts the task on that range. A range that reaches past
         the history the task was last sent is no checkpoint's range of it.
 
         Raises:
-            ProtocolError: ``bad_request`` saying which.
+            ProtocolError: ``bad_request``, a range past the history.
         """
         if "deleted_range" not in args:
-            if self.settings.only_inspected and _holds_nothing(self, state):
-                await _close(self)
-                raise proto.ProtocolError(
-                    proto.ErrorCode.BAD_REQUEST,
-                    f"rollback: task {self.task} does not exist (nothing stored, not loaded): "
-                    "there is nothing to roll back",
-                )
-            return
+            return self.settings.only_inspected and _holds_nothing(self, state)
         deleted = args["deleted_range"]
         length = self.kept.last_length
         if deleted is not None and length is not None and deleted[1] >= length:
@@ -251,6 +250,7 @@ class TaskSession:
                 f"history, which has {length} {what} (the last is {length - 1}); a checkpoint's "
                 "range lies within the history it was taken on",
             )
+        return False
 
     def settle(self) -> None:
         """Once the reply is out: hash what the request added (for the next one)."""

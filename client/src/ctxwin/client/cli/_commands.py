@@ -388,6 +388,14 @@ def flush(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) ->
 
 def rollback(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.range is None:
+        # A rollback of a task the daemon neither holds nor stores answers as on an empty
+        # task (and creates nothing): to a person that is a mistyped task id.
+        if client.inspect(args.task).get("exists") is False:
+            err.write(
+                f"ctxwin: task {args.task} does not exist (nothing stored, not loaded): "
+                "there is nothing to roll back\n"
+            )
+            return EXIT_DAEMON_ERROR
         result = client.rollback(args.task, args.ts)
     else:
         result = client.rollback(args.task, args.ts, deleted_range=list(args.range))
