@@ -265,14 +265,14 @@ async def test_requests_decoded_in_slices_equal_those_decoded_whole() -> None:
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "x" * 100}]},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "input": {"n": [1.5]}}]},
-    ] * 2000
+    ] * 6000
     args = {"task": "t", "messages": messages, "ts": 3, "keep": "none", "read_tools": None}
     body = proto.encode_request(9, "compact", args)
     assert len(body) > SLICED_DECODE_BYTES
     decoded = await decode_in_slices(body, proto.Limits(), 100_000)
     assert decoded == (9, "compact", args)
     with pytest.raises(TooManyMessages):
-        await decode_in_slices(body, proto.Limits(), 3999)
+        await decode_in_slices(body, proto.Limits(), 11_999)
     dense = [{"role": "user", "content": [0] * 300}] * 4000  # 304 values each
     body = proto.encode_request(9, "compact", {**args, "messages": dense})
     with pytest.raises(proto.ProtocolError, match="the request holds more than 1176576 values"):
