@@ -301,3 +301,22 @@ def test_checking_a_long_history_does_not_stall_other_clients(tmp_path: Path) ->
         assert (reply.ok, reply.code) == (False, "bad_request")
         assert "has dialect 'anthropic', not 'cline'" in (reply.message or "")
         assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"
+
+
+def test_a_burst_of_megabyte_bombs_does_not_stall_other_clients(tmp_path: Path) -> None:
+    """64 requests of 1 MiB of empty arrays under model, sent at once: each too_large, quick pings.
+
+    Decoded whole, each took about a second (a million lists) and all 64 in
+    one wake-up of the socket: a ping waited 33 s; decoded within limits but
+    in one wake-up, 2.7 s.
+    """
+    bomb = _empty_arrays((1 << 20) - 4096)
+    body = _request_with({"task": "burst"}, "model", bomb)
+    assert 64 * 1024 < len(body) <= 1 << 20  # decoded in order, not in slices
+    with DaemonProcess(tmp_path) as daemon, WirePeer(daemon.endpoint, timeout=300) as sender:
+        with pinging(daemon.endpoint) as pinger:
+            for _ in range(64):
+                sender.send_frames([body])
+            replies = [sender.recv() for _ in range(64)]
+        assert {(reply.code, reply.id) for reply in replies} == {("too_large", 7)}
+        assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"
