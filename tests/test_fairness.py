@@ -253,6 +253,11 @@ async def test_the_envelope_and_binding_are_checked_before_the_arguments_are_rea
     unknown = _request_with({"task": "mine-1"}, "colour", garbage)
     with pytest.raises(proto.ProtocolError, match=r"unknown argument\(s\) \['colour'\]"):
         await decode_in_slices(unknown, limits, 100_000, _forbid)
+    unknown_op = proto.pack({"v": proto.PROTOCOL_VERSION, "id": 4, "op": "nope"})
+    with pytest.raises(proto.ProtocolError, match="unknown op 'nope'"):
+        await decode_in_slices(
+            bytes([0x84]) + unknown_op[1:] + proto.pack("args") + garbage, limits, 100_000
+        )
     bad_op = b"\x84" + proto.pack("v") + proto.pack(proto.PROTOCOL_VERSION)
     bad_op += proto.pack("id") + proto.pack(3) + proto.pack("op") + proto.pack(5)
     with pytest.raises(proto.ProtocolError, match="'op' must be a string"):

@@ -376,7 +376,11 @@ def decode_now(
 def _checked(envelope: dict[str, Any]) -> None:
     """Refuse an envelope whose ``v``, ``id`` or ``op`` is wrong already (args not read)."""
     if {"v", "id", "op"} <= set(envelope):
-        proto.request_from_value({**envelope, "args": {}})
+        request = proto.request_from_value({**envelope, "args": {}})
+        if request.op not in proto.OPS:
+            raise proto.ProtocolError(
+                proto.ErrorCode.UNKNOWN_OP, f"unknown op {request.op!r}", request.id
+            )
 
 
 def _none(request_id: int, op: str, task: object) -> None:
