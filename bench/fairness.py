@@ -11,6 +11,8 @@ others see). Cases:
 - ``decode bomb``: 60 MiB of empty arrays under ``model`` of a
   ``prepare_request``: refused as too large (also the daemon's peak resident
   size, VmHWM);
+- ``burst``: 64 requests at once, each of 1 MiB of empty arrays under ``model``
+  (decoded in order with the others, not in slices): each refused as too large;
 - ``100k``: 100,000 two-character messages (the default ``max_messages``): taken;
 - ``2M``: 2,000,000 messages: refused from the list's header;
 - ``idle``: no request, 2 s of pings: the machine's own noise, beside the others.
@@ -152,6 +154,16 @@ def bomb_case() -> list[bytes]:
     return [body + proto.pack("model") + bomb]
 
 
+def burst_case() -> list[bytes]:
+    """64 prepare_requests at once, each with 1 MiB of empty arrays under ``model``."""
+    inner = b"\xdc\xff\xff" + b"\x90" * 0xFFFF
+    count = ((1 << 20) - 4096) // len(inner)
+    bomb = b"\xdd" + count.to_bytes(4, "big") + inner * count
+    [body] = bomb_case()
+    head = body[: body.index(proto.pack("model"))]
+    return [head + proto.pack("model") + bomb] * 64
+
+
 def messages_case(count: int) -> Callable[[], list[bytes]]:
     """A truncated_messages request of ``count`` two-character messages."""
 
@@ -170,6 +182,7 @@ CASES: dict[str, tuple[Callable[[], list[bytes]], bool]] = {
     "idle": (list, False),
     "patterns": (patterns_case, False),
     "decode bomb": (bomb_case, False),
+    "burst": (burst_case, False),
     "100k": (messages_case(100_000), True),
     "2M": (messages_case(2_000_000), True),
 }

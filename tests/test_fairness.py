@@ -253,6 +253,11 @@ async def test_the_envelope_and_binding_are_checked_before_the_arguments_are_rea
     unknown = _request_with({"task": "mine-1"}, "colour", garbage)
     with pytest.raises(proto.ProtocolError, match=r"unknown argument\(s\) \['colour'\]"):
         await decode_in_slices(unknown, limits, 100_000, _forbid)
+    unknown_op = proto.pack({"v": proto.PROTOCOL_VERSION, "id": 4, "op": "nope"})
+    with pytest.raises(proto.ProtocolError, match="unknown op 'nope'"):
+        await decode_in_slices(
+            bytes([0x84]) + unknown_op[1:] + proto.pack("args") + garbage, limits, 100_000
+        )
     bad_op = b"\x84" + proto.pack("v") + proto.pack(proto.PROTOCOL_VERSION)
     bad_op += proto.pack("id") + proto.pack(3) + proto.pack("op") + proto.pack(5)
     with pytest.raises(proto.ProtocolError, match="'op' must be a string"):
@@ -265,14 +270,14 @@ async def test_requests_decoded_in_slices_equal_those_decoded_whole() -> None:
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "x" * 100}]},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "input": {"n": [1.5]}}]},
-    ] * 2000
+    ] * 6000
     args = {"task": "t", "messages": messages, "ts": 3, "keep": "none", "read_tools": None}
     body = proto.encode_request(9, "compact", args)
     assert len(body) > SLICED_DECODE_BYTES
     decoded = await decode_in_slices(body, proto.Limits(), 100_000)
     assert decoded == (9, "compact", args)
     with pytest.raises(TooManyMessages):
-        await decode_in_slices(body, proto.Limits(), 3999)
+        await decode_in_slices(body, proto.Limits(), 11_999)
     dense = [{"role": "user", "content": [0] * 300}] * 4000  # 304 values each
     body = proto.encode_request(9, "compact", {**args, "messages": dense})
     with pytest.raises(proto.ProtocolError, match="the request holds more than 1176576 values"):
@@ -300,4 +305,23 @@ def test_checking_a_long_history_does_not_stall_other_clients(tmp_path: Path) ->
             reply = sender.recv()
         assert (reply.ok, reply.code) == (False, "bad_request")
         assert "has dialect 'anthropic', not 'cline'" in (reply.message or "")
+        assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"
+
+
+def test_a_burst_of_megabyte_bombs_does_not_stall_other_clients(tmp_path: Path) -> None:
+    """64 requests of 1 MiB of empty arrays under model, sent at once: each too_large, quick pings.
+
+    Decoded whole, each took about a second (a million lists) and all 64 in
+    one wake-up of the socket: a ping waited 33 s; decoded within limits but
+    in one wake-up, 2.7 s.
+    """
+    bomb = _empty_arrays((1 << 20) - 4096)
+    body = _request_with({"task": "burst"}, "model", bomb)
+    assert 64 * 1024 < len(body) <= 1 << 20  # decoded in order, not in slices
+    with DaemonProcess(tmp_path) as daemon, WirePeer(daemon.endpoint, timeout=300) as sender:
+        with pinging(daemon.endpoint) as pinger:
+            for _ in range(64):
+                sender.send_frames([body])
+            replies = [sender.recv() for _ in range(64)]
+        assert {(reply.code, reply.id) for reply in replies} == {("too_large", 7)}
         assert pinger.worst < 1.0, f"another client's ping waited {pinger.worst:.2f}s"

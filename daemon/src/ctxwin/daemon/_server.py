@@ -42,7 +42,7 @@ from ctxwin import proto
 from ._actors import ActorSystem
 from ._auth import binding_of
 from ._config import Config
-from ._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices
+from ._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices, decode_now
 from ._errors import ActorStoppedError, BusyError
 from ._ops import run_free_op
 from ._schedule import FlushError
@@ -55,6 +55,9 @@ __all__ = ["DaemonStatistics", "Server"]
 _log = structlog.get_logger("ctxwin.daemon.server")
 
 _SHUTDOWN_GRACE_S = 30.0
+_DECODE_WHOLE_BYTES = 64 * 1024
+"""Bodies up to this size are decoded by msgpack in one call (at most 65,536 values);
+larger ones within the limits of ``_decode.py``."""
 # The codec's hot-path twins (one Packer for the event loop's thread).
 _decode_request = proto.decode_request_parts
 _encode_result = proto.result_encoder()
@@ -328,12 +331,32 @@ class Server:
         request_id: int | None = None
         op = "?"
         try:
-            request_id, op, args = _decode_request(body, self.limits)
+            if len(body) > _DECODE_WHOLE_BYTES:  # within the limits, in order with the others
+                request_id, op, args = decode_now(
+                    body,
+                    self.limits,
+                    self.config.max_messages,
+                    self._binding_check(client_of(peer)),
+                )
+            else:
+                request_id, op, args = _decode_request(body, self.limits)
+        except TooManyMessages as exc:
+            self._refuse_too_many(envelope, body, exc)
+            return
         except Exception as exc:
             _log_failure(exc, request_id, op, None)
             self.send(envelope, _error_reply(exc, request_id, op))
             return
         self._dispatch(envelope, request_id, op, args, peer)
+
+    def _refuse_too_many(self, envelope: list[bytes], body: bytes, exc: TooManyMessages) -> None:
+        """Answer ``too_large`` for a request of more than ``max_messages`` messages."""
+        peeked = proto.peek_request_id(body)
+        error = proto.ProtocolError(
+            proto.ErrorCode.TOO_LARGE, self._too_many(exc.field, exc.count), peeked
+        )
+        _log_failure(error, peeked, "?", None)
+        self.send(envelope, _error_reply(error, peeked, "?"))
 
     async def _handle_large(self, envelope: list[bytes], body: bytes, client: str) -> None:
         """A large request: decoded in slices (``_decode.py``) so others are answered meanwhile.
@@ -351,12 +374,7 @@ class Server:
                     self._binding_check(client),
                 )
             except TooManyMessages as exc:
-                peeked = proto.peek_request_id(body)
-                error = proto.ProtocolError(
-                    proto.ErrorCode.TOO_LARGE, self._too_many(exc.field, exc.count), peeked
-                )
-                _log_failure(error, peeked, "?", None)
-                self.send(envelope, _error_reply(error, peeked, "?"))
+                self._refuse_too_many(envelope, body, exc)
                 return
             except Exception as exc:
                 _log_failure(exc, None, "?", None)
