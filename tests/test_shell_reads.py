@@ -175,3 +175,23 @@ def test_auto_keeps_the_latest_shell_read_of_a_file_as_it_keeps_a_native_one() -
     ]
     assert BODY in texts  # the latest (and only) read of src/app.py, unedited
     assert texts.count(listing) < 15  # older listings were stubbed or cut
+
+
+def test_cline_keeps_its_header_rules_a_command_printing_a_file_is_no_read() -> None:
+    """In the Cline dialect, execute_command printing one file twice replaces nothing
+    (read_file twice, the same history otherwise, does)."""
+
+    def twice(header: str) -> bool:
+        result = f"[{header} for 'src/app.py'] Result:\n" + BODY
+        messages: list[Any] = [
+            {"role": "user", "content": [{"type": "text", "text": "<task>fix it</task>"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+            {"role": "user", "content": [{"type": "text", "text": result}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "again"}]},
+            {"role": "user", "content": [{"type": "text", "text": result}]},
+        ]
+        changed: bool = engine.TaskState().optimize_file_reads(messages, 1)["changed"]
+        return changed
+
+    assert twice("read_file") is True
+    assert twice("execute_command") is False
