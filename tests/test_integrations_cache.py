@@ -242,3 +242,64 @@ def test_openai_requests_carry_one_prompt_cache_key_per_task(ctxwind: DaemonProc
     assert responses == [prompt_cache_key("cache-openai-responses")]
     assert "cache-openai" not in chat[0]  # the task id itself is not sent
     assert {turn.task for turn in turns} == {"cache-openai", "cache-openai-responses"}
+
+
+def test_the_langchain_middleware_sends_the_tasks_prompt_cache_key(
+    ctxwind: DaemonProcess,
+) -> None:
+    """A ChatOpenAI agent's calls through the middleware carry the task's key."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from ctxwin.client.integrations.langchain import ContextWindowMiddleware
+
+    @tool("read_file")
+    def lc_read_file(path: str) -> str:
+        """Read a file of the project."""
+        return read_file(path)
+
+    with FakeProvider(limit=200_000, tool_turns=3, paths=PATHS) as provider:
+        model = ChatOpenAI(
+            model="gpt-4o",
+            base_url=provider.openai_url,
+            api_key="k",  # type: ignore[arg-type]
+            max_retries=0,
+        )
+        middleware = ContextWindowMiddleware(task="cache-langchain", endpoint=ctxwind.endpoint)
+        agent = create_agent(model, tools=[lc_read_file], middleware=[middleware])
+        agent.invoke({"messages": [{"role": "user", "content": "fix it"}]})
+        keys = [r.body.get("prompt_cache_key") for r in answered(provider, CHAT)]
+    assert keys == [prompt_cache_key("cache-langchain")] * 4
+
+
+def test_the_pydantic_ai_capability_sends_the_tasks_prompt_cache_key(
+    ctxwind: DaemonProcess,
+) -> None:
+    """An OpenAIChatModel agent's requests through the capability carry the task's key."""
+    import asyncio
+
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from ctxwin.client.integrations.pydantic_ai import ContextWindow
+
+    with FakeProvider(limit=200_000, tool_turns=3, paths=PATHS) as provider:
+        client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
+        model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+        capability = ContextWindow(task="cache-pydantic", endpoint=ctxwind.endpoint)
+        agent = Agent(model, capabilities=[capability])
+
+        @agent.tool_plain(name="read_file")
+        def read_project_file(path: str) -> str:
+            """Read a file of the project."""
+            return read_file(path)
+
+        async def run() -> Any:
+            async with client:
+                return await agent.run("fix it")
+
+        asyncio.run(run())
+        keys = [r.body.get("prompt_cache_key") for r in answered(provider, CHAT)]
+    assert keys == [prompt_cache_key("cache-pydantic")] * 4
