@@ -1,8 +1,16 @@
-"""The "Done when" goals of a strategy, checked over the cells of a replay (docs/COST.md).
+"""The goals set for ``auto`` (issue 34, "Done when"), checked over the cells of a replay.
 
-A cell is a conversation and a window; the goals that depend on the price
-sheet are checked under each sheet, so a cell counts once per sheet there
-(as the goals are stated: 4 conversations x 3 windows x 2 sheets).
+The measures are docs/COST.md's; the thresholds are the goals': 0 requests
+over the window, 0 refused views added, never dominated, latest reads within
+a point of ``cline``'s (at most 4 cells below, none by more than 10 points),
+a cache-read share of 90%, every typed instruction in every view, 95% of the
+agent's own calls visible, and 0.65 of ``cline``'s cost in geometric mean
+where ``cline`` edits the view.
+
+A cell is a conversation and a window. Dominance is checked under each
+sheet, and the reads allowance (4 cells) counts a cell once per sheet, as
+the goals count cells (conversations x 3 windows x 2 sheets); the other
+goals do not depend on the sheet and name a cell once.
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ def ratios_where_cline_cuts(
 
 
 def check(rows: Sequence[Row], units: Sequence[str], subject: str = "auto") -> list[Goal]:
-    """Every goal of docs/COST.md's "Done when" for ``subject``, over the cells in ``rows``."""
+    """Every goal for ``subject``, over the cells in ``rows``: pass or fail, failing cells named."""
     cells = {key: runs for key, runs in cells_of(rows).items() if subject in runs}
     goals = {
         "over": Goal("0 requests over the window"),

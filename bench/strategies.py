@@ -29,8 +29,8 @@ OpenAI (1.0 written + 0.1 cached) units relative to keep-all, latest file
 read kept, history kept, instructions kept (mean over requests and worst
 request), own calls visible, feasibility, edits (overlay updates and cuts),
 the median time of a turn, and for ``auto`` the alternatives that dominate
-it. The summary checks each goal of docs/COST.md's "Done when" over the
-cells run (bench/_cost_goals.py).
+it. The summary checks each goal set for ``auto`` (issue 34, "Done when")
+over the cells run (bench/_cost_goals.py).
 
 With ``--wire`` instead: the per-turn time of ``cline`` and ``auto`` through
 one real daemon (delta sync, views as patches), the two in lockstep.

@@ -73,13 +73,15 @@ def test_a_path_read_again_replaces_the_earlier_result_keeping_its_id() -> None:
         ("view", {"path": "x"}, {"path": "x"}, True),
         ("read_file", {"path": "x"}, {"path": "y"}, False),
         ("Read", {"file_path": "x", "offset": 10}, {"file_path": "x"}, False),
-        ("Bash", {"command": "cat x"}, {"command": "cat x"}, False),
+        ("Bash", {"command": "cat x"}, {"command": "cat x"}, True),
+        ("Bash", {"command": "cat x"}, {"command": "sed -n '1,5p' x"}, False),
     ],
 )
 def test_what_counts_as_a_read_of_the_same_file(
     name: str, first: dict[str, Any], second: dict[str, Any], replaced: bool
 ) -> None:
-    """The default table: the text editor's view only, a line range is another read, no shell."""
+    """The default table: the text editor's view only, a line range is another read, shell
+    prints of one file are reads."""
     messages = [*TASK, *_read("a", name, first), *_read("b", name, second)]
     result, _ = _run(messages)
     assert replaced == result["changed"]

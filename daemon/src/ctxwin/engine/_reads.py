@@ -9,6 +9,8 @@ entries; its result is the ``tool_result`` that answers the call.
 from __future__ import annotations
 
 import json
+import posixpath
+import shlex
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ bounded by :data:`MAX_PATTERN_CHARS` (under 130 ms for 1,000 characters of
 ``\\pL``, the costliest measured)."""
 
 MAX_PROGRAM_SIZE = 5000
-"""Most RE2 instructions a read-tool pattern may compile to (the shell pattern: 139).
+"""Most RE2 instructions a read-tool pattern may compile to (the shell pattern: 288).
 
 Matching falls back to RE2's NFA, linear in text times program, when its
 DFA runs out of memory or a group must be extracted: the program's size
@@ -46,7 +48,7 @@ PATTERN_CACHE_SIZE = 256
 
 
 class _Match(Protocol):
-    def group(self, name: str) -> str: ...
+    def group(self, name: str) -> str | None: ...
 
 
 class _Pattern(Protocol):
@@ -144,11 +146,96 @@ def _too_large(size: str) -> str:
     )
 
 
+_WORD = r"""(?:'|")?(?P<%s>[^\s|;&<>()`$'"\\]+)(?:'|")?"""
+_COUNT = r"\s+(?:-n\s*|--lines=|-)"
+_SED = r"""sed\s+-n\s+(?:'|")?(?P<%s>\d+)(?:,(?P<%s>\d+))?p(?:'|")?"""
+
 SHELL_READ_PATTERN = (
-    r"^\s*(?:cat|head(?:\s+-n\s*\d+|\s+-\d+)?|tail(?:\s+-n\s*\d+|\s+-\d+)?"
-    r"|sed\s+-n\s+(?:'[^']*'|\"[^\"]*\"|\S+))\s+(?P<path>[^\s|;&<>()`$]+)\s*$"
+    r"^\s*(?:cd\s+" + _WORD % "dir" + r"\s*&&\s*)?"
+    r"(?:cat(?:\s+-n)?|nl(?:\s+-[a-z]+)*"
+    r"|(?P<head>head)(?:" + _COUNT + r"(?P<first>\d+))?"
+    r"|(?P<tail>tail)(?:" + _COUNT + r"(?:(?P<last>\d+)|\+(?P<since>\d+)))?"
+    r"|" + _SED % ("from", "to") + r")"
+    r"\s+" + _WORD % "path" + r"(?:\s*2>\s*/dev/null)?"
+    r"(?:\s*\|\s*(?:(?P<then_head>head)(?:" + _COUNT + r"(?P<then_first>\d+))?"
+    r"|" + _SED % ("then_from", "then_to") + r"))?\s*$"
 )
-"""A command that prints (part of) one file: ``cat``, ``head``, ``tail``, ``sed -n``."""
+"""A command that prints one file or a range of its lines (docs/DIALECTS.md, "File reads").
+
+``cat`` (``-n``), ``nl`` (its flags), ``head``/``tail`` (``-n N``, ``-N``,
+``--lines=N``, ``tail -n +N``) and ``sed -n 'A,Bp'`` of one path, after an
+optional ``cd DIR &&``, with an optional ``2>/dev/null``; a whole-file print
+may be piped into ``head`` or ``sed -n 'A,Bp'``, which makes it a range.
+"""
+
+SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
+"""Shells whose ``-c``/``-lc`` argv (``["bash", "-lc", "cat a"]``) runs the command given."""
+
+DEFAULT_LINES = 10
+"""What ``head`` and ``tail`` print without a count."""
+
+
+def shell_command(value: object) -> str | None:
+    """The command line a shell tool's argument runs: the string itself, a shell's ``-c``
+    script from an argv list, or an argv list joined as a shell would read it."""
+    if isinstance(value, str):
+        return value or None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        return None
+    shell = posixpath.basename(value[0])
+    if shell in SHELLS and len(value) == 3 and value[1].startswith("-") and "c" in value[1]:
+        return value[2] or None
+    return shlex.join(value)
+
+
+def _own_range(match: _Match) -> str | None:
+    """The lines the command itself prints (None: the whole file)."""
+    start = match.group("from")
+    if start is not None:
+        return f"lines={int(start)}-{int(match.group('to') or start)}"
+    if match.group("head") is not None:
+        return f"lines=1-{int(match.group('first') or DEFAULT_LINES)}"
+    if match.group("tail") is not None:
+        since = match.group("since")
+        return (
+            f"lines={int(since)}-" if since else f"last={int(match.group('last') or DEFAULT_LINES)}"
+        )
+    return None
+
+
+def _piped_range(match: _Match) -> str | None:
+    """The lines a pipe into ``head`` or ``sed -n`` keeps (None: no such pipe)."""
+    start = match.group("then_from")
+    if start is not None:
+        return f"lines={int(start)}-{int(match.group('then_to') or start)}"
+    if match.group("then_head") is not None:
+        return f"lines=1-{int(match.group('then_first') or DEFAULT_LINES)}"
+    return None
+
+
+def shell_read_key(
+    match: _Match, groups: Mapping[str, int], command: str, base: str | None
+) -> str | None:
+    """The key of a shell read: its path (under ``cd DIR`` or the call's ``workdir`` when
+    relative), and for a partial read ``#`` and its range (``a.py#lines=1-20``).
+
+    A pattern without the built-in one's range groups keys a command other
+    than ``cat`` by the path and the whole command. None for a range of a
+    range (``head a | sed -n 2,3p``), which is not followed.
+    """
+    path = match.group("path")
+    if not path:
+        return None
+    for where in (match.group("dir") if "dir" in groups else None, base):
+        if where and not path.startswith("/"):
+            path = posixpath.join(where, path)
+    if "then_from" not in groups:
+        return path if command.strip().startswith("cat ") else f"{path}#{command.strip()}"
+    own, piped = _own_range(match), _piped_range(match)
+    if own is not None and piped is not None:
+        return None
+    part = own or piped
+    return path if part is None else f"{path}#{part}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +267,8 @@ class ReadTool:
         if not isinstance(arguments, Mapping):
             return None
         value = arguments.get(self.arg)
+        if self.compiled is not None:
+            value = shell_command(value)
         if not isinstance(value, str) or not value:
             return None
         for name, wanted in self.when:
@@ -191,8 +280,10 @@ class ReadTool:
             match = self.compiled.fullmatch(value)
             if match is None:
                 return None
-            path = match.group("path")
-            return path if value.strip().startswith("cat ") else f"{path}#{value.strip()}"
+            base = arguments.get("workdir")
+            return shell_read_key(
+                match, self.compiled.groupindex, value, base if isinstance(base, str) else None
+            )
         # Other arguments (a line range) make it another read of the same path.
         rest = {k: v for k, v in arguments.items() if k != self.arg and k not in dict(self.when)}
         if not rest:
@@ -200,11 +291,23 @@ class ReadTool:
         return f"{value}#{json.dumps(rest, sort_keys=True, default=repr)}"
 
 
+SHELL_TOOLS: tuple[tuple[str, str], ...] = (
+    ("Bash", "command"),  # Claude Code
+    ("bash", "command"),  # Anthropic's bash tool
+    ("exec_command", "cmd"),  # Codex
+    ("shell", "command"),  # Codex's and OpenAI-style shell functions (argv lists too)
+    ("shell", "cmd"),
+    ("run_shell_command", "command"),  # Gemini CLI
+    ("execute_bash", "command"),  # OpenHands
+)
+"""The shell tools whose command :data:`SHELL_READ_PATTERN` reads by default: (name, argument)."""
+
 DEFAULT_READ_TOOLS: tuple[ReadTool, ...] = (
     ReadTool("read_file", "path"),
     ReadTool("Read", "file_path"),
     ReadTool("str_replace_based_edit_tool", "path", when=(("command", "view"),)),
     ReadTool("view", "path"),
+    *(ReadTool(name, arg, pattern=SHELL_READ_PATTERN) for name, arg in SHELL_TOOLS),
 )
 """The read tools known without configuration (docs/DIALECTS.md, "File reads")."""
 

@@ -11,6 +11,7 @@ import anthropic
 from ctxwin.proto import Usage
 
 from .._usage import usage_from_anthropic
+from ._cache_hints import Breakpoints
 from ._conversations import Request, Turn
 from ._plain import Plain
 from ._window import AsyncWindow, Window, WindowOptions, answered, keep_wrapped
@@ -116,7 +117,7 @@ class _AsyncStreamManager:
     def __init__(
         self,
         window: AsyncWindow,
-        open_stream: Callable[[list[Any]], Any],
+        open_stream: Callable[[Request, list[Any]], Any],
         begin: Callable[[], Any],
     ):
         self._window = window
@@ -130,7 +131,7 @@ class _AsyncStreamManager:
         self._request = request = await self._begin()
 
         async def enter(view: list[Any]) -> Any:
-            manager = self._open(view)
+            manager = self._open(request, view)
             stream = await manager.__aenter__()
             self._manager = manager
             return stream
@@ -173,8 +174,25 @@ def _summary_answer(message: Any) -> tuple[str | None, Usage | None]:
     return "".join(texts), _usage(getattr(message, "usage", None))
 
 
+class _Hints:
+    """Each conversation's breakpoints (docs/PRICING.md, "What the adapters send")."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Breakpoints] = {}
+
+    def request(
+        self, request: Request, kwargs: Mapping[str, Any], view: list[Any]
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        """The call's arguments with the view and its breakpoints, and what to call once the
+        API took the request (its prefixes are cached from then on)."""
+        points = self._tasks.setdefault(request.task, Breakpoints())
+        marked, written = points.place(view, kwargs.get("system"), kwargs.get("tools"))
+        return {**kwargs, "messages": marked}, lambda: points.sent(written)
+
+
 def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthropic:
     plain = Plain()
+    hints = _Hints()
     create = client.messages.create
     stream = client.messages.stream
 
@@ -190,14 +208,25 @@ def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthrop
 
     def create_message(*args: Any, **kwargs: Any) -> Any:
         _, request = begin(kwargs)
-        result = window.send(request, lambda view: create(*args, **{**kwargs, "messages": view}))
+
+        def call(view: list[Any]) -> Any:
+            sent, taken = hints.request(request, kwargs, view)
+            result = create(*args, **sent)
+            taken()
+            return result
+
+        result = window.send(request, call)
         return _answer(window, request, result, bool(kwargs.get("stream")))
 
     def stream_message(*args: Any, **kwargs: Any) -> _StreamManager:
         _, request = begin(kwargs)
-        return _StreamManager(
-            window, lambda view: stream(*args, **{**kwargs, "messages": view}), request
-        )
+
+        def open_stream(view: list[Any]) -> Any:
+            sent, taken = hints.request(request, kwargs, view)
+            taken()  # the stream's request is made on entering; a refusal costs one hint
+            return stream(*args, **sent)
+
+        return _StreamManager(window, open_stream, request)
 
     setattr(client.messages, "create", create_message)  # noqa: B010 - instance override
     setattr(client.messages, "stream", stream_message)  # noqa: B010 - instance override
@@ -206,6 +235,7 @@ def _wrap_sync(client: anthropic.Anthropic, window: Window) -> anthropic.Anthrop
 
 def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthropic.AsyncAnthropic:
     plain = Plain()
+    hints = _Hints()
     create = client.messages.create
     stream = client.messages.stream
 
@@ -223,18 +253,22 @@ def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthro
         request = await begin(kwargs)
 
         async def call(view: list[Any]) -> Any:
-            return await create(*args, **{**kwargs, "messages": view})
+            sent, taken = hints.request(request, kwargs, view)
+            result = await create(*args, **sent)
+            taken()
+            return result
 
         return _answer(
             window, request, await window.send(request, call), bool(kwargs.get("stream"))
         )
 
     def stream_message(*args: Any, **kwargs: Any) -> _AsyncStreamManager:
-        return _AsyncStreamManager(
-            window,
-            lambda view: stream(*args, **{**kwargs, "messages": view}),
-            lambda: begin(kwargs),
-        )
+        def open_stream(request: Request, view: list[Any]) -> Any:
+            sent, taken = hints.request(request, kwargs, view)
+            taken()  # the stream's request is made on entering; a refusal costs one hint
+            return stream(*args, **sent)
+
+        return _AsyncStreamManager(window, open_stream, lambda: begin(kwargs))
 
     setattr(client.messages, "create", create_message)  # noqa: B010 - instance override
     setattr(client.messages, "stream", stream_message)  # noqa: B010 - instance override
@@ -264,7 +298,11 @@ def wrap(
     prompt is too long, ctxwin compacts the task and the request is sent once
     more. Keep appending to your own full history as before
     (``{"role": "assistant", "content": response.content}`` may hold the SDK's
-    block objects). ``with_options`` keeps the wrapping.
+    block objects). ``with_options`` keeps the wrapping. Each request carries
+    ``cache_control`` breakpoints (at most 4 with the caller's own) where
+    ctxwin's cost model counts the prompt cache: the last block, the end of
+    the longest prefix an earlier request wrote, the first pair
+    (docs/PRICING.md, "What the adapters send").
 
     Args:
         client: an ``anthropic.Anthropic`` or ``anthropic.AsyncAnthropic`` client.

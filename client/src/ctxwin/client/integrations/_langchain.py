@@ -18,6 +18,7 @@ from langchain_core.messages import (
 
 from ctxwin.proto import Usage
 
+from ._cache_hints import prompt_cache_key
 from ._conversations import Request, Turn
 from ._mapping import Converted, convert, origins, text_of
 from ._window import AsyncWindow, Window, WindowOptions
@@ -152,6 +153,29 @@ def _model_id(request: ModelRequest[Any]) -> str:
     return type(model).__name__
 
 
+def _openai_chat_model(model: object) -> bool:
+    """Whether ``model`` is ``langchain_openai``'s ChatOpenAI (Azure's aside)."""
+    try:
+        from langchain_openai import AzureChatOpenAI, ChatOpenAI
+    except ImportError:  # the optional package is not installed: no such model
+        return False
+    return isinstance(model, ChatOpenAI) and not isinstance(model, AzureChatOpenAI)
+
+
+def _cache_settings(request: ModelRequest[Any], task: str) -> dict[str, Any]:
+    """The request's model settings, with the task's ``prompt_cache_key`` for an OpenAI
+    model that has none (docs/PRICING.md, "What the adapters send")."""
+    settings = dict(request.model_settings)
+    model_kwargs = getattr(request.model, "model_kwargs", None) or {}
+    if (
+        _openai_chat_model(request.model)
+        and "prompt_cache_key" not in settings
+        and "prompt_cache_key" not in model_kwargs
+    ):
+        settings["prompt_cache_key"] = prompt_cache_key(task)
+    return settings
+
+
 def _thread(request: ModelRequest[Any]) -> str | None:
     """The run's ``thread_id``, when it has one (a checkpointed conversation)."""
     try:
@@ -191,7 +215,9 @@ class ContextWindowMiddleware(AgentMiddleware):
     Chat Completions messages and back); the agent's state keeps the full
     history, so a checkpoint can be restored. The usage of each answer is fed
     to the next call, and when the provider refuses a request as too long
-    ctxwin compacts the task and the model is called once more.
+    ctxwin compacts the task and the model is called once more. A
+    ``ChatOpenAI`` model's calls carry the task's ``prompt_cache_key``
+    (docs/PRICING.md, "What the adapters send").
 
     Args:
         task: the ctxwin task id; None derives one per conversation: from the
@@ -290,7 +316,12 @@ class ContextWindowMiddleware(AgentMiddleware):
         pending: Request = window.begin(converted.messages, _model_id(request), head, summarize)
 
         def call(view: list[Any]) -> ModelResponse[Any]:
-            return handler(request.override(messages=from_openai_chat(view, converted)))
+            return handler(
+                request.override(
+                    messages=from_openai_chat(view, converted),
+                    model_settings=_cache_settings(request, pending.task),
+                )
+            )
 
         response = window.send(pending, call)
         window.finish(pending, self._answer_usage(response))
@@ -312,7 +343,12 @@ class ContextWindowMiddleware(AgentMiddleware):
         pending = await window.begin(converted.messages, _model_id(request), head, summarize)
 
         async def call(view: list[Any]) -> ModelResponse[Any]:
-            return await handler(request.override(messages=from_openai_chat(view, converted)))
+            return await handler(
+                request.override(
+                    messages=from_openai_chat(view, converted),
+                    model_settings=_cache_settings(request, pending.task),
+                )
+            )
 
         response = await window.send(pending, call)
         window.finish(pending, self._answer_usage(response))

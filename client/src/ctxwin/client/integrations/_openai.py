@@ -10,6 +10,7 @@ import openai
 from ctxwin.proto import Usage
 
 from .._usage import usage_from_openai
+from ._cache_hints import prompt_cache_key
 from ._conversations import Request, Turn
 from ._plain import Plain
 from ._window import AsyncWindow, Window, WindowOptions, answered, keep_wrapped
@@ -206,8 +207,22 @@ class _Calls:
         )
 
 
+def _cache_keyed(client: openai.OpenAI | openai.AsyncOpenAI) -> Callable[..., dict[str, Any]]:
+    """The call's arguments with ``prompt_cache_key`` for its task (docs/PRICING.md, "What the
+    adapters send"): unless the caller gave one, or the client is Azure's."""
+    azure = isinstance(client, openai.AzureOpenAI | openai.AsyncAzureOpenAI)
+
+    def keyed(kwargs: Mapping[str, Any], request: Request, **view: Any) -> dict[str, Any]:
+        if azure or "prompt_cache_key" in kwargs:
+            return {**kwargs, **view}
+        return {**kwargs, **view, "prompt_cache_key": prompt_cache_key(request.task)}
+
+    return keyed
+
+
 def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
     calls = _Calls(window)
+    keyed = _cache_keyed(client)
     chat_window, responses_window = window, cast(Window, calls.responses_window)
     chat_create = client.chat.completions.create
     responses_create = client.responses.create
@@ -221,7 +236,7 @@ def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
 
         request = chat_window.begin(messages, model, head, summarize)
         result = chat_window.send(
-            request, lambda view: chat_create(*args, **{**kwargs, "messages": view})
+            request, lambda view: chat_create(*args, **keyed(kwargs, request, messages=view))
         )
         return calls.chat_answer(request, result, streaming, hide)
 
@@ -235,7 +250,7 @@ def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
 
         request = responses_window.begin(*calls.responses(kwargs), summarize)
         result = responses_window.send(
-            request, lambda view: responses_create(*args, **{**kwargs, "input": view})
+            request, lambda view: responses_create(*args, **keyed(kwargs, request, input=view))
         )
         return calls.responses_answer(request, result, bool(kwargs.get("stream")))
 
@@ -246,6 +261,7 @@ def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
 
 def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.AsyncOpenAI:
     calls = _Calls(window)
+    keyed = _cache_keyed(client)
     chat_window, responses_window = window, cast(AsyncWindow, calls.responses_window)
     chat_create = client.chat.completions.create
     responses_create = client.responses.create
@@ -260,7 +276,7 @@ def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.Async
         request = await chat_window.begin(messages, model, head, summarize)
 
         async def call(view: list[Any]) -> Any:
-            return await chat_create(*args, **{**kwargs, "messages": view})
+            return await chat_create(*args, **keyed(kwargs, request, messages=view))
 
         return calls.chat_answer(request, await chat_window.send(request, call), streaming, hide)
 
@@ -276,7 +292,7 @@ def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.Async
         request = await responses_window.begin(*calls.responses(kwargs), summarize)
 
         async def call(view: list[Any]) -> Any:
-            return await responses_create(*args, **{**kwargs, "input": view})
+            return await responses_create(*args, **keyed(kwargs, request, input=view))
 
         result = await responses_window.send(request, call)
         return calls.responses_answer(request, result, bool(kwargs.get("stream")))
@@ -311,6 +327,9 @@ def wrap(
     task and the request is sent once more. Keep appending to your own full
     history as before; response message objects may be appended as they are.
     Other methods are the client's own; ``with_options`` keeps the wrapping.
+    Each request carries its task's ``prompt_cache_key`` (unless the caller
+    gives one, or the client is Azure's), so the provider routes a task's
+    requests to its cached prefix (docs/PRICING.md, "What the adapters send").
 
     Args:
         client: an ``openai.OpenAI`` or ``openai.AsyncOpenAI`` client (Azure too).

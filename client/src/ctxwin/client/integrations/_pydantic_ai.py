@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
@@ -39,6 +39,7 @@ from pydantic_ai.settings import ModelSettings
 
 from ctxwin.proto import Usage
 
+from ._cache_hints import prompt_cache_key
 from ._conversations import Request, Turn
 from ._mapping import Converted, convert, origins, text_of
 from ._window import WindowOptions, is_window_error
@@ -249,6 +250,24 @@ def usage_from_pydantic_ai(usage: Any) -> Usage | None:
     )
 
 
+def _cache_settings(
+    model: Model, settings: ModelSettings | None, task: str
+) -> ModelSettings | None:
+    """``settings`` with the task's ``openai_prompt_cache_key`` for an OpenAI model that has
+    none (docs/PRICING.md, "What the adapters send"); Azure's and other models' as they are."""
+    try:
+        from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+    except ImportError:  # the openai extra is not installed: no such model
+        return settings
+    if not isinstance(model, OpenAIChatModel | OpenAIResponsesModel) or model.system != "openai":
+        return settings
+    if settings and "openai_prompt_cache_key" in settings:
+        return settings
+    return cast(
+        ModelSettings, {**(settings or {}), "openai_prompt_cache_key": prompt_cache_key(task)}
+    )
+
+
 @dataclasses.dataclass(init=False)
 class ContextWindow(AbstractCapability[Any]):
     """``Agent(..., capabilities=[ContextWindow()])``: each model request gets ctxwin's view.
@@ -362,7 +381,11 @@ class ContextWindow(AbstractCapability[Any]):
                 request_context.model,
                 request_context.model_settings,
             )
-        return dataclasses.replace(request_context, messages=messages)
+        pending = self._pending.get(self._key(ctx))
+        settings = request_context.model_settings
+        if pending is not None:
+            settings = _cache_settings(request_context.model, settings, pending[0].task)
+        return dataclasses.replace(request_context, messages=messages, model_settings=settings)
 
     async def after_model_request(
         self,
