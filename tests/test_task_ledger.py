@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +12,7 @@ from hypothesis import strategies as st
 
 from ctxwin.daemon._tokens import TokenCounter
 from ctxwin.engine import basic_summary, shell_reads, task_ledger, user_instructions
+from tests._corpus import corpus_file, corpus_param
 from tests._dialect_data import Call, Turn, conversations, render_cline
 from tests._ledger_data import (
     NATIVE,
@@ -220,16 +219,11 @@ def test_shell_reads_are_the_files_a_command_prints(command: str, paths: tuple[s
     assert paths == shell_reads(command)
 
 
-CORPUS = os.environ.get("CTXWIN_CORPUS")
-NO_CORPUS = "set CTXWIN_CORPUS to the folder of the real conversations (README, Tests)"
-
-
-@pytest.mark.skipif(not CORPUS, reason=NO_CORPUS)
 @pytest.mark.parametrize(
     ("name", "budget"),
     [
-        ("mra-api_conversation_history.json", 4000),
-        ("cline_gmfstu_1769064454592.api_conversation_history.json", 400),
+        corpus_param("mra-api_conversation_history.json", 4000),
+        corpus_param("cline_gmfstu_1769064454592.api_conversation_history.json", 400),
     ],
 )
 def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(
@@ -238,8 +232,7 @@ def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(
     """On a real Cline task the basic summary of all but the first pair and the newest turn
     keeps every message a person typed, no boilerplate, and as files read only read paths (at
     a budget where the calls are counted, so that the files lists name the paths)."""
-    assert CORPUS is not None
-    messages = json.loads((Path(CORPUS) / name).read_text(encoding="utf-8"))
+    messages = json.loads(corpus_file(name).read_text(encoding="utf-8"))
     gone = range(2, len(messages) - 2)
     ledger = basic_summary(messages, gone[-1], budget, count)
     assert count(ledger) <= budget
