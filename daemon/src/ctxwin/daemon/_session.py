@@ -358,6 +358,8 @@ async def _inspect(session: TaskSession) -> Result:
     sources = session.kept.sources(state.overlay)
     if sources is not None:
         result["sources"] = sources
+    if state.dropped:
+        result["dropped"] = [list(pair) for pair in state.dropped]
     if state.summaries:
         result["summaries"] = [summary.wire() for summary in state.summaries]
         shown = state.summary

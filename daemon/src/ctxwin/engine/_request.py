@@ -78,6 +78,6 @@ def prepared(
         result["estimated_tokens"] = estimated
         result["fits"] = estimated <= limit
         if estimated > limit:
-            origins = view_origins(len(messages), state.deleted_range)
+            origins = view_origins(len(messages), state.deleted_range, state.dropped)
             result["largest"] = largest_messages(view, origins, budgeting)
     return result
