@@ -87,7 +87,7 @@ class AutoPolicy:
     recent_turns: int = 1
     tail_turns: int = 2
     pin_share: float = 0.3
-    ledger_share: float = 0.05
+    ledger_share: float = 0.02
     mask_ratio: float = 2.0
     rent_multiple: float | None = None
     governor: float = 0.92
@@ -154,6 +154,8 @@ class AutoOutcome:
     range_updated: bool = False
     stalled: bool = False
     receipts: list[Receipt] = field(default_factory=list)
+    view: list[Message] | None = None  # the view decided on, when built (with its tokens)
+    tokens: int | None = None
 
 
 def shorten_oversized(
@@ -259,6 +261,7 @@ def run_auto(
         cached = min(cached, turn.head)
     else:
         total = round(turn.total)
+        outcome.view, outcome.tokens = planner.view(), total
     memory.seen_input += memory.last_tokens
     memory.seen_cached += round(min(cached, memory.last_tokens))
     memory.last_tokens = total
@@ -407,6 +410,13 @@ class AutoStrategy:
             if state.overlay.version != before:
                 state.mark_changed()
         result = prepared(
-            state, messages, outcome.range_updated, outcome.stalled, budget, budgeting
+            state,
+            messages,
+            outcome.range_updated,
+            outcome.stalled,
+            budget,
+            budgeting,
+            outcome.view,
+            outcome.tokens,
         )
         return result, outcome.receipts

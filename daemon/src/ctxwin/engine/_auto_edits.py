@@ -34,6 +34,9 @@ __all__ = ["Candidate", "Planner", "Result"]
 DECISION_SHEET = PRICE_SHEETS["anthropic"]
 """The sheet decisions assume when a task has none (its write premium is the highest)."""
 
+FINALS = "\nAssistant, at the end of each turn:"
+"""Where the basic summary's section of the assistant's conclusions begins."""
+
 LEDGER_FLOOR = 400.0
 """Tokens a first ledger is expected to take, before one was written."""
 
@@ -263,7 +266,9 @@ class Planner:
         the deterministic summary ``condense`` writes too."""
         if not gone:
             return ""
-        return basic_summary(self.messages, gone[-1], budget, self.text_tokens)
+        text = basic_summary(self.messages, gone[-1], budget, self.text_tokens)
+        # The task's state, not a transcript: the assistant's words stay out of it.
+        return text.split(FINALS, 1)[0]
 
     def ledger_estimate(self, total: float) -> float:
         """Tokens the ledger will take after a rebuild: the one carried now, or a floor."""

@@ -45,12 +45,16 @@ indices ``low <= i < high`` at view position ``i + offset``, in order."""
 
 def view_spans(length: int, start: int, dropped: Sequence[Sequence[int]] = ()) -> Spans:
     """The runs of a view that keeps the first pair, the messages from ``start`` on and
-    none of the inclusive ranges ``dropped`` (ascending, disjoint; docs/STRATEGIES.md)."""
+    none of the inclusive ranges ``dropped`` (ascending, disjoint; docs/STRATEGIES.md),
+    but the message at ``start`` itself, which is always sent."""
     spans: list[tuple[int, int, int]] = []
     position = 2
     low = start
     for first, last in dropped:
-        if last < low:
+        # The first message after the range is always sent: it is the one a strict
+        # provider needs to be a user message (the range ends on an assistant message).
+        first = max(first, start + 1)
+        if last < first:
             continue
         high = min(first, length)
         if high > low:
