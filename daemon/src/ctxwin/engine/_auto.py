@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwin.proto import PrepareRequestResult, PriceSheet
 
-from ._auto_edits import Planner, Result
+from ._auto_edits import HistoryFacts, Planner, Result
 from ._blocks import Message
 from ._budget import Budgeting
 from ._ledger import Receipt, payback_turns
@@ -111,6 +111,8 @@ class AutoMemory:
         stub_tokens: tokens of the stubs written, by text (shared the same way).
         results: the tool results of history messages, by index, while the message
             is the same (shared the same way).
+        facts: where turns begin, the user messages and the latest reads (extended as the
+            history grows; a copy makes its own).
         rent: what not rebuilding has cost since the last rebuild (in input tokens).
         masked_to: the mask has looked at the user messages before this index.
         seen_input: tokens of the views returned so far that the next request could read
@@ -124,6 +126,7 @@ class AutoMemory:
     block_tokens: dict[tuple[int, int], tuple[Message, int]] = field(default_factory=dict)
     stub_tokens: dict[str, int] = field(default_factory=dict)
     results: dict[int, tuple[Message, list[Result]]] = field(default_factory=dict)
+    facts: HistoryFacts = field(default_factory=HistoryFacts)
     rent: float = 0.0
     masked_to: int = 0
     seen_input: int = 0
@@ -132,7 +135,11 @@ class AutoMemory:
 
     def copy(self) -> AutoMemory:
         """An independent copy that shares the token caches."""
-        return replace(self)
+        facts = self.facts
+        own = HistoryFacts(
+            facts.seen, facts.anchor, list(facts.starts), list(facts.users), dict(facts.latest)
+        )
+        return replace(self, facts=own)
 
     def budget(self, model: Mapping[str, Any]) -> float:
         """What ``auto`` lets a view use: the window less room for the response."""
@@ -210,7 +217,8 @@ def run_auto(
     turn = _Turn(planner, budget)
     cached = float(min(memory.last_tokens, turn.total))  # the last view: the cached prefix
     # 1. The rolling mask: the turn that just left the recent window.
-    users = [i for i in range(turn.start, len(messages)) if messages[i].get("role") == "user"]
+    every = planner.facts().users
+    users = every[bisect.bisect_left(every, turn.start) :]
     recent = users[-policy.recent_turns] if len(users) >= policy.recent_turns else turn.start
     older = users[-policy.recent_turns - 1] if len(users) > policy.recent_turns else recent
     first = max(memory.masked_to or older, turn.start)
@@ -325,6 +333,8 @@ class _Turn:
         ledger = planner.ledger_estimate(self.total)
         pins: list[int] = []
         for index, _block in sorted(self.latest.values(), reverse=True):
+            if index not in position:
+                continue  # left out already
             at = _unit_of(lows, index)
             if at is not None and at not in tail and at not in pins:
                 pins.append(at)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxwin.proto import PRICE_SHEETS, PriceSheet
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._auto import AutoPolicy
     from ._state import TaskState
 
-__all__ = ["Candidate", "Planner", "Result"]
+__all__ = ["Candidate", "HistoryFacts", "Planner", "Result"]
 
 DECISION_SHEET = PRICE_SHEETS["anthropic"]
 """The sheet decisions assume when a task has none (its write premium is the highest)."""
@@ -42,6 +42,25 @@ LEDGER_FLOOR = 400.0
 
 STUB_ARGS = 160
 """Characters of a masked call's arguments kept in its stub."""
+
+
+@dataclass(slots=True)
+class HistoryFacts:
+    """What ``auto`` reads off a history once, extended as it grows (:meth:`Planner.facts`).
+
+    Attributes:
+        seen: how many first messages it holds the facts of.
+        anchor: the last of them (another object there: the history is another one).
+        starts: where turns begin (an assistant message after a user one, from index 3).
+        users: the indices of the user messages.
+        latest: each file's latest read, ``(index, block)``.
+    """
+
+    seen: int = 0
+    anchor: object = None
+    starts: list[int] = field(default_factory=list)
+    users: list[int] = field(default_factory=list)
+    latest: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class Result(NamedTuple):
@@ -204,26 +223,40 @@ class Planner:
             found.append(Result(block_index, name, arguments, reads.get(block_index), body))
         return found
 
+    def facts(self) -> HistoryFacts:
+        """Where turns begin, the user messages and each file's latest read, over the whole
+        history: kept by the task and extended by what the history added since (made again
+        when its known part is not the same)."""
+        messages = self.messages
+        held = self.state.auto.facts
+        seen = held.seen
+        if seen > len(messages) or (seen and messages[seen - 1] is not held.anchor):
+            held = self.state.auto.facts = HistoryFacts()
+            seen = 0
+        for index in range(seen, len(messages)):
+            role = messages[index].get("role")
+            if role == "user":
+                held.users.append(index)
+                for result in self.results_at(index):
+                    if result.key is not None:
+                        held.latest[result.key] = (index, result.block)
+            elif role == "assistant" and index >= 3 and messages[index - 1].get("role") == "user":
+                held.starts.append(index)
+        if messages:
+            held.seen, held.anchor = len(messages), messages[-1]
+        return held
+
     def turn_starts(self, first: int) -> list[int]:
         """History indices from ``first`` on where a turn begins: an assistant message after a
         user message. A turn runs to the next one's start, so dropping whole turns keeps every
         call with its results and the message before a dropped run a user message."""
-        messages = self.messages
-        return [
-            index
-            for index in range(max(first, 3), len(messages))
-            if messages[index].get("role") == "assistant"
-            and messages[index - 1].get("role") == "user"
-        ]
+        starts = self.facts().starts
+        return starts[bisect.bisect_left(starts, first) :]
 
     def latest_reads(self, first: int) -> dict[str, tuple[int, int]]:
         """Each file's latest read from ``first`` on: ``(index, block)`` by file."""
-        latest: dict[str, tuple[int, int]] = {}
-        for index in range(first, len(self.messages)):
-            for result in self.results_at(index):
-                if result.key is not None:
-                    latest[result.key] = (index, result.block)
-        return latest
+        latest = self.facts().latest
+        return {key: at for key, at in latest.items() if at[0] >= first}
 
     # -- the rolling mask -------------------------------------------------------------
 
