@@ -216,23 +216,71 @@ def _parallel(args: list[str]) -> list[str]:
     return ["-n", "auto", "--dist", "loadfile"]
 
 
-def test(args: list[str]) -> int:
-    """Lint, type-check, then run the test suite; the first failure stops the run."""
-    bin_dir = _bin(VENV)
-    steps: list[list[str | os.PathLike[str]]] = [
-        [bin_dir / "ruff", "check", "."],
-        [bin_dir / "ruff", "format", "--check", "."],
-        [bin_dir / "mypy"],
-        [bin_dir / "python", "-m", "pytest", *_parallel(args), *args],
+def _python_files(root: Path, paths: Sequence[str]) -> int:
+    """How many ``.py`` files ``paths`` (files or folders under ``root``) hold."""
+    count = 0
+    for name in paths:
+        path = root / name
+        count += path.suffix == ".py" if path.is_file() else len(list(path.rglob("*.py")))
+    return count
+
+
+def _test_files(root: Path, args: Sequence[str]) -> str:
+    """What pytest is given: the test files of ``tests/`` when no path is among ``args``."""
+    if any((root / arg.split("::")[0]).exists() for arg in args if not arg.startswith("-")):
+        return "the tests given"
+    return f"{len(list((root / 'tests').glob('test_*.py')))} test files, several minutes"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of ``test``: what it is, said before it starts, and its command."""
+
+    what: str
+    argv: list[str | os.PathLike[str]]
+
+
+def check_steps(args: list[str], root: Path = ROOT, venv_dir: Path = VENV) -> list[Step]:
+    """The steps of ``test``, each saying what it does and about how long it takes."""
+    import tomllib  # here, so that an old Python gets the message in main() instead
+
+    bin_dir = _bin(venv_dir)
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    typed = _python_files(root, config["tool"]["mypy"]["files"])
+    workers = f", a worker per CPU ({os.cpu_count()})" if _parallel(args) else ""
+    corpus = os.environ.get("CTXWIN_CORPUS", "").strip()
+    real = (
+        f"with the real conversations of CTXWIN_CORPUS={corpus}"
+        if corpus
+        else "tests over real conversations skip: CTXWIN_CORPUS is unset (README, Tests)"
+    )
+    return [
+        Step("lint: ruff check (seconds)", [bin_dir / "ruff", "check", "."]),
+        Step("format: ruff format --check (seconds)", [bin_dir / "ruff", "format", "--check", "."]),
+        Step(
+            f"type-checking {typed} files: mypy --strict (about a minute, silent until done)",
+            [bin_dir / "mypy"],
+        ),
+        Step(
+            f"testing: pytest over {_test_files(root, args)}{workers}; {real}",
+            [bin_dir / "python", "-m", "pytest", *_parallel(args), *args],
+        ),
     ]
-    for step in steps:
-        _say(
-            "running "
-            + " ".join(Path(str(step[0])).name if i == 0 else str(a) for i, a in enumerate(step))
-        )
-        code = subprocess.run([os.fspath(a) for a in step], cwd=ROOT, check=False).returncode
+
+
+def test(args: list[str]) -> int:
+    """Lint, type-check, then run the test suite; the first failure stops the run. Each
+    step says what it does before it starts, and how long it took."""
+    steps = check_steps(args)
+    for number, step in enumerate(steps, 1):
+        _say(f"[{number}/{len(steps)}] {step.what}")
+        started = time.monotonic()
+        code = subprocess.run([os.fspath(a) for a in step.argv], cwd=ROOT, check=False).returncode
+        took = time.monotonic() - started
         if code != 0:
+            _say(f"[{number}/{len(steps)}] failed (exit {code}) after {took:.0f} s")
             return code
+        _say(f"[{number}/{len(steps)}] passed in {took:.0f} s")
     return 0
 
 

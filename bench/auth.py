@@ -52,7 +52,7 @@ def make_keys(root: Path) -> tuple[Path, Path]:
     for argv in (
         ["keys", "server", "--dir", str(server)],
         ["keys", "client", "bench", "--dir", str(client)],
-        ["keys", "allow", str(client / "client.key"), "--dir", str(server)],
+        ["keys", "allow", str(client / "client.key"), "--name", "bench", "--dir", str(server)],
     ):
         code = cli(argv, out=open("/dev/null", "w"))  # noqa: SIM115
         assert code == 0, argv

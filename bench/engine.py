@@ -2,7 +2,11 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python -m bench.engine [--repeat 30] [--json]
+    .venv/bin/python -m bench.engine [--repeat 30] [--json] [--corpus PATH | --no-corpus]
+
+The real conversation is the corpus's Cline task: ``--corpus`` names the
+corpus folder (or the file itself), else ``CTXWIN_CORPUS`` does;
+``--no-corpus`` times the synthetic one only.
 
 Cases, each run ``--repeat`` times after one untimed warm-up:
 
@@ -34,14 +38,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from bench._conversation import build_conversation, size_of
+from bench._corpus import CLINE_TASK, add_corpus_option, corpus_file
 from ctxwin.engine import History, TaskState, context_window_info, total_tokens
 
 MODEL: dict[str, Any] = {"id": "claude-sonnet-4-5", "context_window": 200_000}
-CORPUS = Path(__file__).resolve().parents[2] / "shared/corpus/mra-api_conversation_history.json"
 # Targets for the synthetic 2000-message, ~1 MB conversation (issue 2).
 TARGETS_MS = {"prepare over threshold": 20.0, "prepare below threshold": 5.0}
 
@@ -221,12 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=2000, help="synthetic messages (2000)")
     parser.add_argument("--bytes", type=int, default=1_000_000, help="synthetic size (1 MB)")
     parser.add_argument("--seed", type=int, default=0, help="synthetic conversation seed (0)")
-    parser.add_argument("--corpus", type=Path, default=CORPUS, help="real conversation (JSON)")
+    add_corpus_option(parser, CLINE_TASK)
     parser.add_argument("--no-corpus", action="store_true", help="skip the real conversation")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    source = None
+    if not args.no_corpus:
+        source = corpus_file(args.corpus, CLINE_TASK, "--no-corpus for the synthetic one only")
 
     synthetic = build_conversation(args.messages, args.bytes, args.seed)
     reports = [
@@ -237,12 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             TARGETS_MS if (args.messages, args.bytes) == (2000, 1_000_000) else {},
         )
     ]
-    if not args.no_corpus:
-        if args.corpus.is_file():
-            corpus: list[Message] = json.loads(args.corpus.read_text(encoding="utf-8"))
-            reports.append(run(f"corpus {args.corpus.name}", corpus, args.repeat, {}))
-        else:
-            print(f"corpus not found, skipped: {args.corpus}", file=sys.stderr)
+    if source is not None:
+        corpus: list[Message] = json.loads(source.read_text(encoding="utf-8"))
+        reports.append(run(f"corpus {source.name}", corpus, args.repeat, {}))
 
     if args.json:
         print(

@@ -12,14 +12,17 @@ digests are settled.
 
 Shapes: ``tiny`` (200,000 messages of two characters, the worst case),
 ``blocks`` (50,000 messages of two 40-character text blocks), ``corpus``
-(a real Cline conversation, ``../shared/corpus/mra-api_conversation_history.json``,
+(a real Cline conversation, the corpus's ``mra-api_conversation_history.json``,
 read by path and repeated 8 times), and ``tiny-anthropic`` (the tiny shape in
-the Anthropic dialect, whose internal form is kept too).
+the Anthropic dialect, whose internal form is kept too). The corpus folder is
+given by ``--corpus FOLDER`` or ``CTXWIN_CORPUS``; without either, measure the
+other shapes with ``--shape``.
 
 Run::
 
-    .venv/bin/python -m bench.memory               # table, median of 3 runs
-    .venv/bin/python -m bench.memory --repeat 1 --json
+    CTXWIN_CORPUS=../shared/corpus .venv/bin/python -m bench.memory   # table, median of 3 runs
+    .venv/bin/python -m bench.memory --corpus ../shared/corpus --repeat 1 --json
+    .venv/bin/python -m bench.memory --shape tiny --shape blocks      # no corpus needed
 """
 
 from __future__ import annotations
@@ -35,11 +38,9 @@ from typing import Any
 
 import zmq
 
+from bench._corpus import CLINE_TASK, add_corpus_option, corpus_file
 from bench.wire import start_daemon, wait_ready
 from ctxwin import proto
-
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
-CORPUS_FILE = CORPUS / "mra-api_conversation_history.json"
 
 
 def _alternating(count: int, content: Any) -> list[dict[str, Any]]:
@@ -49,16 +50,16 @@ def _alternating(count: int, content: Any) -> list[dict[str, Any]]:
     ]
 
 
-def shapes() -> dict[str, tuple[str, list[dict[str, Any]]]]:
-    """Name -> (dialect, messages)."""
+def shapes(corpus: Path | None) -> dict[str, tuple[str, list[dict[str, Any]]]]:
+    """Name -> (dialect, messages); ``corpus`` the real conversation's file, if measured."""
     block = {"type": "text", "text": "x" * 40}
     found: dict[str, tuple[str, list[dict[str, Any]]]] = {
         "tiny": ("cline", _alternating(200_000, "ok")),
         "blocks": ("cline", _alternating(50_000, [block, block])),
         "tiny-anthropic": ("anthropic", _alternating(200_000, "ok")),
     }
-    if CORPUS_FILE.exists():
-        messages = json.loads(CORPUS_FILE.read_text())
+    if corpus is not None:
+        messages = json.loads(corpus.read_text())
         found["corpus"] = ("cline", messages[:2] + messages[2:] * 8)
     return found
 
@@ -124,10 +125,13 @@ def measure(dialect: str, messages: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def run(repeat: int, only: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """Median figures per shape over ``repeat`` runs (the shapes in turn)."""
+def run(
+    repeat: int, only: list[str] | None = None, corpus: Path | None = None
+) -> dict[str, dict[str, float]]:
+    """Median figures per shape over ``repeat`` runs (the shapes in turn); ``corpus`` the
+    real conversation's file (None: that shape is not measured)."""
     runs: dict[str, list[dict[str, float]]] = {}
-    table = shapes()
+    table = shapes(corpus)
     names = [name for name in table if not only or name in only]
     for _ in range(repeat):
         for name in names:
@@ -147,8 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--shape", action="append", help="only these shapes")
     parser.add_argument("--json", action="store_true")
+    add_corpus_option(parser, CLINE_TASK)
     args = parser.parse_args(argv)
-    result = run(args.repeat, args.shape)
+    needed = not args.shape or "corpus" in args.shape
+    others = "--shape tiny --shape blocks --shape tiny-anthropic for the other shapes"
+    source = corpus_file(args.corpus, CLINE_TASK, others) if needed else None
+    result = run(args.repeat, args.shape, source)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -30,9 +30,10 @@ edits (overlay updates and cuts), and the median time of a turn.
 With ``--wire`` instead: the per-turn time of ``cline`` and ``auto`` through
 one real daemon (delta sync, views as patches), the two in lockstep.
 
-Usage: ``.venv/bin/python -m bench.strategies [--windows 64000,128000,200000]
-[--strategies keep-all,cline,fit,auto,trim,clear-lc,clear-anthropic] [--only NAME]
-[--policy name=value,...] [--json]``, or ``... --wire [--repeat N]``.
+Usage: ``.venv/bin/python -m bench.strategies [--corpus FOLDER] [--windows
+64000,128000,200000] [--strategies keep-all,cline,fit,auto,trim,clear-lc,clear-anthropic]
+[--only NAME] [--policy name=value,...] [--json]``, or ``... --wire [--repeat N]``; the
+corpus folder is ``--corpus`` or else ``CTXWIN_CORPUS``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._corpus import add_corpus_option, corpus_folder
 from ctxwin import proto
 from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.daemon._tokens import TokenCounter
@@ -59,7 +61,6 @@ from ctxwin.engine._reads import DEFAULT_READ_RULES, native_reads
 
 Message = dict[str, Any]
 
-CORPUS = Path("/work/shared/corpus")
 CONVERSATIONS = (
     "mra-api_conversation_history.json",
     "cline_gmfstu_1769064454592.api_conversation_history.json",
@@ -103,8 +104,9 @@ class Conversation:
     requests: list[tuple[int, int]]
 
 
-def load(name: str, counter: Counter) -> Conversation:
-    source, dialect = load_conversation(CORPUS / name)
+def load(folder: Path, name: str, counter: Counter) -> Conversation:
+    """The corpus conversation ``name`` of ``folder``, mapped, with its request points."""
+    source, dialect = load_conversation(folder / name)
     starts = [
         t
         for t in range(1, len(source))
@@ -536,7 +538,7 @@ def kept_share(view: Sequence[Message], latest: dict[str, tuple[int, int, str]])
     return kept / len(latest)
 
 
-def wire(windows: list[int], only: str, repeat: int) -> None:
+def wire(folder: Path, windows: list[int], only: str, repeat: int) -> None:
     """Per-turn time of ``cline`` and ``auto`` through one real daemon, in lockstep.
 
     Each conversation is sent as a client would: the caller's own dialect,
@@ -557,7 +559,7 @@ def wire(windows: list[int], only: str, repeat: int) -> None:
         for file in CONVERSATIONS:
             if only and only not in file:
                 continue
-            source, dialect = load_conversation(CORPUS / file)
+            source, dialect = load_conversation(folder / file)
             starts = [
                 t
                 for t in range(1, len(source))
@@ -618,7 +620,9 @@ def main() -> None:
         "--wire", action="store_true", help="time cline and auto through a real daemon instead"
     )
     parser.add_argument("--repeat", type=int, default=1, help="--wire: replays of each")
+    add_corpus_option(parser)
     args = parser.parse_args()
+    folder = corpus_folder(args.corpus)
     global POLICY
     for item in filter(None, args.policy.split(",")):
         name, value = item.split("=")
@@ -626,7 +630,7 @@ def main() -> None:
         POLICY = dataclasses.replace(POLICY, **{name: kind(value)})
     windows = [int(w) for w in args.windows.split(",")]
     if args.wire:
-        wire(windows, args.only, args.repeat)
+        wire(folder, windows, args.only, args.repeat)
         return
     names = args.strategies.split(",")
     counter = Counter()
@@ -634,7 +638,7 @@ def main() -> None:
     for file in CONVERSATIONS:
         if args.only and args.only not in file:
             continue
-        conversation = load(file, counter)
+        conversation = load(folder, file, counter)
         for window in windows:
             runs = {name: replay(conversation, window, name, counter) for name in names}
             base = runs.get("keep-all")

@@ -14,7 +14,8 @@ views a provider would refuse that the history itself would not
 view after a condense against half the trigger, and each summary's size
 (characters and tokens).
 
-Usage: ``.venv/bin/python -m bench.summaries [--window 64000] [--json]``.
+Usage: ``.venv/bin/python -m bench.summaries [--corpus FOLDER] [--window 64000] [--json]``;
+the corpus folder is ``--corpus`` or else ``CTXWIN_CORPUS``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import math
 from typing import Any
 
+from bench._corpus import add_corpus_option, corpus_folder
 from bench.strategies import CONVERSATIONS, START_TS, Conversation, Counter, load, problems
 from ctxwin.engine import (
     AUTO_CONDENSE_FRACTION,
@@ -101,9 +103,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=int, default=64_000)
     parser.add_argument("--json", action="store_true")
+    add_corpus_option(parser)
     args = parser.parse_args()
+    folder = corpus_folder(args.corpus)
     counter = Counter()
-    results = [replay(load(name, counter), args.window, counter) for name in CONVERSATIONS]
+    results = [replay(load(folder, name, counter), args.window, counter) for name in CONVERSATIONS]
     if args.json:
         print(json.dumps(results, indent=2))
         return

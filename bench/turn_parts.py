@@ -13,7 +13,9 @@ turn's real inputs, and its median reported. The actor hop is timed on a real
 reply, with an op that does nothing, against the same loop's bare
 ``call_soon``).
 
-Usage: ``.venv/bin/python -m bench.turn_parts [--window 200k|64k] [--json]``.
+Usage: ``.venv/bin/python -m bench.turn_parts [--window 200k|64k|big] [--corpus PATH]
+[--json]``; the corpus folder (or the conversation's file) is ``--corpus`` or else
+``CTXWIN_CORPUS``.
 The pieces are the code as it is; what each costs alone does not add up to a
 turn exactly (caches are warm here, and a real turn pays the event loop and
 libzmq's threads: ``bench.turns --floor`` measures the whole).
@@ -35,7 +37,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench._conversation import build_conversation
-from bench.turns import BIG_MODEL, CORPUS, WINDOWS, UsageModel
+from bench._corpus import CLINE_TASK, add_corpus_option, corpus_file
+from bench.turns import BIG_MODEL, WINDOWS, UsageModel
 from ctxwin import engine, proto
 from ctxwin.client import Client, _core, _ops
 from ctxwin.daemon._actors import ActorSystem, Counters
@@ -229,13 +232,15 @@ def actor_hop(repeat: int) -> dict[str, float]:
     return asyncio.run(measure())
 
 
-def breakdown(window: str, turn: int | None, repeat: int) -> dict[str, Any]:
-    """Replay the corpus (or the 10 MB conversation) to a turn, then time each piece alone."""
+def breakdown(window: str, turn: int | None, repeat: int, source: Path | None) -> dict[str, Any]:
+    """Replay the corpus (or the 10 MB conversation) to a turn, then time each piece alone;
+    ``source`` the real conversation's file (unused for ``big``)."""
     if window == "big":
         corpus = build_conversation(20_000, 10_000_000, seed=0)
         model = BIG_MODEL
     else:
-        corpus = cast(list[Message], json.loads(CORPUS.read_text()))
+        assert source is not None, "a window of the corpus needs its file"
+        corpus = cast(list[Message], json.loads(source.read_text()))
         model = WINDOWS[window]
     loop = Loopback(model)
     usage = UsageModel()
@@ -401,11 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scan-slope", action="store_true", help="the prefix scan's cost per 1000 messages"
     )
+    add_corpus_option(parser, CLINE_TASK)
     options = parser.parse_args(argv)
     if options.scan_slope:
         print(json.dumps(scan_slope(options.repeat), indent=2))
         return 0
-    report = breakdown(options.window, options.turn, options.repeat)
+    source = None if options.window == "big" else corpus_file(options.corpus, CLINE_TASK)
+    report = breakdown(options.window, options.turn, options.repeat, source)
     if options.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -16,13 +16,14 @@ Each sample is one turn, from the start of the client call to the rebuilt
 view in hand. Usage: ``.venv/bin/python -m bench.turns [--messages N] [--json]``.
 
 ``--floor`` measures the per-turn cost against the wire's floor instead: the
-real corpus conversation (``mra-api_conversation_history.json``, read by path)
-replayed turn by turn through a delta-synced ``Task`` handle at a 200k and a
-64k window, interleaved in one run with a raw blocking pyzmq REQ/REP ping over
-ipc (``bench.wire``'s echo), and reported as ratios to the raw p50/p99 of the
-same run. ``--big`` adds a 10 MB, 20000-message synthetic conversation at a
-1M-token window: the per-turn cost's slope per 1000 messages of history and
-the daemon's resident memory per byte of kept history.
+real corpus conversation (``mra-api_conversation_history.json`` of the folder
+``--corpus`` or ``CTXWIN_CORPUS`` names, read by path) replayed turn by turn
+through a delta-synced ``Task`` handle at a 200k and a 64k window, interleaved
+in one run with a raw blocking pyzmq REQ/REP ping over ipc (``bench.wire``'s
+echo), and reported as ratios to the raw p50/p99 of the same run. ``--big``
+adds a 10 MB, 20000-message synthetic conversation at a 1M-token window: the
+per-turn cost's slope per 1000 messages of history and the daemon's resident
+memory per byte of kept history.
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ import zmq
 
 from bench import wire
 from bench._conversation import build_conversation, size_of
+from bench._corpus import CLINE_TASK, add_corpus_option, corpus_file
 from ctxwin import proto
 from ctxwin.client import Client, Task
 
 Message = dict[str, Any]
 MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
-CORPUS = Path(__file__).resolve().parents[2] / "shared/corpus/mra-api_conversation_history.json"
 WINDOWS: dict[str, proto.Model] = {
     "200k": {"id": "claude-sonnet-4-5", "context_window": 200_000},
     "64k": {"id": "deepseek-chat", "context_window": 64_000},
@@ -488,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the corpus replay at 200k and 64k against a raw REQ/REP ping in the same run",
     )
-    parser.add_argument("--corpus", default=str(CORPUS), help="conversation for --floor")
+    add_corpus_option(parser, CLINE_TASK)
     parser.add_argument("--repeat", type=int, default=5, help="--floor: runs")
     parser.add_argument("--replays", type=int, default=3, help="--floor: replays per window a run")
     parser.add_argument("--pings", type=int, default=1000, help="--floor: pings per slice")
@@ -497,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile-daemon", metavar="FILE", help="--floor: the daemon's, at exit")
     options = parser.parse_args(argv)
     if options.floor:
+        options.corpus = corpus_file(options.corpus, CLINE_TASK)
         return floor_main(options)
     messages = build_conversation(options.messages, options.target_bytes)
     with tempfile.TemporaryDirectory(prefix="ctxwin-turns-") as temp:

@@ -1,14 +1,18 @@
-"""Load the conformance scenarios of ../shared/conformance and compare their results."""
+"""Load the conformance scenarios of tests/conformance and compare their results."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCENARIO_DIR = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parent / "conformance" / "scenarios"
+"""The scenarios, one gzipped JSON file each (tests/conformance/README.md)."""
+SCENARIO_COUNT = 150
+"""How many there are: a copy that lost some cannot pass silently."""
 PLACEHOLDER_NOTICES = {
     "truncation": "@@TRUNCATION_NOTICE@@",
     "duplicate_file_read": "@@DUPLICATE_FILE_READ_NOTICE@@",
@@ -38,12 +42,12 @@ class Scenario:
 
 
 def load_scenarios() -> list[Scenario]:
-    """Every scenario file, sorted by name; fails loudly when the folder is missing."""
+    """Every scenario file, sorted by name; fails loudly when the folder is missing or short."""
     if not SCENARIO_DIR.is_dir():
         raise FileNotFoundError(f"conformance scenarios not found at {SCENARIO_DIR}")
     scenarios = []
-    for path in sorted(SCENARIO_DIR.glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
+    for path in sorted(SCENARIO_DIR.glob("*.json.gz")):
+        data = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
         scenarios.append(
             Scenario(
                 data["name"],
@@ -53,8 +57,10 @@ def load_scenarios() -> list[Scenario]:
                 data["steps"],
             )
         )
-    if not scenarios:
-        raise FileNotFoundError(f"no scenario files in {SCENARIO_DIR}")
+    if len(scenarios) != SCENARIO_COUNT:
+        raise FileNotFoundError(
+            f"{len(scenarios)} scenario files in {SCENARIO_DIR}, not {SCENARIO_COUNT}"
+        )
     return scenarios
 
 

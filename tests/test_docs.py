@@ -53,6 +53,28 @@ def test_relative_links_of_the_readme_and_docs_lead_to_files() -> None:
     assert [] == broken
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``page`` (code blocks left out)."""
+    text = re.sub(r"^```.*?^```$", "", page.read_text(), flags=re.M | re.S)
+    headings = re.findall(r"^#+ (.*)$", text, flags=re.M)
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings
+    }
+
+
+def test_links_to_a_heading_of_the_readme_and_docs_lead_to_one() -> None:
+    """Every [text](page#anchor) and [text](#anchor) names a heading of that page."""
+    broken = []
+    for page in [README, *DOCS]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or "#" not in target:
+                continue
+            name, anchor = target.split("#", 1)
+            if anchor not in _anchors(page.parent / name if name else page):
+                broken.append((page.name, target))
+    assert [] == broken
+
+
 def _shell_blocks(text: str) -> list[list[str]]:
     blocks = re.findall(r"^```sh\n(.*?)^```$", text, flags=re.M | re.S)
     return [block.splitlines() for block in blocks]

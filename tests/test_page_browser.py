@@ -1,4 +1,4 @@
-"""The ``--html`` page of a corpus replay, loaded in a real headless Chromium."""
+"""The ``--html`` page of a Cline task's replay, loaded in a real headless Chromium."""
 
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ from ctxwin.client.cli._corpus import load_history
 from ctxwin.client.cli._dialects import chars_of
 from tests._daemon import DaemonProcess
 from tests._png import read_png
-from tests.test_cli import CORPUS, run
-
-pytestmark = pytest.mark.skipif(
-    not CORPUS.exists(), reason="the shared corpus is not next to the checkout"
-)
+from tests._shapes import conversation_file
+from tests.test_cli import CLINE_TASKS, REAL_TASK, run
 
 
 @pytest.fixture
@@ -140,13 +137,16 @@ def _dom(text: str) -> _Dom:
     return dom
 
 
+@pytest.mark.parametrize("name", CLINE_TASKS)
 def test_the_page_shows_each_turn_as_the_model_received_it(
-    browser: str, daemon: DaemonProcess, tmp_path: Path
+    browser: str, daemon: DaemonProcess, tmp_path: Path, name: str
 ) -> None:
     """Chromium shows the events and, per turn, the kept messages and one line per dropped range."""
+    source = conversation_file(name, tmp_path)
+    window = "200000" if name == REAL_TASK else "64000"
     page = tmp_path / "report.html"
     code, out, err = run(
-        "--endpoint", daemon.endpoint, "replay", str(CORPUS), "--model-window", "200000",
+        "--endpoint", daemon.endpoint, "replay", str(source), "--model-window", window,
         "--json", "--html", str(page),
     )  # fmt: skip
     assert 0 == code, err
@@ -154,7 +154,7 @@ def test_the_page_shows_each_turn_as_the_model_received_it(
     text = page.read_text(encoding="utf-8")
     assert len(text.encode()) < 4_000_000, "a 1.5 MB conversation makes a page of a few MB"
     assert [] == _external(text), "the page loads nothing"
-    history = load_history(CORPUS)
+    history = load_history(source)
     profile = tmp_path / "profile"
 
     # The last turn, selected by default.
@@ -177,7 +177,7 @@ def test_the_page_shows_each_turn_as_the_model_received_it(
     assert dom.fold_hidden
     assert list(range(before["messages"])) == [index for index, _ in dom.shown]
     repaired = {int(index) for index, variant in dom.shown if variant is not None}
-    assert repaired, "the corpus's tool calls without results are shown repaired"
+    assert repaired, "the task's tool calls without results are shown repaired"
 
     # What a person sees: not a blank page.
     picture = tmp_path / "report.png"

@@ -24,14 +24,15 @@ from ctxwin.client.cli.replay import (
     message_tokens,
     replay,
 )
+from tests._corpus import corpus_param
 from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn
+from tests._shapes import conversation_file
 from tests.test_cli import run
 from tests.test_page_browser import _browse, _dom, browser
 
 __all__ = ["browser"]  # the fixture, shared with the corpus page's browser test
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 DIALECTS = ["openai-chat", "anthropic", "openai-responses", "gemini"]
 KEYS = {"openai-chat": "messages", "anthropic": "messages", "openai-responses": "input"}
 TRUNCATION = "Earlier turns of this conversation were removed"
@@ -184,14 +185,15 @@ def test_a_native_message_body_is_drawn_in_its_dialect(client: Client, dialect: 
         assert label in bodies
 
 
-def test_the_replay_command_writes_the_page_of_a_corpus_chat_conversation(
-    page_daemon: DaemonProcess, tmp_path: Path
+@pytest.mark.parametrize(
+    "name", ["chat_log.json", corpus_param("openai_richh_claude_code_develop1.json")]
+)
+def test_the_replay_command_writes_the_page_of_a_logged_chat_conversation(
+    page_daemon: DaemonProcess, tmp_path: Path, name: str
 ) -> None:
-    """``ctxwin replay --html`` of the OpenAI Chat corpus conversation: no refusal, every
-    system message of the history in the last view, and the cut folded."""
-    source = CORPUS / "openai_richh_claude_code_develop1.json"
-    if not source.exists():
-        pytest.skip("the shared corpus is not next to the checkout")
+    """``ctxwin replay --html`` of an OpenAI Chat log: no refusal, every system message of
+    the history in the last view, and the cut folded."""
+    source = conversation_file(name, tmp_path)
     history, dialect = load_conversation(source)
     assert "openai-chat" == dialect
     page = tmp_path / "chat.html"
@@ -205,7 +207,7 @@ def test_the_replay_command_writes_the_page_of_a_corpus_chat_conversation(
     text = page.read_text(encoding="utf-8")
     shown = [label for label, _, hidden in _items(text) if not hidden]
     systems = [f"#{i}" for i, m in enumerate(history) if m.get("role") in ("system", "developer")]
-    assert systems, "the corpus conversation has system messages"
+    assert systems, "the conversation has system messages"
     assert set(systems) <= set(shown)
     assert len(shown) == report["last_request_messages"]
     assert '<li id="fold" class="fold"><span id="fold-text">messages ' in text

@@ -204,7 +204,7 @@ def test_the_prefix_a_range_was_made_on_outlives_a_daemon_restart(tmp_path: Path
 
 
 def _readme_run(provider: FakeProvider, endpoint: str) -> list[Turn]:
-    """The README's OpenAI snippet with a 4,000-token window and no task id, to its answer."""
+    """docs/INTEGRATIONS.md's OpenAI example with a 4,000-token window and no task id."""
     turns: list[Turn] = []
     sdk = openai.OpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
     client = ctxwin_openai.wrap(sdk, context_window=4_000, endpoint=endpoint, on_turn=turns.append)

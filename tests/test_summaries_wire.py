@@ -13,6 +13,7 @@ from ctxwin import engine
 from ctxwin.client import BadRequestError, Client
 from tests._daemon import DaemonFactory, DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline, sdk_validator
+from tests._ledger_data import cline_task, snippet, typed
 from tests._redis import RedisServer
 from tests._rules import CHECKS
 
@@ -121,6 +122,34 @@ def test_a_condense_shortens_the_view_carries_one_summary_and_rolls_back_byte_fo
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_condensed_views_estimate_is_its_count_and_its_usage_keeps_the_calibration(
+    client: Client, dialect: str
+) -> None:
+    """A condense's tokens_after is count_tokens of its view; that view's counted usage,
+    reported with the next request, leaves the calibration at 1 (no drift without usage)."""
+    task = client.task(f"calibrated-{dialect}", dialect=dialect, ephemeral=True)
+    named = None if dialect == "cline" else dialect
+
+    def count(view: list[Any]) -> int:
+        return client.count_tokens(view, dialect=named)["tokens"]
+
+    history = with_prompt(dialect, render(dialect, conversation(8)), "Go on.")
+    sent: Any = task.prepare_request(history, MODEL, estimate=True)
+    assert sent["estimated_tokens"] == count(sent["messages"])
+    result: Any = task.condense(history, MODEL, ts=5000)
+    assert result["condensed"]
+    view = result["messages"]
+    counted = count(view)
+    assert counted == result["tokens_after"] < sent["estimated_tokens"]
+    usage: Any = {"ts": 5001, "tokens_in": counted, "tokens_out": 0}
+    later = with_prompt(dialect, history, "Carry on.")
+    again: Any = task.prepare_request(later, MODEL, previous_request=usage, estimate=True)
+    assert 1.0 == again["calibration"]
+    assert again["estimated_tokens"] == count(again["messages"])
+    client.close_task(f"calibrated-{dialect}")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_second_condense_replaces_the_first_and_a_rollback_brings_it_back(
     client: Client, dialect: str
 ) -> None:
@@ -206,6 +235,25 @@ def test_nothing_to_remove_is_refused_with_a_reason(client: Client) -> None:
     assert (False, None) == (result["condensed"], result["summary"])
     assert "no turn is left to remove" in result["reason"]
     assert history == result["messages"]
+
+
+def test_a_basic_summary_of_a_cline_task_keeps_what_a_person_typed(client: Client) -> None:
+    """Condensing a Cline XML-tool task keeps every message a person typed in the view, lists
+    no Cline boilerplate or environment dump as one, and lists only paths as files read."""
+    history = cline_task(40)
+    result: Any = client.task("cline-typed").condense(history, MODEL, ts=1000)
+    assert result["condensed"], result["reason"]
+    text = result["summary"]["text"]
+    view = json.loads(dumped(result["messages"]))
+    strings = " ".join(" ".join(block["text"].split()) for m in view for block in m["content"])
+    assert [] == [said for said in typed(history) if snippet(said) not in strings]
+    for boilerplate in ("You did not use a tool", "environment_details", "was not executed"):
+        assert boilerplate not in text
+    files_read = [line for line in text.splitlines() if line.startswith("Files read: ")]
+    removed = result["summary"]["range"][1]
+    pages = [f"src/page{n}.tsx" for n in range(0, 40, 6) if 2 + 2 * n <= removed]
+    assert [f"Files read: {pages[0]}, src/config.json, {', '.join(pages[1:])}"] == files_read
+    assert "- execute_command: npm run dev ok" in text
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

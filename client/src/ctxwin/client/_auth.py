@@ -58,6 +58,7 @@ def curve_keys(server_key: str | None, client_key: str | os.PathLike[str] | None
     path = client_key or os.environ.get(proto.CLIENT_KEY_ENV)
     secret_path = Path(path) if path else proto.default_keys_dir() / "client.key_secret"
     try:
+        _check_pinned(server)
         pinned = proto.read_public_key(server)
         if not secret_path.exists() and not path:
             raise proto.KeyFileError(
@@ -70,6 +71,31 @@ def curve_keys(server_key: str | None, client_key: str | os.PathLike[str] | None
         raise error from None
     assert pair.secret is not None
     return Curve(pinned, pair.public, pair.secret)
+
+
+def _check_pinned(server: str) -> None:
+    """Refuse a pinned server key file that another user can write (theirs, root aside, or
+    open to others): whoever rewrites it chooses which server the client trusts.
+
+    Raises:
+        KeyFileError: naming the owner or the mode.
+    """
+    path = Path(server.strip()).expanduser()
+    try:
+        info = path.stat()
+    except OSError:
+        return  # a key given as text, or a file read_public_key reports on
+    uid = os.getuid()
+    if info.st_uid not in (uid, 0):
+        raise proto.KeyFileError(
+            f"server key file {path} belongs to uid {info.st_uid}, not to this user ({uid}) "
+            "or root: its owner could swap the pinned key; copy it to a file of your own"
+        )
+    if info.st_mode & 0o022:
+        raise proto.KeyFileError(
+            f"server key file {path} is writable by others (mode {info.st_mode & 0o777:04o}): "
+            f"anyone could swap the pinned key; chmod go-w {path}"
+        )
 
 
 def trusted_endpoints(given: Sequence[str] | None) -> frozenset[str]:

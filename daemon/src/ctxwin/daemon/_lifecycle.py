@@ -53,8 +53,10 @@ def _make_private_dir(directory: Path, *, default: bool) -> None:
 
     An existing directory owned by another uid is refused when it is the
     default one (anyone can create ``/tmp/ctxwin-<uid>`` first and then swap
-    the socket) or when others may write to it; the default one is tightened
-    to 0700.
+    the socket) or when others may write to it; one of the daemon's own uid
+    that others may write to is refused too (another user could replace the
+    socket and receive the clients' requests), unless it is the default one,
+    which is tightened to 0700.
 
     Raises:
         StartupError: the directory is not ours to use.
@@ -73,6 +75,12 @@ def _make_private_dir(directory: Path, *, default: bool) -> None:
         return
     if (not existed or default) and stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(directory, 0o700)
+    elif info.st_mode & 0o022:
+        raise StartupError(
+            f"socket dir {directory} is writable by others (mode "
+            f"{stat.S_IMODE(info.st_mode):o}): another user could replace the socket and "
+            f"receive the clients' requests; chmod go-w {directory}, or use another directory"
+        )
 
 
 def _take_lock(lock: Path, holder: str) -> int:

@@ -67,7 +67,8 @@ def _count_tokens(args: Args, tokens: TokenCounter) -> Result:
         return {"tokens": tokens.count_text(args["text"])}
     dialect = engine.get_dialect(args.get("dialect", engine.CLINE))
     if not dialect.native:
-        return {"tokens": tokens.count_messages(args["messages"])}
+        messages = args["messages"]
+        return _with_unrecognised({"tokens": tokens.count_messages(messages)}, tokens, messages)
     # What the engine sees of each message, plus the text of kept-out ones (docs/DIALECTS.md).
     mapped = engine.MappedHistory(dialect)
     try:
@@ -78,7 +79,16 @@ def _count_tokens(args: Args, tokens: TokenCounter) -> Result:
     total += sum(
         tokens.count_text(engine.kept_out_text(mapped.source[index])) for index in mapped.systems
     )
-    return {"tokens": total}
+    return _with_unrecognised({"tokens": total}, tokens, mapped.internal)
+
+
+def _with_unrecognised(result: Result, tokens: TokenCounter, internal: Any) -> Result:
+    """``result`` with the part types ctxwin did not recognise in ``internal`` (counted by the
+    text they hold, docs/DIALECTS.md), when there are any."""
+    found = tokens.unrecognised(internal)
+    if found:
+        result["unrecognised"] = dict(sorted(found.items()))
+    return result
 
 
 _FREE_OPS: dict[str, Callable[[Args, TokenCounter], Result]] = {

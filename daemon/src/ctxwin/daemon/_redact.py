@@ -3,10 +3,13 @@
 A Redis URL may carry a password as ``user:password@`` or as a query
 parameter (``?password=...``, which redis-py reads too). Everything the
 daemon shows of a URL (``stats``, logs, ``inspect``, error messages) goes
-through :func:`redact_url` first.
+through :func:`redact_url` first. Parameter names are compared as redis-py
+reads them, percent-decoded (``?pass%77ord=`` is ``password``).
 """
 
 from __future__ import annotations
+
+from urllib.parse import unquote_plus
 
 __all__ = ["redact_url"]
 
@@ -35,7 +38,7 @@ def redact_url(url: str) -> str:
         parameters = []
         for parameter in query.split("&"):
             name, equals, _ = parameter.partition("=")
-            if equals and name.strip().lower() in _SECRET_PARAMETERS:
+            if equals and unquote_plus(name).strip().lower() in _SECRET_PARAMETERS:
                 parameter = f"{name}={REDACTED}"
             parameters.append(parameter)
         query = "&".join(parameters)

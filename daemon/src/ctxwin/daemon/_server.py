@@ -13,8 +13,15 @@ answers ``{"closed": true, "loaded": true}`` when it stopped the task's actor,
 and ``{"closed": false, "loaded": false}`` for a task that was not loaded (never
 opened, or closed or unloaded already): nothing to close; ``stats.tasks``
 counts the distinct task ids served since start, ``stats.actors`` the actors
-running now. Requests queued behind a ``close`` of the same task, or on an
-actor that stops, are answered ``busy`` (send again).
+running now, ``stats.clients`` what each client holds (by the name the ZAP
+handler gave its connection: ``key:NAME``, ``uid:N``, ``tcp:ADDRESS``): its
+``tasks``, its ``requests`` in flight and its kept ``history_bytes``.
+Requests queued behind a ``close`` of the same task, or on an actor that
+stops, are answered ``busy`` (send again).
+
+Each client has at most ``max_client_requests`` requests in flight (sent to
+an actor or a worker thread, or a large body being decoded); past it its
+requests are answered ``busy`` and the others' are not held up.
 """
 
 from __future__ import annotations
@@ -28,16 +35,18 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import structlog
+import zmq
 
 from ctxwin import proto
 
 from ._actors import ActorSystem
+from ._auth import binding_of
 from ._config import Config
 from ._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices
 from ._errors import ActorStoppedError, BusyError
 from ._ops import run_free_op
 from ._schedule import FlushError
-from ._socket import RouterSocket
+from ._socket import RouterSocket, client_of
 from ._tokens import TokenCounter
 from .store import Spawn
 
@@ -70,6 +79,8 @@ class DaemonStatistics:
         cache: the cache ledgers of the running tasks that have one, summed
             (docs/PRICING.md): ``tasks``, ``requests``, ``cached_tokens``,
             ``written_tokens``, ``cost``, ``keep_all_cost``.
+        clients: by client name, what it holds: ``tasks``, ``requests`` in
+            flight, ``history_bytes``.
     """
 
     tasks: int
@@ -84,6 +95,7 @@ class DaemonStatistics:
     calibration_median: float | None = None
     store: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None
+    clients: dict[str, dict[str, int]] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The wire result map."""
@@ -100,6 +112,7 @@ class DaemonStatistics:
             "calibration_median": self.calibration_median,
             "store": self.store,
             "cache": self.cache,
+            "clients": self.clients,
         }
 
 
@@ -146,12 +159,25 @@ def _log_failure(exc: BaseException, request_id: int | None, op: str, task: str 
 
 
 def _check_binding(
-    bindings: Mapping[str, tuple[str, ...]], user: str, op: str, task: object
+    bindings: Mapping[str, tuple[str, ...]], client: str, op: str, task: object
 ) -> None:
-    """Refuse a bound client's request for a task outside its prefixes (``forbidden``)."""
-    prefixes = bindings.get(user)
-    if prefixes is None or not isinstance(task, str | None):
-        return  # not a task id: the args check refuses it
+    """Refuse a bound client's request for a task outside its prefixes (``forbidden``).
+
+    Only clients with a key (``key:NAME``) are bound; with bindings configured
+    a key that has none (and no ``default``) is refused every request.
+    """
+    if not client.startswith("key:"):
+        return  # ipc: the daemon's own user (or group)
+    user = client[4:]
+    prefixes = binding_of(bindings, user)
+    if prefixes is None:
+        raise proto.ProtocolError(
+            proto.ErrorCode.FORBIDDEN,
+            f"client {user!r} is bound to no task: [client_tasks] binds other keys, and "
+            f'neither {user!r} nor default (default = "*" lets unbound keys use every task)',
+        )
+    if "" in prefixes or not isinstance(task, str | None):
+        return  # every task, or not a task id: the args check refuses it
     if task is None:
         if op == "flush":
             raise proto.ProtocolError(
@@ -171,7 +197,7 @@ def _check_binding(
 class _WireReply:
     """Sends a request's outcome back through the socket, with its envelope."""
 
-    __slots__ = ("envelope", "op", "request_id", "server", "task")
+    __slots__ = ("client", "envelope", "op", "request_id", "server", "task")
 
     def __init__(
         self, server: Server, envelope: list[bytes], request_id: int, op: str, task: str | None
@@ -181,7 +207,7 @@ class _WireReply:
         self.request_id = request_id
         self.op = op
         self.task = task
-        server.in_flight += 1
+        self.client = server.take_slot()
 
     def set_result(self, result: dict[str, Any]) -> None:
         try:
@@ -189,11 +215,11 @@ class _WireReply:
         except Exception as exc:
             self.set_exception(exc)
             return
-        self.server.reply_done()
+        self.server.reply_done(self.client)
         self.server.send(self.envelope, body)
 
     def set_exception(self, exc: BaseException) -> None:
-        self.server.reply_done()
+        self.server.reply_done(self.client)
         _log_failure(exc, self.request_id, self.op, self.task)
         self.server.send(self.envelope, _error_reply(exc, self.request_id, self.op))
 
@@ -222,6 +248,9 @@ class Server:
         self.counters = system.counters
         self.started = time.monotonic()
         self.in_flight = 0
+        self.max_client_requests = config.max_client_requests
+        self.requests_of: dict[str, int] = {}  # client -> requests in flight
+        self._peer: zmq.Frame | None = None  # the last frame of the request being dispatched
         self._quiet = asyncio.Event()
         self._ping_result: dict[str, Any] = {
             "pong": True,
@@ -231,6 +260,7 @@ class Server:
             "dialects": list(proto.DIALECTS),
         }
         self._routes = self._build_routes()
+        self._check_limiter = anyio.CapacityLimiter(2)  # large requests checked at once
         self.socket = RouterSocket(config, self.take)
         self.bindings = self.socket.bindings
         self.send = self.socket.send  # replies go straight to the socket (no hop)
@@ -247,18 +277,51 @@ class Server:
         """Close the socket, giving queued replies a moment to leave."""
         self.socket.close()
 
-    def reply_done(self) -> None:
-        """Note that one request waiting for a reply got it."""
+    def take_slot(self) -> str:
+        """Count a request of the client being dispatched as in flight; that client's name.
+
+        Raises:
+            BusyError: the client has ``max_client_requests`` in flight already.
+        """
+        client = client_of(self._peer) if self._peer is not None else "?"
+        held = self.requests_of.get(client, 0)
+        if held >= self.max_client_requests:
+            raise BusyError(
+                f"this client ({client}) has {held} requests in flight, its limit "
+                "(max_client_requests); wait for their replies"
+            )
+        self.requests_of[client] = held + 1
+        self.in_flight += 1
+        return client
+
+    def reply_done(self, client: str | None = None) -> None:
+        """Note that one request waiting for a reply got it (``client``'s, if counted)."""
+        if client is not None:
+            left = self.requests_of.get(client, 1) - 1
+            if left > 0:
+                self.requests_of[client] = left
+            else:
+                self.requests_of.pop(client, None)
         self.in_flight -= 1
         if self.in_flight <= 0:
             self._quiet.set()
 
     # -- requests -------------------------------------------------------------------
 
-    def take(self, envelope: list[bytes], body: bytes, user: str | None) -> None:
+    def take(self, envelope: list[bytes], body: bytes, peer: zmq.Frame) -> None:
         """One request from the socket: decoded and routed (the reply is sent now or later)."""
         if len(body) > SLICED_DECODE_BYTES:
-            self.spawn(lambda: self._handle_large(envelope, body, user))
+            self._peer = peer
+            try:
+                client = self.take_slot()  # the shutdown waits for its reply
+            except BusyError as exc:
+                peeked = proto.peek_request_id(body)
+                _log_failure(exc, peeked, "?", None)
+                self.send(envelope, _error_reply(exc, peeked, "?"))
+                return
+            finally:
+                self._peer = None
+            self.spawn(lambda: self._handle_large(envelope, body, peer, client))
             return
         request_id: int | None = None
         op = "?"
@@ -268,18 +331,23 @@ class Server:
             _log_failure(exc, request_id, op, None)
             self.send(envelope, _error_reply(exc, request_id, op))
             return
-        self._dispatch(envelope, request_id, op, args, user)
+        self._dispatch(envelope, request_id, op, args, peer)
 
-    async def _handle_large(self, envelope: list[bytes], body: bytes, user: str | None) -> None:
+    async def _handle_large(
+        self, envelope: list[bytes], body: bytes, peer: zmq.Frame, client: str
+    ) -> None:
         """A large request: decoded in slices (``_decode.py``) so others are answered meanwhile.
 
-        Requests that arrive while it is decoded may be answered before it.
+        Requests that arrive while it is decoded may be answered before it. It
+        holds one of its client's in-flight slots while it is decoded.
         """
-        self.in_flight += 1  # the shutdown waits for its reply
         try:
             try:
                 request_id, op, args = await decode_in_slices(
-                    body, self.limits, self.config.max_messages
+                    body,
+                    self.limits,
+                    self.config.max_messages,
+                    self._binding_check(client_of(peer)),
                 )
             except TooManyMessages as exc:
                 peeked = proto.peek_request_id(body)
@@ -293,9 +361,34 @@ class Server:
                 _log_failure(exc, None, "?", None)
                 self.send(envelope, _error_reply(exc, None, "?"))
                 return
-            self._dispatch(envelope, request_id, op, args, user)
+            try:
+                # Checking 100,000 messages takes the loop for hundreds of ms: a worker
+                # thread runs Python code in turns with it (every 5 ms at most).
+                await anyio.to_thread.run_sync(
+                    proto.validate_args, op, args, limiter=self._check_limiter
+                )
+            except Exception as exc:
+                _log_failure(exc, request_id, op, args.get("task"))
+                self.send(envelope, _error_reply(exc, request_id, op))
+                return
+            self._dispatch(envelope, request_id, op, args, peer, validated=True)
         finally:
-            self.reply_done()
+            self.reply_done(client)
+
+    def _binding_check(self, client: str) -> Callable[[int, str, object], None] | None:
+        """A bound client's prefix check, for the decoder to make before it reads the body."""
+        if not self.bindings:
+            return None
+        bindings = self.bindings
+
+        def check(request_id: int, op: str, task: object) -> None:
+            try:
+                _check_binding(bindings, client, op, task)
+            except proto.ProtocolError as exc:
+                exc.request_id = request_id
+                raise
+
+        return check
 
     def _dispatch(
         self,
@@ -303,14 +396,21 @@ class Server:
         request_id: int,
         op: str,
         args: dict[str, Any],
-        user: str | None,
+        peer: zmq.Frame,
+        *,
+        validated: bool = False,
     ) -> None:
-        """Check a decoded request and route it (the reply is sent now or by its actor)."""
+        """Check a decoded request and route it (the reply is sent now or by its actor).
+
+        ``validated``: the args were checked already (a large request, in a worker thread).
+        """
         task: str | None = None
+        self._peer = peer  # the routes name the client from it
         try:
-            if self.bindings and user is not None:  # before the args say anything
-                _check_binding(self.bindings, user, op, args.get("task"))
-            proto.validate_args(op, args)
+            if self.bindings:  # before the args say anything
+                _check_binding(self.bindings, client_of(peer), op, args.get("task"))
+            if not validated:
+                proto.validate_args(op, args)
             self._check_message_count(op, args)
             task = args.get("task")
             result = self._routes[op](envelope, request_id, op, args, task)
@@ -319,6 +419,8 @@ class Server:
         except Exception as exc:
             _log_failure(exc, request_id, op, task)
             self.send(envelope, _error_reply(exc, request_id, op))
+        finally:
+            self._peer = None
 
     def _check_message_count(self, op: str, args: dict[str, Any]) -> None:
         """Refuse a request of more than ``max_messages`` messages (``too_large``)."""
@@ -371,10 +473,10 @@ class Server:
     ) -> dict[str, Any] | None:
         reply = _WireReply(self, envelope, request_id, op, task)
         try:
-            actor = self.system.actor_for(task, bool(args.get("ephemeral", False)))
+            actor = self.system.actor_for(task, bool(args.get("ephemeral", False)), reply.client)
             actor.tell(op, args, reply)
         except Exception:
-            self.reply_done()
+            self.reply_done(reply.client)
             raise
         return None
 
@@ -430,7 +532,17 @@ class Server:
             calibration_median=counts["calibration_median"],
             store=self.system.store.describe(),
             cache=counts["cache"],
+            clients=self._clients(),
         )
+
+    def _clients(self) -> dict[str, dict[str, int]]:
+        """By client: the tasks and kept history it holds, and its requests in flight."""
+        clients = self.system.clients()
+        for client in self.requests_of:
+            clients.setdefault(client, {"tasks": 0, "history_bytes": 0})
+        for client, held in clients.items():
+            held["requests"] = self.requests_of.get(client, 0)
+        return dict(sorted(clients.items()))
 
     async def shutdown(self) -> bool:
         """Stop accepting, finish what is queued, flush every task (the store stays open).

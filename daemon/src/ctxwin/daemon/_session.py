@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.to_thread
@@ -37,6 +37,7 @@ from ctxwin import engine, proto
 from ._errors import ActorStoppedError
 from ._kept import HistoryCache, KeptHistory, engine_target, record_basis
 from ._ops import HISTORY_OPS, asks_estimates, run_task_op
+from ._patterns import PatternCompiler
 from ._schedule import FlushError, WriteCounters, WriteSchedule
 from ._settings import TaskSettings
 from ._tokens import TokenCounter
@@ -63,6 +64,7 @@ class TaskServices:
     counters: WriteCounters
     debounce_s: float
     debounce_max_s: float
+    patterns: PatternCompiler = field(default_factory=PatternCompiler)
 
 
 class TaskSession:
@@ -86,7 +88,7 @@ class TaskSession:
         stopping: Callable[[], bool],
     ) -> None:
         self.task = task
-        self.settings = TaskSettings(task, ephemeral, services.read_rules)
+        self.settings = TaskSettings(task, ephemeral, services.read_rules, services.patterns)
         self._services = services
         self.store = services.store.open(task, self._ownership_lost)
         self._lost: str | None = None  # why the task's ownership was lost, once it was
@@ -122,9 +124,12 @@ class TaskSession:
             self.state, extras = await self.store.load()
             if extras.calibration is not None:
                 calibration = self.kept.calibration
-                calibration.ratio, calibration.samples = extras.calibration
+                ratio, calibration.samples = extras.calibration
+                # Within the bounds its updates keep it to: a stored 1e308 made every
+                # estimate overflow (prepare_request answered internal).
+                calibration.ratio = min(max(ratio, calibration.low), calibration.high)
             stored = extras.read_tools
-        self.settings.loaded(self.state, stored)
+        await self.settings.loaded(self.state, stored)
         self.kept.use_dialect(self.state.dialect)
         self.writes.loaded(self._revision())
         _log.info("actor_started", task=self.task, ephemeral=self.ephemeral)
@@ -187,7 +192,7 @@ class TaskSession:
                 raise ActorStoppedError(
                     f"task {self.task}: this daemon's lease on it lapsed; send the request again"
                 )
-            tools = settings.wanted_tools(state, op, args)
+            tools = await settings.wanted_tools(state, op, args)
             if args.get("ephemeral") is True and not settings.ephemeral:
                 settings.become_ephemeral(state, lambda: self.dirty)
                 self.writes.cancel()
@@ -224,6 +229,7 @@ class TaskSession:
         # 1. The history, 2. in the internal form.
         history = kept.resolve(args, keep=budgeted)
         mapped = kept.internal(op, history, args)
+        await _checkpoint(args)
         # 3. Token estimates, when asked for.
         budgeting = None
         if budgeted:
@@ -253,6 +259,11 @@ class TaskSession:
             result["restarted"] = True
         if op == "prepare_request":
             kept.note_estimate(result)
+        elif op == "condense":
+            # The caller sends the condensed view: the next report is of it, not of the view
+            # the request before the condense answered with.
+            kept.note_estimate({"estimated_tokens": result["tokens_after"]})
+        await _checkpoint(args)
         # 5. The view as the caller's messages, a list or a patch.
         return kept.view_back(state, op, args, result, history, mapped)
 
@@ -323,6 +334,21 @@ class TaskSession:
         if self.ephemeral or self.state is None:
             return False
         return await self.writes.flush()
+
+
+_LONG_HISTORY = 10_000
+"""Messages past which a request's pipeline hands the loop back between its steps."""
+
+
+async def _checkpoint(args: dict[str, Any]) -> None:
+    """Let other clients be answered between two steps of a long history's pipeline.
+
+    Each step over 100,000 messages takes the loop for 50-200 ms; nothing
+    between the steps leaves the state half-changed (the range and the
+    basis it was made on are recorded in one step).
+    """
+    if len(args.get("messages") or ()) + len(args.get("append") or ()) > _LONG_HISTORY:
+        await asyncio.sleep(0)
 
 
 def _wants_budgeting(op: str, args: dict[str, Any]) -> bool:

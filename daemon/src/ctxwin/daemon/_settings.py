@@ -16,6 +16,8 @@ import structlog
 
 from ctxwin import engine, proto
 
+from ._patterns import PatternCompiler
+
 __all__ = ["TaskSettings"]
 
 _log = structlog.get_logger("ctxwin.daemon.actors")
@@ -36,10 +38,18 @@ class TaskSettings:
         task: the task id (for errors and logs).
         ephemeral: keep the state in memory only; never load or write it.
         read_rules: the daemon's read tools, which a native dialect counts.
+        patterns: compiles the patterns of the task's own read tools.
     """
 
-    def __init__(self, task: str, ephemeral: bool, read_rules: engine.ReadRules) -> None:
+    def __init__(
+        self,
+        task: str,
+        ephemeral: bool,
+        read_rules: engine.ReadRules,
+        patterns: PatternCompiler,
+    ) -> None:
         self.task = task
+        self._patterns = patterns
         self.ephemeral = ephemeral
         self.only_inspected = True  # every request so far was an inspect (see become_ephemeral)
         self._read_rules = read_rules
@@ -51,9 +61,11 @@ class TaskSettings:
         # Stored tools that no longer build: [position, reason], kept aside, never run.
         self.unused_tools: tuple[tuple[int, str], ...] = ()
 
-    def loaded(self, state: engine.TaskState, stored_tools: tuple[dict[str, Any], ...]) -> None:
+    async def loaded(
+        self, state: engine.TaskState, stored_tools: tuple[dict[str, Any], ...]
+    ) -> None:
         """Take a loaded (or new) state's settings and the stored read tools."""
-        self._load_read_tools(stored_tools)
+        await self._load_read_tools(stored_tools)
         # A stored task has its dialect already; a new one gets it from its first call.
         self._dialect_fixed = not state.empty
         state.set_dialect(state.dialect, self._reads(state.dialect.name))
@@ -65,25 +77,20 @@ class TaskSettings:
         own = self._own_tools
         return self._read_rules.extended(own) if own else self._read_rules
 
-    def _load_read_tools(self, stored: tuple[dict[str, Any], ...]) -> None:
+    async def _load_read_tools(self, stored: tuple[dict[str, Any], ...]) -> None:
         """Take the stored read tools; each one that no longer builds is kept aside, not used.
 
-        A pattern RE2 refuses (a backreference, one too long) is such a tool:
-        the log and ``inspect``'s ``read_tools_unused`` name it and the reason.
+        A pattern RE2 refuses (a backreference, one too large) is such a tool,
+        as is one past :data:`ctxwin.proto.MAX_READ_PATTERNS` patterns: the
+        log and ``inspect``'s ``read_tools_unused`` name it and the reason.
+        Patterns are compiled as a request's are (``_patterns.py``).
         """
         self.read_tools = stored
-        built = []
-        unused = []
-        for position, item in enumerate(stored):
-            try:
-                built.append(engine.read_tool_from_config(item))
-            except ValueError as exc:
-                unused.append((position, str(exc)))
-                _log.warning(
-                    "stored_read_tools_unused", task=self.task, tool=position, error=str(exc)
-                )
-        self._own_tools = tuple(built)
-        self.unused_tools = tuple(unused)
+        built = await self._patterns.build(stored, task=self.task, stop_at_first=False)
+        for position, reason in built.refused:
+            _log.warning("stored_read_tools_unused", task=self.task, tool=position, error=reason)
+        self._own_tools = tuple(built.tools)
+        self.unused_tools = tuple(built.refused)
 
     def check_dialect(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> bool:
         """Fix the task's dialect at its first use; refuse a call that names another.
@@ -112,7 +119,9 @@ class TaskSettings:
             self._dialect_fixed = True
         return changed
 
-    def wanted_tools(self, state: engine.TaskState, op: str, args: dict[str, Any]) -> Tools | None:
+    async def wanted_tools(
+        self, state: engine.TaskState, op: str, args: dict[str, Any]
+    ) -> Tools | None:
         """The read tools a request gives, built; None when it gives none or the ones in use.
 
         Raises:
@@ -125,18 +134,16 @@ class TaskSettings:
         wanted = tuple(asked)
         if wanted == self.read_tools and len(self._own_tools) == len(wanted):
             return None
-        built = []
-        for position, item in enumerate(wanted):
-            try:
-                built.append(engine.read_tool_from_config(item))
-            except ValueError as exc:
-                raise proto.ProtocolError(
-                    proto.ErrorCode.BAD_REQUEST, f"{op}: read_tools[{position}]: {exc}"
-                ) from None
+        built = await self._patterns.build(wanted, task=self.task, stop_at_first=True)
+        if built.refused:
+            [(position, reason)] = built.refused
+            raise proto.ProtocolError(
+                proto.ErrorCode.BAD_REQUEST, f"{op}: read_tools[{position}]: {reason}"
+            )
         dialect = args.get("dialect") or state.dialect.name
-        if built and dialect == engine.CLINE:
+        if built.tools and dialect == engine.CLINE:
             raise proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {_CLINE_READ_TOOLS}")
-        return wanted, tuple(built)
+        return wanted, tuple(built.tools)
 
     def use_tools(self, state: engine.TaskState, tools: Tools) -> None:
         """Make these the task's own read tools (besides the daemon's table)."""

@@ -13,13 +13,27 @@ envelope; any other is answered here (``too_large``, ``bad_request``).
 
 Connections are accepted one at a time and only while descriptors are left
 under the open-files limit (:class:`._accept.AcceptGate`): libzmq aborts the process
-when an ipc ``accept()`` fails with EMFILE.
+when an ipc ``accept()`` fails with EMFILE. A connection that has not finished
+its handshake within 5 s is dropped (``ZMQ_HANDSHAKE_IVL``; libzmq's default
+is 30 s), so silent connections cannot hold the descriptors for long.
+
+Routing ids: a reply goes to the connection that holds the request's routing
+id. A peer may choose its own (``ZMQ_ROUTING_ID``); with ``ROUTER_HANDOVER``
+a second connection presenting the same id would take the first one's
+replies, and libzmq 4.3.5 aborts the process when an id it generates for a
+new connection is held by a peer that chose it. So handover is off, a request
+from a routing id the ROUTER did not generate (five bytes, the first zero) is
+refused unanswered, and libzmq's id counter (which starts from C's ``rand()``,
+unseeded: the same ids in every process) is seeded from ``os.urandom`` before
+the socket is made, so the ids it will generate cannot be foretold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import time
 from collections.abc import Callable
 from typing import cast
 
@@ -54,9 +68,40 @@ _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _CLOSE_LINGER_MS = 2000
+HANDSHAKE_MS = 5000
+"""A connection that has not finished its handshake after this long is dropped."""
+_ZAP_DOMAIN = b"ctxwind"
+_REFUSED_ID_LOG_S = 10.0
 
-OnMessage = Callable[[list[bytes], bytes, str | None], None]
-"""Takes a request: its envelope, its body frame and the client's name (bound clients only)."""
+OnMessage = Callable[[list[bytes], bytes, zmq.Frame], None]
+"""Takes a request: its envelope, its body and its last frame (:func:`client_of` names
+the client from it)."""
+
+
+def client_of(frame: zmq.Frame) -> str:
+    """The name the ZAP handler gave a message's connection (``key:NAME``, ``uid:N``, ...).
+
+    About 1.5 us (a property lookup in libzmq): asked only when a request needs it.
+    """
+    try:
+        name = frame.get("User-Id")
+    except zmq.ZMQError:
+        return "?"
+    return name if isinstance(name, str) and name else "?"
+
+
+def _seed_routing_ids() -> None:
+    """Seed C's ``rand()``, where libzmq's ROUTER starts the routing ids it generates.
+
+    Unseeded, every process's first generated id is ``00 6b 8b 45 67``: a
+    peer could take the next ones as its own ids, and libzmq asserts (aborting
+    the daemon) when it then generates one of them.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.srand(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
+    except (OSError, AttributeError) as exc:
+        _log.warning("routing_ids_unseeded", reason=str(exc))
 
 
 class RouterSocket:
@@ -74,6 +119,8 @@ class RouterSocket:
     def __init__(self, config: Config, on_message: OnMessage) -> None:
         self.keys: ServerKeys | None = None
         self.authenticator: Authenticator | None = None
+        self.refused_ids = 0  # requests refused for a routing id the peer chose
+        self._refused_id_logged = -_REFUSED_ID_LOG_S
         if config.keys_dir is not None and any(e.startswith("tcp://") for e in config.endpoints):
             try:
                 self.keys = load_server_keys(config.keys_dir)
@@ -86,8 +133,11 @@ class RouterSocket:
         self.received = 0  # messages received since start
         self.loop = asyncio.get_running_loop()
         self.context = zmq.Context()
+        _seed_routing_ids()
         self.socket: zmq.Socket[bytes] = self.context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # Every connection is asked about (and named) by the ZAP handler, ipc ones too.
+        self.socket.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN)
+        self.socket.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         self.socket.setsockopt(zmq.MAXMSGSIZE, config.max_bytes)
         self.socket.setsockopt(zmq.LINGER, 0)
         if any("[" in endpoint for endpoint in config.endpoints):
@@ -101,7 +151,7 @@ class RouterSocket:
         self._drain_scheduled = False
         self._reading = False
         self._outbox: list[tuple[list[bytes], bytes]] = []
-        self._user: str | None = None
+        self._last: zmq.Frame | None = None
 
     def bind(self) -> int:
         """Bind every configured endpoint and gate its accepts (see :class:`AcceptGate`).
@@ -114,14 +164,18 @@ class RouterSocket:
                 leaves room for fewer than 8 clients.
         """
         # libzmq takes a listener's mechanism from the socket's options at bind time:
-        # ipc endpoints first (NULL), then CURVE for every TCP one, with the ZAP handler up.
+        # ipc endpoints first (NULL), then CURVE for every TCP one; the ZAP handler is up
+        # before the first.
+        if self.authenticator is None:
+            self.authenticator = Authenticator(self.context, self.keys, self.bindings)
+            self.authenticator.start()
         endpoints = sorted(self.endpoints, key=lambda e: e.startswith("tcp://"))
+        curve_on = False
         for endpoint in endpoints:
             curve = endpoint.startswith("tcp://") and self.keys is not None
-            if curve and self.authenticator is None:
+            if curve and not curve_on:
                 assert self.keys is not None
-                self.authenticator = Authenticator(self.context, self.keys, self.bindings)
-                self.authenticator.start()
+                curve_on = True
                 self.socket.setsockopt(zmq.CURVE_SERVER, 1)
                 self.socket.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret)
             try:
@@ -257,9 +311,8 @@ class RouterSocket:
     def _receive(self, sock: zmq.Socket[bytes]) -> list[bytes] | None:
         """One message, frame by frame, within the frame and byte caps.
 
-        Returns None when the message broke a cap (the reply is sent here).
-        With client bindings configured, the client's name (``User-Id``, set by
-        the ZAP handler; none over ipc) is kept in :attr:`_user`.
+        Returns None when the message broke a cap (the reply is sent here). Its
+        last frame is kept in :attr:`_last` (it carries the client's name).
         """
         limits = self.limits
         # The first frame is the peer's routing id, which a ROUTER always follows
@@ -278,12 +331,7 @@ class RouterSocket:
             else:
                 too_many = True  # keep receiving, keep nothing: the message must be consumed
         self.received += 1
-        if self.bindings:
-            try:
-                user = frame.get("User-Id")
-                self._user = user if isinstance(user, str) else None
-            except zmq.ZMQError:
-                self._user = None  # a NULL connection (ipc, or loopback TCP without keys)
+        self._last = frame
         if too_many or total > limits.max_total_bytes:
             reason = (
                 f"message has more than {limits.max_frames} frames"
@@ -298,6 +346,10 @@ class RouterSocket:
         return frames
 
     def _handle_frames(self, frames: list[bytes]) -> None:
+        peer = frames[0]
+        if len(peer) != 5 or peer[0]:
+            self._refuse_chosen_id(peer)
+            return
         envelope, body = _split(frames)
         if body is None:
             _log.info("request_refused", code="bad_request", reason="not one body frame")
@@ -310,7 +362,23 @@ class RouterSocket:
                 ),
             )
             return
-        self._on_message(envelope, body, self._user)
+        assert self._last is not None
+        self._on_message(envelope, body, self._last)
+
+    def _refuse_chosen_id(self, peer: bytes) -> None:
+        """Drop a request from a routing id the peer chose: no reply (it could reach another
+        connection that chose the same id), a log line at most every 10 s."""
+        self.refused_ids += 1
+        now = time.monotonic()
+        if now - self._refused_id_logged >= _REFUSED_ID_LOG_S:
+            self._refused_id_logged = now
+            _log.warning(
+                "request_refused",
+                code="routing_id",
+                reason="the client chose its own routing id (ZMQ_ROUTING_ID); "
+                "the daemon answers only the ids it gives",
+                refused=self.refused_ids,
+            )
 
 
 def _split(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:

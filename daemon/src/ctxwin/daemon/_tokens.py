@@ -6,13 +6,21 @@ What is counted for a list of messages:
 - a ``text`` block: its ``text``;
 - a ``tool_use`` block: its ``name`` plus its ``input`` as compact JSON;
 - a ``tool_result`` block: its ``content`` (a string, or its blocks by these rules);
+- a ``thinking`` block: its ``thinking`` text (never its signature); a
+  ``redacted_thinking`` block: nothing (its payload is encrypted);
 - an ``opaque`` block (a dialect's reasoning or other part the engine never
   edits, docs/DIALECTS.md): its ``visible`` text (reasoning counted by its
-  visible size, not by the signature or encrypted payload);
-- an ``image`` block: a fixed :data:`IMAGE_TOKENS`, whatever its size (the
-  data is base64 and its pixel size is unknown here; the figure is the cost of
-  a full-size image on current vision models, so estimates err high);
-- any other block: nothing.
+  visible size, not by the signature or encrypted payload; a part ctxwin does
+  not recognise by the text it holds), or as an image when it stands for one;
+- an ``image`` block, and any image, audio or file part
+  (``ctxwin.engine.MEDIA_TYPES``): a fixed :data:`IMAGE_TOKENS`, whatever its
+  size (the data is base64 and its pixel size is unknown here; the figure is
+  the cost of a full-size image on current vision models, so estimates err
+  high);
+- any other block, whose type ctxwin does not recognise: the text it holds
+  (``ctxwin.engine.held_text``: its ``text``, ``content`` or ``output``, at
+  worst its compact JSON), never nothing; :meth:`TokenCounter.unrecognised`
+  names those types.
 
 Text is encoded with ``encode_ordinary``, so special-token strings in a
 conversation are ordinary text. No per-message overhead is added.
@@ -27,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from ctxwin import proto
+from ctxwin import engine, proto
 
 __all__ = ["IMAGE_TOKENS", "TokenCounter"]
 
@@ -123,6 +131,11 @@ class TokenCounter:
             total += cached
         return total
 
+    def unrecognised(self, messages: Iterable[Any]) -> dict[str, int]:
+        """The block types of ``messages`` (the internal form) that ctxwin does not
+        recognise, with how many blocks of each (see the module docstring)."""
+        return engine.unrecognised(messages)
+
     def _count_content(self, content: object) -> int:
         if isinstance(content, str):
             return self.count_text(content)
@@ -147,9 +160,16 @@ class TokenCounter:
             return self.count_text(name if isinstance(name, str) else "") + self.count_text(payload)
         if kind == "tool_result":
             return self._count_content(block.get("content"))
-        if kind == "image":
-            return IMAGE_TOKENS
         if kind == "opaque":
+            if block.get(engine.MEDIA):
+                return IMAGE_TOKENS
             visible = block.get("visible")
             return self.count_text(visible) if isinstance(visible, str) else 0
-        return 0
+        if kind in engine.MEDIA_TYPES:
+            return IMAGE_TOKENS
+        if kind == "thinking":
+            thinking = block.get("thinking")
+            return self.count_text(thinking) if isinstance(thinking, str) else 0
+        if kind == "redacted_thinking":
+            return 0
+        return self.count_text(engine.held_text(block))

@@ -18,6 +18,7 @@ from ._mapped_view import Pieces
 from ._notices import DEFAULT_NOTICES, Notices
 from ._optimize import Optimisation, optimize_file_reads
 from ._overlay import CorruptStateError, MessageUpdates, Overlay
+from ._parts import MEDIA, MEDIA_TYPES, UNREAD, held_text, unrecognised
 from ._patch import PatchMaker, view_patch
 from ._range import Keep, next_truncation_range
 from ._reads import (
@@ -26,12 +27,16 @@ from ._reads import (
     SHELL_READ_PATTERN,
     ReadRules,
     ReadTool,
+    cached_pattern,
+    compile_pattern,
     read_tool_from_config,
+    read_tool_pattern,
 )
 from ._request import Request, ViewStrategy
 from ._state import TaskState
 from ._strategy import STRATEGIES, plan
 from ._summary import SUMMARY_MARK, SUMMARY_PROMPT, Summary, basic_summary, summary_prompt
+from ._task_ledger import shell_reads, task_ledger, user_instructions
 from ._view import keep_from, truncated_messages
 from ._window import (
     CompactDecision,
@@ -50,11 +55,14 @@ __all__ = [
     "DEFAULT_READ_TOOLS",
     "DIALECTS",
     "DIALECT_NAMES",
+    "MEDIA",
+    "MEDIA_TYPES",
     "SHELL_READ_PATTERN",
     "SRC",
     "STRATEGIES",
     "SUMMARY_MARK",
     "SUMMARY_PROMPT",
+    "UNREAD",
     "AutoPolicy",
     "Budgeting",
     "CacheEntry",
@@ -86,26 +94,34 @@ __all__ = [
     "WindowInfo",
     "apply_truncation_notice",
     "basic_summary",
+    "cached_pattern",
     "compact",
     "compact_subagent",
+    "compile_pattern",
     "condense",
     "condensed",
     "context_window_info",
     "fit_oversized",
     "fit_range",
     "get_dialect",
+    "held_text",
     "keep_from",
     "kept_out_text",
     "next_truncation_range",
     "optimize_file_reads",
     "plan",
     "read_tool_from_config",
+    "read_tool_pattern",
+    "shell_reads",
     "should_compact",
     "summary_due",
     "summary_prompt",
+    "task_ledger",
     "text_of",
     "total_tokens",
     "truncated_messages",
+    "unrecognised",
+    "user_instructions",
     "utf16_len",
     "view_patch",
 ]

@@ -87,7 +87,7 @@ class AutoPolicy:
     recent_turns: int = 1
     tail_turns: int = 2
     pin_share: float = 0.3
-    ledger_share: float = 0.02
+    ledger_share: float = 0.05
     mask_ratio: float = 2.0
     rent_multiple: float | None = None
     governor: float = 0.92

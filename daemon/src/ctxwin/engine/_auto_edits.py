@@ -22,7 +22,7 @@ from ._ledger import Receipt, payback_turns
 from ._optimize import TOOL_HEADER
 from ._overlay import EDIT_NO_FILE_READ, EDIT_UNDEFINED
 from ._reads import native_reads
-from ._summary import basic_summary
+from ._task_ledger import task_ledger
 from ._view import apply_overlay
 
 if TYPE_CHECKING:
@@ -33,9 +33,6 @@ __all__ = ["Candidate", "HistoryFacts", "Planner", "Result"]
 
 DECISION_SHEET = PRICE_SHEETS["anthropic"]
 """The sheet decisions assume when a task has none (its write premium is the highest)."""
-
-FINALS = "\nAssistant, at the end of each turn:"
-"""Where the basic summary's section of the assistant's conclusions begins."""
 
 LEDGER_FLOOR = 400.0
 """Tokens a first ledger is expected to take, before one was written."""
@@ -295,13 +292,11 @@ class Planner:
     # -- the ledger -------------------------------------------------------------------
 
     def ledger_text(self, gone: Sequence[int], budget: int) -> str:
-        """The ledger of the history messages ``gone`` (ascending), at most ``budget`` tokens:
-        the deterministic summary ``condense`` writes too."""
+        """The task ledger (:func:`~._task_ledger.task_ledger`) of the history messages
+        ``gone``, at most ``budget`` tokens: what a person typed, a line per call, the files."""
         if not gone:
             return ""
-        text = basic_summary(self.messages, gone[-1], budget, self.text_tokens)
-        # The task's state, not a transcript: the assistant's words stay out of it.
-        return text.split(FINALS, 1)[0]
+        return task_ledger(self.messages, gone, budget, self.text_tokens, self.state.reads)
 
     def ledger_estimate(self, total: float) -> float:
         """Tokens the ledger will take after a rebuild: the one carried now, or a floor."""

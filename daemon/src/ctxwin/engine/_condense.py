@@ -182,7 +182,9 @@ class _Attempt:
             text = given
             if text is None:
                 budget = max(int(self.target // 4), MIN_SUMMARY_BUDGET)
-                text = basic_summary(messages, proposed[1], budget, self.count, self.previous)
+                text = basic_summary(
+                    messages, proposed[1], budget, self.count, self.previous, self.state.reads
+                )
             kind: SummaryKind = "basic" if given is None else "model"
             stored = Summary(self.ts, text, proposed[1], self.current, kind, len(messages))
             self.probe.deleted_range = proposed

@@ -22,14 +22,21 @@ from ._dialect import (
     block,
 )
 from ._dialect_parts import WHOLE, inner_blocks, outer_content
+from ._parts import media_or_unread
 
 if TYPE_CHECKING:
     from ._mapped import MappedHistory
 
 
-def _visible(part: dict[str, Any]) -> str:
-    thinking = part.get("thinking")
-    return thinking if isinstance(thinking, str) else ""
+THINKING = ("thinking", "redacted_thinking")
+
+
+def _opaque(part: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The fields of the opaque block of a part that is no text, call, result or image."""
+    if kind in THINKING:  # counted by its visible thinking, never its signature or data
+        thinking = part.get("thinking")
+        return {"visible": thinking if isinstance(thinking, str) else ""}
+    return media_or_unread(part, kind)
 
 
 class AnthropicDialect(Dialect):
@@ -88,7 +95,9 @@ class AnthropicDialect(Dialect):
                     {
                         "type": "tool_result",
                         "tool_use_id": tool_use_id,
-                        "content": inner_blocks(part.get("content", "")),
+                        "content": inner_blocks(
+                            part.get("content", ""), f".content[{place}].content"
+                        ),
                         SRC: index,
                         PART: place,
                     }
@@ -96,7 +105,7 @@ class AnthropicDialect(Dialect):
             elif kind == "image":
                 blocks.append(block("image", index, place, source=part.get("source")))
             else:
-                blocks.append(block("opaque", index, place, visible=_visible(part)))
+                blocks.append(block("opaque", index, place, **_opaque(part, kind)))
         return Mapped(role, blocks, calls)
 
     def _part(self, item: Block, source: Message, history: MappedHistory) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from ._dialect import (
     block,
     originals,
 )
+from ._parts import media_or_unread
 
 if TYPE_CHECKING:
     from ._mapped import MappedHistory
@@ -54,6 +55,34 @@ def _answered(history: MappedHistory) -> tuple[list[Block], set[str]]:
             return calls, answered
         answered.update(b["tool_use_id"] for b in message["content"] if b["type"] == "tool_result")
     return [], answered
+
+
+_CODE_KEYS = (
+    ("executableCode", "code"),
+    ("executable_code", "code"),
+    ("codeExecutionResult", "output"),
+    ("code_execution_result", "output"),
+)
+"""Parts of Gemini's code execution, and the key of the text each holds."""
+_PLAIN_KEYS = frozenset({"thought", *SIGNATURE_KEYS, "metadata", "videoMetadata", "video_metadata"})
+"""Keys of a part that say nothing of its kind."""
+
+
+def _opaque(part: dict[str, Any], text: object) -> dict[str, Any]:
+    """The fields of the opaque block of a part that is no plain text, call or response: a
+    thought (or a text with a signature) by its text, code and its result by their text,
+    media, and any other part by the text it holds, named by its first key."""
+    if isinstance(text, str):
+        return {"visible": text}
+    for key, inner in _CODE_KEYS:
+        body = part.get(key)
+        if isinstance(body, dict):
+            found = body.get(inner)
+            return {"visible": found if isinstance(found, str) else ""}
+    kind = next((key for key in part if key not in _PLAIN_KEYS), None)
+    if kind is None:  # nothing but a signature (or a thought flag)
+        return {"visible": ""}
+    return media_or_unread(part[kind], kind)
 
 
 class GeminiDialect(Dialect):
@@ -136,8 +165,7 @@ class GeminiDialect(Dialect):
             ):
                 blocks.append({"type": "text", "text": text, SRC: index, PART: place})
             else:
-                visible = text if isinstance(text, str) else ""
-                blocks.append(block("opaque", index, place, visible=visible))
+                blocks.append(block("opaque", index, place, **_opaque(part, text)))
         return Mapped(ASSISTANT if role == MODEL else USER, blocks, calls)
 
     def _part(self, item: Block, source: Message, history: MappedHistory) -> dict[str, Any]:

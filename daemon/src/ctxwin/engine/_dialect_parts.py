@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ._blocks import Block
 from ._dialect import PART, SRC, DialectError, block
+from ._parts import media_or_unread
 
 WHOLE = "content"
 """The part of a message whose content is one string."""
@@ -53,13 +54,16 @@ def text_parts(content: object, index: int, kinds: tuple[str, ...]) -> list[Bloc
         if not isinstance(part, dict):
             raise DialectError(f".content[{place}] must be a map")
         text = part.get("text")
-        if part.get("type") in kinds and isinstance(text, str):
+        kind = part.get("type")
+        if kind in kinds and isinstance(text, str):
             blocks.append({"type": "text", "text": text, SRC: index, PART: place})
-        else:
+        elif kind == "refusal":
             visible = part.get("refusal")
             blocks.append(
                 block("opaque", index, place, visible=visible if isinstance(visible, str) else "")
             )
+        else:
+            blocks.append(block("opaque", index, place, **media_or_unread(part, kind)))
     return blocks
 
 
@@ -78,22 +82,26 @@ def written_content(original: object, texts: list[Block], mapped: dict[object, B
     return out
 
 
-def inner_blocks(content: object) -> list[Block]:
-    """A result's content as internal blocks: text stays text, everything else is opaque."""
+def inner_blocks(content: object, where: str = ".content") -> list[Block]:
+    """A result's content as internal blocks: text stays text, everything else is opaque
+    (counted as :func:`~._parts.media_or_unread` says).
+
+    Raises:
+        DialectError: an item of the content is not a map (named by ``where`` and its index).
+    """
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         return []
     inner: list[Block] = []
-    for item in content:
-        if (
-            isinstance(item, dict)
-            and item.get("type") == "text"
-            and isinstance(item.get("text"), str)
-        ):
+    for place, item in enumerate(content):
+        if not isinstance(item, dict):
+            raise DialectError(f"{where}[{place}] must be a map")
+        kind = item.get("type")
+        if kind == "text" and isinstance(item.get("text"), str):
             inner.append({"type": "text", "text": item["text"]})
         else:
-            inner.append({"type": "opaque", "visible": ""})
+            inner.append({"type": "opaque", **media_or_unread(item, kind)})
     return inner
 
 

@@ -25,6 +25,7 @@ from ._dialect import (
     originals,
 )
 from ._dialect_parts import outer_content, parse_arguments, text_parts, written_content
+from ._parts import media_or_unread
 
 if TYPE_CHECKING:
     from ._mapped import MappedHistory
@@ -45,17 +46,26 @@ def _visible(item: dict[str, Any]) -> str:
 
 
 def _output_blocks(output: object) -> list[Block]:
+    """An output item's ``output`` as internal blocks: texts, and opaque blocks for the rest.
+
+    Raises:
+        DialectError: a part of a list ``output`` is not a map.
+    """
     if isinstance(output, str):
         return [{"type": "text", "text": output}]
     inner: list[Block] = []
     if isinstance(output, list):
-        for part in output:
-            if isinstance(part, dict) and part.get("type") in TEXT_KINDS:
-                text = part.get("text")
-                if isinstance(text, str):
-                    inner.append({"type": "text", "text": text})
-                    continue
-            inner.append({"type": "opaque", "visible": ""})
+        for place, part in enumerate(output):
+            if not isinstance(part, dict):
+                raise DialectError(f".output[{place}] must be a map")
+            kind = part.get("type")
+            text = part.get("text")
+            if kind in TEXT_KINDS and isinstance(text, str):
+                inner.append({"type": "text", "text": text})
+            else:
+                inner.append({"type": "opaque", **media_or_unread(part, kind)})
+    elif output is not None:
+        inner.append({"type": "opaque", **media_or_unread(output, None)})
     return inner
 
 
@@ -104,8 +114,13 @@ class ResponsesDialect(Dialect):
             }
             history.calls[call_id] = (name, index)
             return Mapped(ASSISTANT, [call], True)
-        visible = _visible(message) if kind == "reasoning" else ""
-        return Mapped(ASSISTANT, [block("opaque", index, ITEM, visible=visible)])
+        if kind == "reasoning":
+            fields: dict[str, Any] = {"visible": _visible(message)}
+        elif kind == "item_reference":  # stands for an item the server holds
+            fields = {"visible": ""}
+        else:
+            fields = media_or_unread(message, kind)
+        return Mapped(ASSISTANT, [block("opaque", index, ITEM, **fields)])
 
     def joins(self, previous: Mapped, mapped: Mapped) -> bool:
         # Parallel calls are items of their own; anything else after a call is a new turn.

@@ -11,6 +11,7 @@ from ._dialect_anthropic import ANTHROPIC
 from ._dialect_chat import CHAT
 from ._dialect_gemini import GEMINI
 from ._dialect_responses import RESPONSES
+from ._parts import MEDIA_TYPES, held_text
 
 DIALECTS: dict[str, Dialect] = {
     dialect.name: dialect for dialect in (CHAT, ANTHROPIC, RESPONSES, GEMINI)
@@ -45,7 +46,9 @@ def kept_out_text(message: Any) -> str:
         for part in content:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 texts.append(part["text"])
-    return "\n".join(texts)
+            elif isinstance(part, dict) and part.get("type") not in MEDIA_TYPES:
+                texts.append(held_text(part))  # never nothing (docs/DIALECTS.md, Tokens)
+    return "\n".join(text for text in texts if text)
 
 
 __all__ = [

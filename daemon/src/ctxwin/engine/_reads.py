@@ -9,6 +9,7 @@ entries; its result is the ``tool_result`` that answers the call.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -23,6 +24,26 @@ MAX_PATTERN_CHARS = 1000
 MAX_SUBJECT_CHARS = 4096
 """Longest command a pattern is tried on; a longer one reads no file."""
 
+PATTERN_MAX_MEM = 256 * 1024
+"""RE2's ``max_mem`` for a read-tool pattern: compiling stops once the program outgrows it.
+
+RE2's default (8 MiB) let 43 characters of counted Unicode classes
+(``(?:\\pL|\\pN|\\pP){1,200}\\pS{1,200}``) build a 376,000-instruction program in
+1-2 s, with the interpreter lock held. Under 256 KiB the same pattern is
+refused after about 10 ms; what stays is the parse of the pattern's text,
+bounded by :data:`MAX_PATTERN_CHARS` (under 130 ms for 1,000 characters of
+``\\pL``, the costliest measured)."""
+
+MAX_PROGRAM_SIZE = 5000
+"""Most RE2 instructions a read-tool pattern may compile to (the shell pattern: 139).
+
+Matching falls back to RE2's NFA, linear in text times program, when its
+DFA runs out of memory or a group must be extracted: the program's size
+bounds what one match of a :data:`MAX_SUBJECT_CHARS` command may cost."""
+
+PATTERN_CACHE_SIZE = 256
+"""Distinct pattern texts whose compiled program (or refusal) is kept for reuse."""
+
 
 class _Match(Protocol):
     def group(self, name: str) -> str: ...
@@ -30,6 +51,7 @@ class _Match(Protocol):
 
 class _Pattern(Protocol):
     groupindex: Mapping[str, int]
+    programsize: int
 
     def fullmatch(self, text: str) -> _Match | None: ...
 
@@ -37,22 +59,63 @@ class _Pattern(Protocol):
 def _re2_options() -> object:
     options = re2.Options()
     options.log_errors = False  # a refused pattern is reported to its sender, not on stderr
+    options.max_mem = PATTERN_MAX_MEM
     return options
 
 
 _RE2_OPTIONS = _re2_options()
+_compiled: OrderedDict[str, _Pattern | str] = OrderedDict()
+"""Pattern text -> its program, or the reason it was refused (the newest last)."""
+
+
+def cached_pattern(source: str) -> _Pattern | None:
+    """The compiled pattern of this text if it was compiled before, else None.
+
+    Raises:
+        ValueError: the text was refused before (the same reason).
+    """
+    found = _compiled.get(source)
+    if found is None:
+        return None
+    _compiled.move_to_end(source)
+    if isinstance(found, str):
+        raise ValueError(found)
+    return found
 
 
 def compile_pattern(source: str) -> _Pattern:
     """A read tool's pattern, compiled by RE2, which matches in time linear in the text.
 
     RE2 never backtracks, so no pattern can make a match run for long; what
-    it cannot do in linear time (backreferences, lookaround) it refuses.
+    it cannot do in linear time (backreferences, lookaround) it refuses. Its
+    cost is bounded: at most :data:`MAX_PATTERN_CHARS` characters, compiled
+    under :data:`PATTERN_MAX_MEM` to at most :data:`MAX_PROGRAM_SIZE`
+    instructions. Each distinct text is compiled once (the last
+    :data:`PATTERN_CACHE_SIZE` are kept, refusals too).
 
     Raises:
-        ValueError: the pattern is longer than :data:`MAX_PATTERN_CHARS`, does
-            not compile, or has no group named ``path``.
+        ValueError: the pattern is longer than :data:`MAX_PATTERN_CHARS`, too
+            large a program, does not compile, or has no group named ``path``.
     """
+    found = cached_pattern(source)
+    if found is not None:
+        return found
+    try:
+        compiled = _compile(source)
+    except ValueError as exc:
+        _remember(source, str(exc))
+        raise
+    _remember(source, compiled)
+    return compiled
+
+
+def _remember(source: str, outcome: _Pattern | str) -> None:
+    _compiled[source] = outcome
+    while len(_compiled) > PATTERN_CACHE_SIZE:
+        _compiled.popitem(last=False)
+
+
+def _compile(source: str) -> _Pattern:
     if len(source) > MAX_PATTERN_CHARS:
         raise ValueError(
             f"a read tool's pattern has {len(source)} characters; at most {MAX_PATTERN_CHARS}"
@@ -63,10 +126,22 @@ def compile_pattern(source: str) -> _Pattern:
         reason = exc.args[0] if exc.args else exc
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
+        if "pattern too large" in str(reason):
+            raise ValueError(_too_large(f"more than {PATTERN_MAX_MEM // 1024} KiB")) from None
         raise ValueError(f"a read tool's pattern does not compile (RE2 syntax): {reason}") from None
+    if compiled.programsize > MAX_PROGRAM_SIZE:
+        raise ValueError(_too_large(f"{compiled.programsize} instructions"))
     if "path" not in compiled.groupindex:
         raise ValueError("a read tool's pattern needs a group named 'path'")
     return compiled
+
+
+def _too_large(size: str) -> str:
+    return (
+        f"a read tool's pattern is too large: its RE2 program takes {size}; at most "
+        f"{MAX_PROGRAM_SIZE} instructions (count fewer repetitions of large classes "
+        "such as \\pL)"
+    )
 
 
 SHELL_READ_PATTERN = (
@@ -169,11 +244,11 @@ class ReadRules:
 DEFAULT_READ_RULES = ReadRules()
 
 
-def read_tool_from_config(item: Mapping[str, Any]) -> ReadTool:
-    """A :class:`ReadTool` from its configuration form.
+def read_tool_pattern(item: Mapping[str, Any]) -> str | None:
+    """The pattern text a read tool's configuration form names (None: no pattern).
 
     The form is ``{"name": str, "arg": str, "when"?: {arg: value}, "pattern"?: str}``;
-    ``pattern: "shell"`` stands for :data:`SHELL_READ_PATTERN`.
+    ``pattern: "shell"`` stands for :data:`SHELL_READ_PATTERN`. Nothing is compiled.
 
     Raises:
         ValueError: the item does not have that form.
@@ -191,12 +266,27 @@ def read_tool_from_config(item: Mapping[str, Any]) -> ReadTool:
     if unknown:
         raise ValueError(f"a read tool has unknown keys {sorted(unknown)}")
     pattern = item.get("pattern")
-    source: str | None = None
-    if pattern is not None:
-        if not isinstance(pattern, str):
-            raise ValueError("a read tool's 'pattern' must be a string")
-        source = SHELL_READ_PATTERN if pattern == "shell" else pattern
-    return ReadTool(name, arg, tuple(sorted(when.items())), source)
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str):
+        raise ValueError("a read tool's 'pattern' must be a string")
+    return SHELL_READ_PATTERN if pattern == "shell" else pattern
+
+
+def read_tool_from_config(item: Mapping[str, Any], compiled: _Pattern | None = None) -> ReadTool:
+    """A :class:`ReadTool` from its configuration form (see :func:`read_tool_pattern`).
+
+    ``compiled`` is the pattern already compiled (:func:`compile_pattern`), by
+    a caller that compiles it when it chooses; without it, it is compiled here.
+
+    Raises:
+        ValueError: the item does not have that form, or its pattern is refused.
+    """
+    source = read_tool_pattern(item)
+    when = item.get("when", {})
+    return ReadTool(
+        item["name"], item["arg"], tuple(sorted(when.items())), source, compiled=compiled
+    )
 
 
 def native_reads(

@@ -9,15 +9,15 @@ from the removed turns alone, with no model.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard, cast, get_args
 
 from ctxwin.proto import SUMMARY_MARK, SummaryInfo, SummaryKind
 
-from ._blocks import Block, Message, text_of
-from ._optimize import TOOL_HEADER
+from ._blocks import Block, Message
+from ._reads import ReadRules
+from ._task_ledger import task_ledger
 
 SUMMARY_KINDS: tuple[SummaryKind, ...] = get_args(SummaryKind)
 
@@ -40,15 +40,6 @@ PREVIOUS_SUMMARY = (
     "\n\nThe conversation already has a summary of turns removed before; update it with "
     "what happened since, keeping what still holds:\n"
 )
-
-_ERROR = re.compile(r"\b(?:error|exception|traceback|failed|failure)\b", re.IGNORECASE)
-_PATH_ARGS = ("path", "file_path", "filePath", "file", "filename", "target_file", "absolute_path")
-_WRITE_WORDS = ("write", "edit", "create", "replace", "patch", "apply", "insert", "delete", "move")
-_READ_WORDS = ("read", "view", "open", "cat", "show", "get_file")
-_CLINE_WRITES = ("write_to_file", "replace_in_file")
-_ASSISTANT_CAP = 600
-_ERROR_CAP = 300
-_PATHS_CAP = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,135 +203,21 @@ def place_summary(view: list[Message], block: Block) -> None:
 # The basic summary ----------------------------------------------------------
 
 
-def _texts(message: Message) -> list[str]:
-    content = message.get("content")
-    if isinstance(content, str):
-        return [content] if content.strip() else []
-    if not isinstance(content, list):
-        return []
-    return [
-        block["text"]
-        for block in content
-        if block.get("type") == "text"
-        and isinstance(block.get("text"), str)
-        and block["text"].strip()
-    ]
-
-
-def _is_prompt(text: str) -> bool:
-    """A user text that is not a tool's output (Cline's results are user texts)."""
-    return TOOL_HEADER.match(text) is None and not text.startswith(SUMMARY_MARK)
-
-
-def _result_texts(message: Message) -> list[str]:
-    content = message.get("content")
-    if not isinstance(content, list):
-        return []
-    found: list[str] = []
-    for block in content:
-        if block.get("type") == "tool_result":
-            inner = block.get("content")
-            text = text_of(block) if isinstance(inner, list) else inner
-            if isinstance(text, str):
-                found.append(text)
-        elif (
-            block.get("type") == "text"
-            and isinstance(block.get("text"), str)
-            and TOOL_HEADER.match(block["text"])
-        ):
-            found.append(block["text"])
-    return found
-
-
-def _first_line(text: str, cap: int) -> str:
-    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
-    return line if len(line) <= cap else line[: cap - 1] + "…"
-
-
-def _call_path(block: Block) -> str | None:
-    arguments = block.get("input")
-    if not isinstance(arguments, dict):
-        return None
-    for name in _PATH_ARGS:
-        value = arguments.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-@dataclass(slots=True)
-class _Facts:
-    prompts: list[tuple[int, str]]
-    finals: list[tuple[int, str]]
-    read: list[str]
-    written: list[str]
-    errors: list[str]
-
-
-def _facts(messages: Sequence[Message], start: int, end: int) -> _Facts:
-    facts = _Facts([], [], [], [], [])
-    last_text: tuple[int, str] | None = None
-
-    def note(paths: list[str], path: str) -> None:
-        if path not in paths:
-            paths.append(path)
-
-    for index in range(start, min(end + 1, len(messages))):
-        message = messages[index]
-        if message.get("role") == "user":
-            prompts = [text for text in _texts(message) if _is_prompt(text)]
-            if prompts and last_text is not None:
-                facts.finals.append(last_text)
-                last_text = None
-            facts.prompts.extend((index, text) for text in prompts)
-            for text in _result_texts(message):
-                header = TOOL_HEADER.match(text)
-                if header is not None:
-                    tool, path = header.group(1), header.group(2)
-                    note(facts.written if tool in _CLINE_WRITES else facts.read, path)
-                    body = text[header.end() :]
-                else:
-                    body = text
-                if _ERROR.search(body[:200]):
-                    facts.errors.append(_first_line(body, _ERROR_CAP))
-            continue
-        content = message.get("content")
-        texts = _texts(message)
-        if texts:
-            last_text = (index, texts[-1])
-        if isinstance(content, list):
-            for block in content:
-                if block.get("type") != "tool_use":
-                    continue
-                path = _call_path(block)
-                name = str(block.get("name", "")).lower()
-                if path is None:
-                    continue
-                if any(word in name for word in _WRITE_WORDS):
-                    note(facts.written, path)
-                elif any(word in name for word in _READ_WORDS):
-                    note(facts.read, path)
-                else:
-                    note(facts.read, path)
-    if last_text is not None:
-        facts.finals.append(last_text)
-    return facts
-
-
 def basic_summary(
     messages: Sequence[Message],
     end: int,
     budget: int,
     count: Callable[[str], int],
     previous: Summary | None = None,
+    reads: ReadRules | None = None,
 ) -> str:
     """The summary ctxwin writes of history messages ``2..end``, no model needed.
 
-    Every user prompt verbatim, newest first when they are over the budget;
-    each turn's final assistant text (shortened), the files read and written,
-    the tool errors. A previous model summary is kept at the top and only
-    the turns after it are added; a previous basic summary is written anew
-    from all the removed turns.
+    It is the task ledger of those messages (:func:`task_ledger`: every user
+    instruction verbatim, the calls, the files read and written) with each
+    turn's last assistant text in what room is left. A previous model
+    summary is kept at the top and only the turns after it are added; a
+    previous basic summary is written anew from all the removed turns.
 
     Args:
         messages: the task's history (the internal form).
@@ -348,66 +225,18 @@ def basic_summary(
         budget: tokens the summary may take.
         count: tokens of a text.
         previous: the summary this one replaces, if any.
+        reads: the task's read tools (a native dialect's), None for the defaults.
     """
     start = 2
-    head: list[str] = []
+    head = ""
     if previous is not None and previous.kind == "model":
-        head = ["Earlier summary:", previous.text.strip(), ""]
+        head = f"Earlier summary:\n{previous.text.strip()}\n\n"
         start = previous.end + 1
-    facts = _facts(messages, start, end)
-    spent = count("\n".join(head))
-    # User prompts first (verbatim, the newest kept when over their share of the budget),
-    # then the files and errors (short), then the assistant's conclusions with what is left.
-    prompt_budget = max(budget * 6 // 10 - spent, budget // 4)
-    prompts: list[str] = []
-    used = 0
-    for _, text in reversed(facts.prompts):
-        line = f"- {text.strip()}"
-        cost = count(line)
-        if used + cost > prompt_budget:
-            if not prompts:  # the newest alone is over: its beginning, marked as cut
-                keep = max(int(len(line) * prompt_budget / cost * 0.9), 0)
-                prompts.append(line[:keep] + " [... cut for length]")
-            break
-        prompts.append(line)
-        used += cost
-    prompts.reverse()
-    dropped = len(facts.prompts) - len(prompts)
-    lines = [*head]
-    if prompts:
-        lines.append("User messages (verbatim):")
-        if dropped:
-            lines.append(f"- ({dropped} older user messages left out for length)")
-        lines.extend(prompts)
-    if facts.written:
-        lines.append("Files written: " + _listed(facts.written))
-    if facts.read:
-        lines.append("Files read: " + _listed(facts.read))
-    if facts.errors:
-        lines.append("Tool errors:")
-        lines.extend(f"- {error}" for error in facts.errors[-10:])
-    text = "\n".join(lines)
-    left = budget - count(text) - spent
-    finals: list[str] = []
-    for _, final in reversed(facts.finals):
-        short = _first_line(final, _ASSISTANT_CAP) if len(final) > _ASSISTANT_CAP else final
-        line = f"- {short.strip()}"
-        cost = count(line)
-        if cost > left:
-            break
-        finals.append(line)
-        left -= cost
-    if finals:
-        finals.reverse()
-        text += "\nAssistant, at the end of each turn:\n" + "\n".join(finals)
-    return text.strip() or "(the removed turns held no text)"
-
-
-def _listed(paths: list[str]) -> str:
-    """Paths, the newest :data:`_PATHS_CAP` when there are more."""
-    if len(paths) <= _PATHS_CAP:
-        return ", ".join(paths)
-    return f"({len(paths) - _PATHS_CAP} earlier left out) " + ", ".join(paths[-_PATHS_CAP:])
+    spent = count(head) if head else 0
+    ledger = task_ledger(
+        messages, [range(start, end + 1)], max(budget - spent, 0), count, reads, conclusions=True
+    )
+    return (head + ledger).strip() or "(the removed turns held no text)"
 
 
 def summary_prompt(previous: Summary | None, instruction: str = SUMMARY_PROMPT) -> str:

@@ -54,6 +54,11 @@ class StatsResult(TypedDict):
     ``histories`` and ``history_bytes``: the histories kept for delta sync and
     the memory they are counted as holding (their estimated resident size,
     which ``--history-cache-mb`` caps), not their encoded size.
+
+    ``clients``: by client (the name the daemon gives a connection:
+    ``key:NAME`` for an allowed CURVE key, ``uid:N`` for an ipc peer,
+    ``tcp:ADDRESS`` for loopback TCP without keys), the ``tasks`` it holds,
+    its ``requests`` in flight and its kept ``history_bytes``.
     """
 
     tasks: int
@@ -68,6 +73,7 @@ class StatsResult(TypedDict):
     calibration_median: NotRequired[float | None]
     store: NotRequired[dict[str, Any]]
     cache: NotRequired[dict[str, Any] | None]
+    clients: NotRequired[dict[str, dict[str, int]] | None]
 
 
 class ContextWindowInfoResult(TypedDict):
@@ -298,9 +304,11 @@ class CloseResult(TypedDict):
 
 
 class CountTokensResult(TypedDict):
-    """``count_tokens``."""
+    """``count_tokens``: the tokens, and the part types ctxwin did not recognise (counted by
+    the text they hold) with how many parts of each, when there were any."""
 
     tokens: int
+    unrecognised: NotRequired[dict[str, int]]
 
 
 _TYPES: dict[str, type] = {

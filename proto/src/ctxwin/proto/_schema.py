@@ -112,8 +112,8 @@ def _check_int(value: object) -> None:
 
 
 def _check_ts(value: object) -> None:
-    if not _is_int(value) or value < 0:  # type: ignore[operator]
-        raise _Invalid("must be a non-negative integer (milliseconds since the epoch)")
+    if not _is_int(value) or not 0 <= value <= MAX_COUNT:  # type: ignore[operator]
+        raise _Invalid(f"must be an integer from 0 to {MAX_COUNT} (milliseconds since the epoch)")
 
 
 def _check_bool(value: object) -> None:
@@ -134,7 +134,10 @@ def _check_messages(value: object, first: int = 0, cline: bool = True) -> None:
     """
     if not isinstance(value, list):
         raise _Invalid("must be a list of messages")
-    json_problem = _json_problem(value)
+    # One C call for the whole list is quickest, but holds the interpreter lock
+    # throughout: a long list (checked in a worker thread) is checked message by message.
+    whole = len(value) <= _WHOLE_JSON_CHECK
+    json_problem = _json_problem(value) if whole else "?"
     for offset, message in enumerate(value):
         where = f"messages[{first + offset}]"
         if not isinstance(message, dict):
@@ -160,8 +163,12 @@ def _check_messages(value: object, first: int = 0, cline: bool = True) -> None:
         for block_index, block in enumerate(content):
             if not isinstance(block, dict):
                 raise _Invalid(f"{where}.content[{block_index}] must be a map", where)
-    if json_problem is not None:
+    if json_problem is not None and whole:
         raise _Invalid(json_problem)  # the list as a whole (no one message alone)
+
+
+_WHOLE_JSON_CHECK = 4096
+"""Lists of at most this many messages are checked for a JSON form in one call."""
 
 
 def _any_value(value: object) -> None:
@@ -263,12 +270,15 @@ def _check_threshold(value: object) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _Invalid("must be a number or nil")
-    if value < 0:
-        raise _Invalid("must not be negative")
+    if not 0 <= value <= 1:
+        raise _Invalid("must be a fraction of the context window, from 0 to 1, or nil")
 
 
 MAX_READ_TOOLS = 64
 """Read tools one task may name (``read_tools``) besides the daemon's table."""
+
+MAX_READ_PATTERNS = 16
+"""Of a task's read tools, those with a ``pattern`` (each compiled by RE2, at a cost)."""
 
 
 def _check_read_tools(value: object) -> None:
@@ -283,6 +293,9 @@ def _check_read_tools(value: object) -> None:
                 f"read_tools[{position}] must be a map with string keys",
                 placed=f"read_tools[{position}]",
             )
+    patterns = sum(1 for item in value if item.get("pattern") is not None)
+    if patterns > MAX_READ_PATTERNS:
+        raise _Invalid(f"holds {patterns} tools with a pattern; at most {MAX_READ_PATTERNS}")
 
 
 def _one_of(values: tuple[str, ...]) -> Callable[[object], None]:

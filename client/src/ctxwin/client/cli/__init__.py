@@ -16,7 +16,12 @@ from typing import TextIO
 from ctxwin import proto
 
 from .. import _autostart
-from .._errors import AuthenticationError, CtxwinError, DaemonUnavailableError
+from .._errors import (
+    AuthenticationError,
+    CtxwinError,
+    DaemonUnavailableError,
+    RequestTimeoutError,
+)
 from .._sync import Client
 from . import _commands, _inspect, _keys
 from ._commands import (
@@ -78,6 +83,7 @@ def main(
     missing = _autostart.socket_missing(endpoint)
     if missing is not None:
         return _unreachable(endpoint, missing, err)
+    answered = False  # the daemon answered the first ping: a later timeout is not its absence
     try:
         with Client(
             endpoint,
@@ -86,6 +92,7 @@ def main(
             client_key=args.client_key,
         ) as client:
             client.ping(timeout=min(args.timeout, PROBE_TIMEOUT))
+            answered = True
             code = COMMANDS[args.command](client, args, out, err)
             out.flush()  # here, so that a reader gone away is seen here
             return code
@@ -99,6 +106,15 @@ def main(
     except AuthenticationError as exc:
         err.write(f"ctxwin: {exc.message}\n")
         return EXIT_UNREACHABLE
+    except RequestTimeoutError as exc:
+        if not answered:
+            return _unreachable(endpoint, exc.message, err)
+        err.write(
+            f"ctxwin: the daemon at {endpoint} is up but did not answer within "
+            f"{args.timeout:g} s ({exc.message}); it may still be working on it: "
+            "give it longer with --timeout SECONDS\n"
+        )
+        return EXIT_DAEMON_ERROR
     except DaemonUnavailableError as exc:
         return _unreachable(endpoint, exc.message, err)
     except UsageError as exc:

@@ -8,11 +8,16 @@ Every file is written 0600 in a 0700 directory (``--dir``, else
     client.key          a client's public key: copy it to the daemon, `ctxwin keys allow` it
     client.key_secret   a client's key pair: stays with the client
     allowed/NAME.key    the client keys the daemon lets in, named
+
+The operator names an allowed key (``--name``, else the name of the file
+given, less ``.key``), never the key file: the name a client wrote into its
+own file is shown, not used, since ``[client_tasks]`` binds keys by name.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -53,7 +58,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "allow", parents=[where], help="let a client's public key in (allowed/NAME.key)"
     )
     allow.add_argument("key", metavar="PUBLIC_KEY_FILE", help="a client.key file, or the key")
-    allow.add_argument("--name", help="name on the allow-list (default: the key file's name)")
+    allow.add_argument(
+        "--name", help="name on the allow-list (default: the key file's name, less .key)"
+    )
     actions.add_parser("show", parents=[where], help="the keys here, and who is allowed")
 
 
@@ -119,21 +126,58 @@ def _client(args: argparse.Namespace, out: TextIO) -> None:
     out.write(
         f"client key pair: {directory / 'client.key_secret'} (keep it here)\n"
         f"public key:      {public_path}  {public.decode()}\n"
-        f"next: on the daemon's host, ctxwin keys allow {public_path.name} "
-        f"(names it {args.name!r})\n"
+        f"next: copy {public_path.name} to the daemon's host and allow it there: "
+        f"ctxwin keys allow {public_path.name} --name {args.name}\n"
     )
+
+
+CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A name on the allow-list (the daemon skips files named otherwise)."""
+DEFAULT_BINDING = "default"
+"""Reserved: the ``[client_tasks]`` entry for keys without one of their own."""
+
+_GENERIC_STEMS = frozenset({"client", "server"})
+"""File names every key pair gets (``ctxwin keys client``): they name no one."""
+
+
+def _allowed_name(args: argparse.Namespace, source: Path | None) -> str:
+    """The operator's name for the key: ``--name``, else the key file's name less ``.key``.
+
+    Raises:
+        KeyFileError: no name given and the file's name names no one (``client.key``,
+            a bare key), or the name is not a client name.
+    """
+    name: str | None = args.name
+    if name is None and source is not None:
+        stem = source.name[: -len(".key")] if source.name.endswith(".key") else source.stem
+        if stem in _GENERIC_STEMS:
+            raise proto.KeyFileError(
+                f"{source.name} is what every client's public key is called: give --name NAME "
+                "(or copy it as NAME.key first)"
+            )
+        name = stem
+    if not name:
+        raise proto.KeyFileError("a bare key names no client: give --name NAME")
+    if not CLIENT_NAME.fullmatch(name) or name == DEFAULT_BINDING:
+        raise proto.KeyFileError(
+            f"{name!r} is not a client name: 1-64 letters, digits, '.', '_' or '-', "
+            f"beginning with a letter or digit, and not {DEFAULT_BINDING!r} "
+            "(the [client_tasks] entry for keys without one); give --name NAME"
+        )
+    return name
 
 
 def _allow(args: argparse.Namespace, out: TextIO) -> None:
     directory = _directory(args)
     source = Path(args.key).expanduser()
+    claimed: str | None = None
     if source.exists():
         key = proto.read_key_file(source)
-        public, name = key.public, args.name or key.name
+        public, claimed = key.public, key.name
+        name = _allowed_name(args, source)
     else:
-        public, name = proto.read_public_key(args.key), args.name
-    if not name:
-        raise proto.KeyFileError("the key names no client: give --name NAME")
+        public = proto.read_public_key(args.key)
+        name = _allowed_name(args, None)
     allowed = directory / "allowed"
     for existing in sorted(allowed.glob("*.key")) if allowed.is_dir() else []:
         try:
@@ -146,8 +190,14 @@ def _allow(args: argparse.Namespace, out: TextIO) -> None:
     if path.exists() and not args.force:
         raise proto.KeyFileError(f"{path} exists already (give --force to replace it)")
     proto.write_key_file(path, public, None, name, replace=args.force)
+    said = f"--name {name}" if args.name else f"the file name {source.name}"
+    out.write(f"allowed {name!r} (named by {said}): {path}  {public.decode()}\n")
+    if claimed and claimed != name:
+        out.write(
+            f"  the key file calls itself {claimed!r}: not used; the daemon knows it as "
+            f"{name!r} ([client_tasks] binds that name)\n"
+        )
     out.write(
-        f"allowed {name!r}: {path}  {public.decode()}\n"
         "(a running daemon reads it at the client's next connection; "
         f"remove the file to refuse new connections of {name!r})\n"
     )

@@ -25,7 +25,14 @@ from typing import Any
 
 from ctxwin import proto
 
-from ..replay import ReplayReport, TokenCounts, Variant, ViewState, usage_line
+from ..replay import (
+    ReplayReport,
+    TokenCounts,
+    Variant,
+    ViewState,
+    unrecognised_line,
+    usage_line,
+)
 from ._chart import chart
 from ._layout import Page, PageTurn, render, signed
 
@@ -145,7 +152,7 @@ def replay_page(
             f"max allowed {report.max_allowed_size:,}",
             f"{report.turns} turns, {report.messages} messages",
         ],
-        notes=[usage_line(report)],
+        notes=[usage_line(report), *filter(None, [unrecognised_line(report.unrecognised)])],
         cards=[
             ("truncations", f"{totals['truncations']}"),
             ("messages removed", f"{totals['messages_removed']}"),
@@ -211,7 +218,10 @@ def inspect_page(
     page = Page(
         title=f"ctxwin task {task}",
         facts=[f"{len(history)} messages", f"range {_range(deleted)}"],
-        notes=["The conversation as the model receives it now, under the task's range and edits."],
+        notes=[
+            "The conversation as the model receives it now, under the task's range and edits.",
+            *filter(None, [unrecognised_line(counts.unrecognised)]),
+        ],
         cards=[
             ("messages hidden", f"{hidden}"),
             ("overlay edits", f"{len(edits)}"),

@@ -5,7 +5,7 @@ would, and what changed the model's view on the way.
 :mod:`._report` holds what was found, :mod:`._command` is the command itself.
 """
 
-from ._events import message_tokens
+from ._events import counted, message_tokens
 from ._report import (
     CALIBRATION_FLOOR,
     OverWindow,
@@ -13,6 +13,7 @@ from ._report import (
     ReplayReport,
     ReplayTurn,
     TokenCounts,
+    unrecognised_line,
     usage_line,
 )
 from ._run import (
@@ -64,6 +65,7 @@ __all__ = [
     "UsageMode",
     "Variant",
     "ViewState",
+    "counted",
     "input_tokens",
     "message_tokens",
     "original_text",
@@ -72,6 +74,7 @@ __all__ = [
     "replay",
     "set_text",
     "text_of",
+    "unrecognised_line",
     "usage_line",
     "view_state",
     "with_overlay",

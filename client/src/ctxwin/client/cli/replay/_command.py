@@ -31,7 +31,7 @@ from .._corpus import About, model_for
 from .._dialects import no_request, request_points
 from ..page import page_problem, replay_page, write_page
 from ._events import message_tokens
-from ._report import ReplayReport, ReplayTurn, usage_line
+from ._report import ReplayReport, ReplayTurn, unrecognised_line, usage_line
 from ._run import ReplayOptions, replay
 
 
@@ -302,6 +302,9 @@ def _write_report(report: ReplayReport, task_id: str, out: TextIO, per_turn: boo
         f"max allowed {report.max_allowed_size:,}; peak {report.peak_tokens:,} input tokens\n"
         f"{usage_line(report)}\n"
     )
+    parts = unrecognised_line(report.unrecognised)
+    if parts is not None:
+        out.write(parts + "\n")
     cost = report.cost()
     if cost is not None:
         ratio = cost["cost"] / cost["keep_all_cost"] if cost["keep_all_cost"] else 0.0

@@ -17,11 +17,23 @@ def count_tokens(
     client: Client, messages: Sequence[Mapping[str, Any]], dialect: str = CLINE
 ) -> int:
     """Tokens of ``messages`` in their dialect, by the daemon's ``count_tokens``."""
+    return counted(client, messages, dialect)[0]
+
+
+def counted(
+    client: Client, messages: Sequence[Mapping[str, Any]], dialect: str = CLINE
+) -> tuple[int, dict[str, int]]:
+    """Tokens of ``messages`` in their dialect, by the daemon's ``count_tokens``, and the
+    part types it did not recognise (counted by the text they hold) with how many parts of
+    each."""
     if not messages:
-        return 0
+        return 0, {}
     if dialect == CLINE:
-        return client.count_tokens(list(messages))["tokens"]
-    return client.count_tokens(list(messages), dialect=dialect)["tokens"]
+        result = client.count_tokens(list(messages))
+    else:
+        result = client.count_tokens(list(messages), dialect=dialect)
+    found = result.get("unrecognised") or {}
+    return result["tokens"], {str(kind): int(number) for kind, number in found.items()}
 
 
 def cut_from_view(
@@ -124,8 +136,17 @@ def message_tokens(
     variants: Sequence[Variant],
     dialect: str = CLINE,
 ) -> TokenCounts:
-    """Count every message of ``history`` and every variant, one message at a time."""
+    """Count every message of ``history`` and every variant, one message at a time (with the
+    part types of the history the daemon did not recognise)."""
+    tokens: list[int] = []
+    unrecognised: dict[str, int] = {}
+    for message in history:
+        count, found = counted(client, [message], dialect)
+        tokens.append(count)
+        for kind, number in found.items():
+            unrecognised[kind] = unrecognised.get(kind, 0) + number
     return TokenCounts(
-        [count_tokens(client, [message], dialect) for message in history],
+        tokens,
         [count_tokens(client, [variant.message], dialect) for variant in variants],
+        unrecognised,
     )

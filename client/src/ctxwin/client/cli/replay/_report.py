@@ -3,6 +3,7 @@ each turn's usage came from (:func:`usage_line`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -140,6 +141,7 @@ class ReplayReport:
     summaries: list[dict[str, Any]] = field(default_factory=list)
     strategy: str = "default"
     pricing: Any = None
+    unrecognised: dict[str, int] = field(default_factory=dict)
 
     def cost(self) -> dict[str, Any] | None:
         """The cache figures summed over the turns, when the daemon priced them."""
@@ -198,10 +200,24 @@ class ReplayReport:
 
 @dataclass(slots=True)
 class TokenCounts:
-    """Tokens of each history message and of each altered variant (``count_tokens``)."""
+    """Tokens of each history message and of each altered variant (``count_tokens``), and
+    the part types of the history the daemon did not recognise, with how many parts of each."""
 
     messages: list[int]
     variants: list[int]
+    unrecognised: dict[str, int] = field(default_factory=dict)
+
+
+def unrecognised_line(found: Mapping[str, int]) -> str | None:
+    """What the token counts made of the content parts ctxwin does not recognise (the
+    daemon's ``count_tokens``), in a sentence; None when every part was recognised."""
+    if not found:
+        return None
+    kinds = ", ".join(f"{kind} ({number:,})" for kind, number in sorted(found.items()))
+    return (
+        f"content parts of a type ctxwin does not recognise: {kinds}; each counted by the "
+        "text it holds (its text, content or output, else its compact JSON)"
+    )
 
 
 def usage_line(report: ReplayReport) -> str:

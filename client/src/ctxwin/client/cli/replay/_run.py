@@ -27,7 +27,7 @@ from ..._sync import Client
 from ..._task import Task
 from ..._usage import usage_from_metrics
 from .._dialects import describe, message_chars, no_request, request_points
-from ._events import count_text, count_tokens, cut_from_view, optimisation
+from ._events import count_text, count_tokens, counted, cut_from_view, optimisation
 from ._report import (
     CALIBRATION_FLOOR,
     OverWindow,
@@ -144,10 +144,10 @@ def replay(
     points = request_points(history, options.dialect)
     if not points:
         raise ValueError(no_request(options.dialect))
-    if history:
-        # The whole file first: a message the dialect cannot carry is named by its index.
-        count_tokens(client, history, options.dialect)
+    # The whole file first: a message the dialect cannot carry is named by its index.
+    unrecognised = counted(client, history, options.dialect)[1]
     run = _Run(client, history, model, options, points)
+    run.report.unrecognised = unrecognised
     for turn, end in enumerate(points, start=1):
         run.turn(turn, end)
         if options.progress is not None:
