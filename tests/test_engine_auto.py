@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,8 @@ from ctxwin.engine import (
     plan,
     text_of,
 )
+from ctxwin.engine._auto import _Turn
+from ctxwin.engine._auto_edits import Planner
 
 Message = dict[str, Any]
 WINDOW = 20_000
@@ -168,6 +171,26 @@ def test_the_rolling_mask_stubs_the_turn_that_just_left_and_keeps_the_prefix() -
         assert sum(body in texts(r["messages"]) for _, r in replies) == 1
 
 
+def test_a_mask_never_goes_back_to_results_left_whole_before() -> None:
+    """Results the governor left whole early on stay whole: each mask edits only the message
+    the last request ended with, so nothing behind it is written again."""
+    steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(40)]
+    messages = conversation(steps)
+    state = native()
+    wide = {"id": "m", "context_window": 1_000_000}
+    previous = 0
+    masked = []
+    for end in range(5, len(messages) + 1, 2):
+        result = state.prepare_request(messages[:end], None, wide, budgeting=auto(), ts=TS + end)
+        for receipt in result.get("receipts", ()):
+            if receipt["kind"] == "mask":
+                assert receipt["index"] == previous - 1
+                masked.append(receipt["index"])
+        previous = end
+    assert masked  # the governor let the later ones through
+    assert masked[0] > 4  # the first results stayed whole
+
+
 def test_a_result_its_stub_does_not_pay_for_is_not_masked() -> None:
     """A stub written at the write price must cost less than reading the result it replaces."""
     steps = [("Bash", {"command": f"ls {n}"}, 300) for n in range(8)]
@@ -250,31 +273,41 @@ def test_a_rebuild_waits_for_the_rent_to_reach_its_rewrite_cost() -> None:
     sheet = proto.PRICE_SHEETS["anthropic"]
     price = sheet.cache_write - sheet.cache_read
 
-    def replay(state: TaskState) -> list[tuple[float, Any]]:
-        out: list[tuple[float, Any]] = []
+    def replay(state: TaskState) -> list[tuple[float, float, Any]]:
+        """Each turn: the rent before it, what a rebuild would write again after it (the
+        view the turn sent, as the rule saw it when it made no edit; infinite when it
+        would drop nothing), and the result."""
+        out: list[tuple[float, float, Any]] = []
         for end in range(3, len(messages) + 1, 2):
             rent = state.auto.rent
-            result = state.prepare_request(messages[:end], None, big, budgeting=auto(), ts=end)
-            out.append((rent, result))
+            sent = messages[:end]
+            result = state.prepare_request(sent, None, big, budgeting=auto(), ts=end)
+            planner = Planner(state, sent, auto(), sheet, state.auto.policy, end)
+            plan = _Turn(planner, state.auto.budget(big)).plan()
+            out.append((rent, plan.rewritten if plan.dropped_tokens else math.inf, result))
         return out
 
     never = native()
-    never.auto.policy = replace(DEFAULT_POLICY, rent_multiple=1e9)
-    assert not any("receipts" in result for _, result in replay(never))
+    never.auto.policy = replace(UNGOVERNED, rent_multiple=1e9)
+    assert not any("receipts" in result for _, _, result in replay(never))
     assert not never.dropped
     state = native()
+    state.auto.policy = UNGOVERNED  # the rule alone decides
     steps = replay(state)
-    rebuilt = [n for n, (_, r) in enumerate(steps) if r.get("receipts")]
+    rebuilt = [n for n, (_, _, r) in enumerate(steps) if r.get("receipts")]
     assert rebuilt
-    for n in rebuilt:
-        rent, result = steps[n]
-        (receipt,) = result["receipts"]
-        assert receipt["kind"] == "rebuild"
-        owed = rent + sheet.cache_read * receipt["saved_tokens"]
-        assert owed >= price * receipt["rewrite_tokens"]
-        # The turn before, the rent was below what this rebuild writes again.
-        assert steps[n - 1][0] + sheet.cache_read * receipt["saved_tokens"] < owed
-        assert n - 1 not in rebuilt
+    for n, (_, rewrite, result) in enumerate(steps):
+        if n in rebuilt:
+            rent = steps[n][0]
+            (receipt,) = result["receipts"]
+            assert receipt["kind"] == "rebuild"
+            owed = rent + sheet.cache_read * receipt["saved_tokens"]
+            assert owed >= price * receipt["rewrite_tokens"]
+            assert n - 1 not in rebuilt
+        else:
+            # No rebuild: the rent after this turn is below what a rebuild would write again.
+            after = steps[n + 1][0] if n + 1 < len(steps) else state.auto.rent
+            assert after < price * rewrite, n
     assert state.summary is not None
 
 
