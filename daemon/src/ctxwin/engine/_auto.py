@@ -74,7 +74,6 @@ class AutoPolicy:
         tail_turns: a rebuild keeps the last this many turns whole.
         pin_share: the latest reads kept by a rebuild take at most this share of the budget.
         ledger_share: the ledger takes at most this share of the budget.
-        mask_ratio: a result is masked only when its stub is at most this many times smaller.
         rent_multiple: a rebuild is due when the rent reaches this many times its rewrite
             cost (None: 1, the order-quantity optimum).
         governor: voluntary edits only while the cached share stays above this.
@@ -88,7 +87,6 @@ class AutoPolicy:
     tail_turns: int = 2
     pin_share: float = 0.3
     ledger_share: float = 0.05
-    mask_ratio: float = 2.0
     rent_multiple: float | None = None
     governor: float = 0.92
     big_message: float = 0.5

@@ -259,8 +259,8 @@ class Planner:
 
     def mask_candidates(self, first: int, end: int, latest: Mapping[str, Any]) -> list[Candidate]:
         """Stubs for the results of user messages ``first <= i < end`` (the turns that just
-        left the recent window): never the latest read of a file, nor a result its stub
-        would not shrink to at most ``1 / mask_ratio``."""
+        left the recent window): never the latest read of a file, nor a result whose stub
+        costs more to write than the result costs to read once from the cache."""
         overlay = self.state.overlay
         dropped = self.state.dropped
         out: list[Candidate] = []
