@@ -21,11 +21,16 @@ The LangChain strategies run on the messages converted to LangChain's
 message classes (the real ``langchain`` package, a dev dependency); views
 are measured back on the internal form.
 
-Per run: requests over the window (input plus response), views a provider
-would refuse that the history itself would not, input tokens, cached share,
-cost under the Anthropic (1.25 written + 0.1 cached) and OpenAI (1.0
-written + 0.1 cached) units relative to keep-all, latest file read kept,
-edits (overlay updates and cuts), and the median time of a turn.
+Per run, every column of docs/COST.md: requests over the window (input
+plus response), views a provider would refuse that the history itself
+would not, views a strict provider would refuse at all, input tokens,
+cached share, cost under the Anthropic (1.25 written + 0.1 cached) and
+OpenAI (1.0 written + 0.1 cached) units relative to keep-all, latest file
+read kept, history kept, instructions kept (mean over requests and worst
+request), own calls visible, feasibility, edits (overlay updates and cuts),
+the median time of a turn, and for ``auto`` the alternatives that dominate
+it. The summary checks each goal of docs/COST.md's "Done when" over the
+cells run (bench/_cost_goals.py).
 
 With ``--wire`` instead: the per-turn time of ``cline`` and ``auto`` through
 one real daemon (delta sync, views as patches), the two in lockstep.
@@ -40,8 +45,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import _cost_columns as columns
 from bench._corpus import add_corpus_option, corpus_folder
+from bench._cost_goals import summary
 from ctxwin import proto
 from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.daemon._tokens import TokenCounter
@@ -102,6 +109,20 @@ class Conversation:
     fixed: int
     # (internal length sent, response tokens) for each request
     requests: list[tuple[int, int]]
+    # history index each needle comes from: instructions first, then calls
+    typed: list[int] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    finder: columns.Finder = field(default_factory=lambda: columns.Finder(()))
+    # per request, what does not depend on the strategy (measured once, on first use)
+    steps: list[Step] = field(default_factory=list)
+    check: Problems = field(default_factory=lambda: Problems())
+
+    def __post_init__(self) -> None:
+        typed = columns.instructions(self.internal, self.dialect)
+        calls = columns.calls(self.internal)
+        self.typed = [index for index, _ in typed]
+        self.calls = [index for index, _ in calls]
+        self.finder = columns.Finder([text for _, text in typed] + [text for _, text in calls])
 
 
 def load(folder: Path, name: str, counter: Counter) -> Conversation:
@@ -153,46 +174,104 @@ def end_of(source: Sequence[Message], t: int) -> int:
 # -- measures -------------------------------------------------------------------------
 
 
+@dataclass(slots=True, frozen=True)
+class Step:
+    """What one request's history holds, whatever the strategy."""
+
+    problems: frozenset[tuple[str, str]]
+    latest: dict[str, tuple[int, int, str]]
+    tokens: int
+
+
+def steps_of(conversation: Conversation, counter: Counter) -> list[Step]:
+    """Each request's :class:`Step`, computed once per conversation (latest reads as it grows)."""
+    if conversation.steps:
+        return conversation.steps
+    internal = conversation.internal
+    latest: dict[str, tuple[int, int, str]] = {}
+    done = tokens = 0
+    for length, _ in conversation.requests:
+        latest_reads(internal, conversation.dialect, latest, done, length)
+        tokens += sum(counter(m) for m in internal[done:length])
+        done = length
+        step = Step(frozenset(conversation.check(internal[:length])), dict(latest), tokens)
+        conversation.steps.append(step)
+    return conversation.steps
+
+
+class Problems:
+    """:func:`problems` of views, each pair of neighbouring messages checked once."""
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[int, int], tuple[Message, Message, set[tuple[str, str]]]] = {}
+
+    def __call__(self, view: Sequence[Message]) -> set[tuple[str, str]]:
+        if not view:
+            return {("empty", "")}
+        found = problems(view[:1])
+        for before, message in itertools.pairwise(view):
+            held = self._pairs.get((id(before), id(message)))
+            if held is None or held[0] is not before or held[1] is not message:
+                held = (before, message, _pair_problems(before, message))
+                self._pairs[(id(before), id(message))] = held
+            found |= held[2]
+        return found
+
+
 def problems(view: Sequence[Message]) -> set[tuple[str, str]]:
     """What a provider would refuse in a view (docs/STRATEGIES.md, "validity")."""
-    found: set[tuple[str, str]] = set()
     if not view:
         return {("empty", "")}
+    found: set[tuple[str, str]] = set()
     if view[0].get("role") != "user":
         found.add(("first", ""))
-    for place, message in enumerate(view):
-        content = message.get("content")
-        blocks = content if isinstance(content, list) else []
-        if message.get("role") == "assistant":
-            ids = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
-            if not ids:
-                continue
-            following = view[place + 1] if place + 1 < len(view) else None
-            answered = set()
-            if following is not None and isinstance(following.get("content"), list):
-                answered = {
-                    b.get("tool_use_id")
-                    for b in following["content"]
-                    if b.get("type") == "tool_result"
-                }
-            for tool_id in ids:
-                if tool_id not in answered and following is not None:
-                    found.add(("unanswered", str(tool_id)))
-        else:
-            before = view[place - 1] if place else None
-            calls = set()
-            if before is not None and isinstance(before.get("content"), list):
-                calls = {b.get("id") for b in before["content"] if b.get("type") == "tool_use"}
-            for block in blocks:
-                if block.get("type") == "tool_result" and block.get("tool_use_id") not in calls:
-                    found.add(("orphan", str(block.get("tool_use_id"))))
+    if view[0].get("role") != "assistant":
+        found |= _orphans(view[0], None)
+    for before, message in itertools.pairwise(view):
+        found |= _pair_problems(before, message)
     return found
 
 
-def latest_reads(history: Sequence[Message], dialect: str) -> dict[str, tuple[int, int, str]]:
-    """Each file read so far: (history index, block, text) of its latest read."""
-    latest: dict[str, tuple[int, int, str]] = {}
-    for index, message in enumerate(history):
+def _blocks(message: Message | None) -> list[Any]:
+    content = message.get("content") if message is not None else None
+    return content if isinstance(content, list) else []
+
+
+def _pair_problems(before: Message, message: Message) -> set[tuple[str, str]]:
+    """Calls of ``before`` that ``message`` leaves unanswered, results of ``message`` answering
+    no call of ``before``."""
+    found: set[tuple[str, str]] = set()
+    if before.get("role") == "assistant":
+        results = _blocks(message)
+        answered = {b.get("tool_use_id") for b in results if b.get("type") == "tool_result"}
+        for block in _blocks(before):
+            if block.get("type") == "tool_use" and block.get("id") not in answered:
+                found.add(("unanswered", str(block.get("id"))))
+    if message.get("role") != "assistant":
+        found |= _orphans(message, before)
+    return found
+
+
+def _orphans(message: Message, before: Message | None) -> set[tuple[str, str]]:
+    calls = {b.get("id") for b in _blocks(before) if b.get("type") == "tool_use"}
+    return {
+        ("orphan", str(block.get("tool_use_id")))
+        for block in _blocks(message)
+        if block.get("type") == "tool_result" and block.get("tool_use_id") not in calls
+    }
+
+
+def latest_reads(
+    history: Sequence[Message],
+    dialect: str,
+    latest: dict[str, tuple[int, int, str]],
+    start: int = 0,
+    stop: int | None = None,
+) -> None:
+    """Update ``latest`` with the reads of ``history[start:stop]``: per file read,
+    (history index, block, text) of its latest read."""
+    for index in range(start, len(history) if stop is None else stop):
+        message = history[index]
         if message.get("role") != "user" or not isinstance(message.get("content"), list):
             continue
         content = message["content"]
@@ -210,7 +289,6 @@ def latest_reads(history: Sequence[Message], dialect: str) -> dict[str, tuple[in
             body = text_of(content[block])
             if body:
                 latest[key] = (index, block, body)
-    return latest
 
 
 @dataclass(slots=True)
@@ -227,16 +305,27 @@ class Run:
     kept_n: int = 0
     edits: int = 0
     times: list[float] = field(default_factory=list)
+    # views a strict provider would refuse, whatever the history did
+    strict: int = 0
+    history: columns.Kept = field(default_factory=columns.Kept)
+    typed: columns.Kept = field(default_factory=columns.Kept)
+    calls: columns.Kept = field(default_factory=columns.Kept)
 
-    def row(self, keep_all: Run | None) -> dict[str, Any]:
+    def row(self, keep_all: Run | None, dialect: str) -> dict[str, Any]:
         share = self.cached / self.input_tokens if self.input_tokens else 0.0
         row: dict[str, Any] = {
             "strategy": self.strategy,
             "over": self.over,
             "refused": self.refused,
+            "strict_refused": self.strict,
+            "feasible": columns.feasible(self.over, self.refused, self.strict, dialect),
             "input_tokens": self.input_tokens,
             "cached_share": round(share, 3),
             "latest_read_kept": round(self.kept_sum / self.kept_n, 3) if self.kept_n else 1.0,
+            "history_kept": round(self.history.mean, 3),
+            "typed_mean": round(self.typed.mean, 3),
+            "typed_worst": round(self.typed.worst, 3),
+            "calls_visible": round(self.calls.mean, 3),
             "edits": self.edits,
             "turn_ms": round(statistics.median(self.times) * 1000, 3) if self.times else 0.0,
         }
@@ -300,6 +389,8 @@ def clear_anthropic(
     trigger, keep = 100_000, 3
     cleared_upto = [0]  # results before this result ordinal are cleared
     edits = [0]
+    # a message with cleared results, made once: (message, cleared blocks) -> copy
+    copies: dict[tuple[int, tuple[int, ...]], tuple[Message, Message]] = {}
 
     def run(history: list[Message], previous: dict[str, Any] | None, ts: int) -> list[Message]:
         total = fixed + sum(counter(m) for m in history)
@@ -319,27 +410,116 @@ def clear_anthropic(
             return history
         view = []
         for i, m in enumerate(history):
-            if not any((i, b) in clear for b in range(len(m.get("content") or []))):
+            cleared = tuple(b for b in range(len(m.get("content") or [])) if (i, b) in clear)
+            if not cleared:
                 view.append(m)
                 continue
-            blocks = [
-                {**block, "content": [{"type": "text", "text": CLEAR_PLACEHOLDER}]}
-                if (i, b) in clear
-                else block
-                for b, block in enumerate(m["content"])
-            ]
-            view.append({**m, "content": blocks})
+            held = copies.get((id(m), cleared))
+            if held is None or held[0] is not m:
+                blocks = [
+                    {**block, "content": [{"type": "text", "text": CLEAR_PLACEHOLDER}]}
+                    if b in cleared
+                    else block
+                    for b, block in enumerate(m["content"])
+                ]
+                held = (m, {**m, "content": blocks})
+                copies[(id(m), cleared)] = held
+            view.append(held[1])
         return view
 
     return run, lambda: edits[0]
 
 
-def to_langchain(history: Sequence[Message]) -> list[Any]:
-    """The internal form as LangChain messages (text, tool calls, tool results)."""
+class LangChainForm:
+    """The internal form to LangChain messages and back, each message converted once.
+
+    A history message becomes the same LangChain messages every turn, and a
+    run of LangChain messages the same internal message, so the shared
+    counter and measures know them by identity. An edited LangChain copy
+    (a cleared result) is known by its content.
+    """
+
+    def __init__(self) -> None:
+        self._to: dict[int, tuple[Message, list[Any]]] = {}
+        self._made: dict[int, Any] = {}
+        self._back: dict[tuple[object, ...], tuple[list[Any], Message]] = {}
+        self._tokens: dict[object, int] = {}
+
+    def to(self, history: Sequence[Message]) -> list[Any]:
+        """``history`` as LangChain messages."""
+        out: list[Any] = []
+        for index, message in enumerate(history):
+            held = self._to.get(id(message))
+            if held is None or held[0] is not message:
+                made = to_langchain([message], index)
+                held = (message, made)
+                self._to[id(message)] = held
+                self._made.update((id(m), m) for m in made)
+            out.extend(held[1])
+        return out
+
+    def back(self, messages: Sequence[Any]) -> list[Message]:
+        """LangChain ``messages`` in the internal form, as :func:`from_langchain` makes it."""
+        view: list[Message] = []
+        for group in _groups(messages):
+            key = tuple(self._part(m) for m in group)
+            held = self._back.get(key)
+            if held is None:
+                held = (group, from_langchain(group)[0])
+                self._back[key] = held
+            view.append(held[1])
+        return view
+
+    def tokens(self, messages: Sequence[Any], counter: Counter) -> int:
+        """The tokens of LangChain ``messages`` in the internal form.
+
+        A message's tokens are the sum of its blocks' (docs/COST.md: no
+        per-message overhead), so each LangChain message is counted alone, once.
+        """
+        total = 0
+        for message in messages:
+            key = self._part(message)
+            tokens = self._tokens.get(key)
+            if tokens is None:
+                tokens = counter(from_langchain([message])[0])
+                self._tokens[key] = tokens
+            total += tokens
+        return total
+
+    def _part(self, message: Any) -> object:
+        if self._made.get(id(message)) is message:
+            return id(message)
+        return (type(message).__name__, getattr(message, "tool_call_id", None), message.content)
+
+
+def _groups(messages: Sequence[Any]) -> list[list[Any]]:
+    """LangChain messages by the internal message :func:`from_langchain` makes of them."""
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    groups: list[list[Any]] = []
+    results_only = False  # the last group is a user message of tool results only
+    for message in messages:
+        if isinstance(message, AIMessage):
+            groups.append([message])
+            results_only = False
+            continue
+        if groups and results_only:
+            groups[-1].append(message)
+        else:
+            groups.append([message])
+        results_only = isinstance(message, ToolMessage) and (len(groups[-1]) == 1 or results_only)
+    return groups
+
+
+def to_langchain(history: Sequence[Message], first: int = 0) -> list[Any]:
+    """The internal form as LangChain messages (text, tool calls, tool results).
+
+    ``first`` is the history index of ``history[0]``.
+    """
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
     out: list[Any] = []
-    for index, message in enumerate(history):
+    for index, message in enumerate(history, first):
         content = message.get("content")
         blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
         if message.get("role") == "assistant":
@@ -423,11 +603,12 @@ def trim(window: int, counter: Counter, fixed: int) -> tuple[Strategy, Callable[
     from ctxwin.engine import context_window_info
 
     limit = int(context_window_info({"id": "m", "context_window": window}).max_allowed_size)
-    lc_counter = _lc_counter(counter)
+    form = LangChainForm()
+    lc_counter = _lc_counter(counter, form)
     edits = [0]
 
     def run(history: list[Message], previous: dict[str, Any] | None, ts: int) -> list[Message]:
-        converted = to_langchain(history)
+        converted = form.to(history)
         trimmed = trim_messages(
             converted,
             max_tokens=max(limit - fixed, 1),
@@ -439,14 +620,14 @@ def trim(window: int, counter: Counter, fixed: int) -> tuple[Strategy, Callable[
         )
         if len(trimmed) < len(converted):
             edits[0] += 1
-        return from_langchain(trimmed)
+        return form.back(trimmed)
 
     return run, lambda: edits[0]
 
 
-def _lc_counter(counter: Counter) -> Callable[[Sequence[Any]], int]:
+def _lc_counter(counter: Counter, form: LangChainForm) -> Callable[[Sequence[Any]], int]:
     def count(messages: Sequence[Any]) -> int:
-        return sum(counter(m) for m in from_langchain(messages))
+        return form.tokens(messages, counter)
 
     return count
 
@@ -458,16 +639,17 @@ def clear_lc(window: int, counter: Counter, fixed: int) -> tuple[Strategy, Calla
     edit = ClearToolUsesEdit()
     if edit.trigger > window:
         edit = ClearToolUsesEdit(trigger=window // 2)
-    lc_counter = _lc_counter(counter)
+    form = LangChainForm()
+    lc_counter = _lc_counter(counter, form)
     edits = [0]
 
     def run(history: list[Message], previous: dict[str, Any] | None, ts: int) -> list[Message]:
-        converted = to_langchain(history)
+        converted = form.to(history)
         before = [m.content for m in converted]
         edit.apply(converted, count_tokens=lambda ms: lc_counter(ms) + fixed)
         if any(m.content != b for m, b in zip(converted, before, strict=True)):
             edits[0] += 1
-        return from_langchain(converted)
+        return form.back(converted)
 
     return run, lambda: edits[0]
 
@@ -491,8 +673,10 @@ def replay(conversation: Conversation, window: int, name: str, counter: Counter)
     before: list[Message] = []
     first = True
     internal = conversation.internal
+    steps = steps_of(conversation, counter)
     for step, (length, tokens_out) in enumerate(conversation.requests):
         history = internal[:length]
+        known = steps[step]
         ts = START_TS + step * 17_000
         started = time.perf_counter()
         view = strategy(history, previous, ts)
@@ -501,8 +685,16 @@ def replay(conversation: Conversation, window: int, name: str, counter: Counter)
         tokens_in = conversation.fixed + sum(sizes)
         if tokens_in + tokens_out > window:
             run.over += 1
-        if problems(view) - problems(history):
+        wrong = conversation.check(view)
+        if wrong - known.problems:
             run.refused += 1
+        if wrong:
+            run.strict += 1
+        run.history.add(sum(sizes) / known.tokens if known.tokens else None)
+        found = conversation.finder.in_view(view)
+        typed = len(conversation.typed)
+        run.typed.add(columns.share_present(conversation.typed, length, found))
+        run.calls.add(columns.share_present(conversation.calls, length, {i - typed for i in found}))
         shared = 0
         for old, new in zip(before, view, strict=False):
             if old is not new and old != new:
@@ -515,9 +707,8 @@ def replay(conversation: Conversation, window: int, name: str, counter: Counter)
         run.cached += cached
         for unit, sheet in UNITS.items():
             run.cost[unit] += sheet.cost(written, cached)
-        latest = latest_reads(history, conversation.dialect)
-        if latest:
-            run.kept_sum += kept_share(view, latest)
+        if known.latest:
+            run.kept_sum += kept_share(view, known.latest, internal)
             run.kept_n += 1
         before = view
         previous = {"ts": ts, "tokens_in": tokens_in, "tokens_out": tokens_out}
@@ -525,17 +716,42 @@ def replay(conversation: Conversation, window: int, name: str, counter: Counter)
     return run
 
 
-def kept_share(view: Sequence[Message], latest: dict[str, tuple[int, int, str]]) -> float:
-    """The share of files whose latest read is in the view, unedited (its text found whole)."""
-    texts: list[str] = []
-    for message in view:
-        content = message.get("content")
-        if message.get("role") != "user" or not isinstance(content, list):
+def kept_share(
+    view: Sequence[Message],
+    latest: dict[str, tuple[int, int, str]],
+    history: Sequence[Message],
+) -> float:
+    """The share of files whose latest read is in the view, unedited (its text found whole).
+
+    A read whose history message is itself in the view is there unedited;
+    for the others the view's user texts are searched, a block equal to the
+    read's text first, then the texts joined.
+    """
+    present = {id(message) for message in view}
+    texts: list[str] | None = None
+    whole: set[str] = set()
+    sent: str | None = None
+    kept = 0
+    for index, _, body in latest.values():
+        if id(history[index]) in present:
+            kept += 1
             continue
-        texts.extend(text for block in content if (text := text_of(block)))
-    sent = "\n".join(texts)
-    kept = sum(1 for _, _, body in latest.values() if body in sent)
+        if texts is None:
+            texts = [text for message in view for text in _user_texts(message)]
+            whole = set(texts)
+        if body not in whole:
+            sent = "\n".join(texts) if sent is None else sent
+            if body not in sent:
+                continue
+        kept += 1
     return kept / len(latest)
+
+
+def _user_texts(message: Message) -> list[str]:
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, list):
+        return []
+    return [text for block in content if (text := text_of(block))]
 
 
 def wire(folder: Path, windows: list[int], only: str, repeat: int) -> None:
@@ -640,71 +856,52 @@ def main() -> None:
             continue
         conversation = load(folder, file, counter)
         for window in windows:
-            runs = {name: replay(conversation, window, name, counter) for name in names}
-            base = runs.get("keep-all")
-            for run in runs.values():
-                row = {"conversation": file.split(".")[0][:24], "window": window, **run.row(base)}
-                results.append(row)
-                if not args.json:
+            rows = cell_rows(conversation, window, names, counter)
+            results.extend(rows)
+            if not args.json:
+                for row in rows:
                     print(_line(row), flush=True)
     if args.json:
         print(json.dumps(results, indent=1))
     else:
-        print(summary(results))
+        print(summary(results, list(UNITS)))
+
+
+def cell_rows(
+    conversation: Conversation, window: int, names: Sequence[str], counter: Counter
+) -> list[dict[str, Any]]:
+    """Every strategy's row on one conversation and window, ``auto``'s with who dominates it."""
+    runs = {name: replay(conversation, window, name, counter) for name in names}
+    base = runs.get("keep-all")
+    rows = [
+        {
+            "conversation": conversation.name.split(".")[0][:24],
+            "window": window,
+            **run.row(base, conversation.dialect),
+        }
+        for run in runs.values()
+    ]
+    for row in rows:
+        if row["strategy"] == "auto":
+            for unit in UNITS:
+                row[f"dominated_{unit}"] = columns.dominating(row, rows, unit)
+    return rows
 
 
 def _line(row: dict[str, Any]) -> str:
+    dominated = sorted({name for unit in UNITS for name in row.get(f"dominated_{unit}", ())})
     return (
         f"{row['conversation']:<24} {row['window'] // 1000:>3}k {row['strategy']:<15} "
         f"over {row['over']:>3} refused {row['refused']:>3} "
-        f"in {row['input_tokens'] / 1e6:7.2f}M cached {row['cached_share']:.3f} "
+        f"{'feasible' if row['feasible'] else 'INFEASIBLE':<10} "
+        f"cached {row['cached_share']:.3f} "
         f"A {row.get('rel_anthropic', 0):.3f} O {row.get('rel_openai', 0):.3f} "
-        f"reads {row['latest_read_kept']:.3f} edits {row['edits']:>4} "
+        f"reads {row['latest_read_kept']:.3f} hist {row['history_kept']:.2f} "
+        f"typed {row['typed_mean']:.2f}/{row['typed_worst']:.2f} "
+        f"calls {row['calls_visible']:.2f} edits {row['edits']:>4} "
         f"turn {row['turn_ms']:.2f}ms"
+        + (f" dominated by {','.join(dominated)}" if dominated else "")
     )
-
-
-def summary(rows: list[dict[str, Any]]) -> str:
-    """The issue's targets, checked over the cells run."""
-    cells: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
-    for row in rows:
-        cells.setdefault((row["conversation"], row["window"]), {})[row["strategy"]] = row
-    lines = ["", "targets (auto):"]
-    ratios: dict[str, list[float]] = {unit: [] for unit in UNITS}
-    below = 0
-    dominated: list[str] = []
-    for (conversation, window), runs in cells.items():
-        auto = runs.get("auto")
-        cline = runs.get("cline")
-        if auto is None:
-            continue
-        if cline is not None:
-            if cline["edits"] > 0:
-                for unit in UNITS:
-                    ratios[unit].append(auto[f"cost_{unit}"] / cline[f"cost_{unit}"])
-            if auto["latest_read_kept"] < cline["latest_read_kept"] - 0.01:
-                below += 1
-        for name, other in runs.items():
-            if name == "auto" or other["over"] or other["refused"]:
-                continue
-            for unit in UNITS:
-                if (
-                    other[f"cost_{unit}"] < auto[f"cost_{unit}"]
-                    and other["latest_read_kept"] >= auto["latest_read_kept"] - 0.01
-                ):
-                    dominated.append(f"{conversation} {window // 1000}k {unit} by {name}")
-    over = sum(runs["auto"]["over"] for runs in cells.values() if "auto" in runs)
-    refused = sum(runs["auto"]["refused"] for runs in cells.values() if "auto" in runs)
-    shares = [runs["auto"]["cached_share"] for runs in cells.values() if "auto" in runs]
-    lines.append(f"  requests over the window: {over}; refused views: {refused}")
-    for unit, values in ratios.items():
-        if values:
-            mean = math.exp(sum(math.log(v) for v in values) / len(values))
-            lines.append(f"  geometric mean auto/cline cost ({unit}) where cline cuts: {mean:.3f}")
-    lines.append(f"  cells with latest reads below cline's: {below}")
-    lines.append(f"  lowest cached share: {min(shares) if shares else 0:.3f}")
-    lines.append(f"  dominated: {len(dominated)} {dominated}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -358,6 +358,29 @@ def test_the_cline_dialect_masks_after_the_result_header() -> None:
     assert masked.startswith("[execute_command for 'make 0'] Result:\n[ctxwin] The result of ")
 
 
+def test_a_cline_stub_keeps_what_a_person_typed_in_the_result() -> None:
+    """A masked Cline result that holds an answer a person typed keeps that answer, tags and
+    all, after the stub: masking never hides an instruction (docs/COST.md)."""
+    messages: list[Message] = [
+        user("<task>\nbuild it\n</task>"),
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        user("start"),
+    ]
+    for number in range(6):
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "ask"}]})
+        answer = f"<answer>\nuse port {number}\n</answer>"
+        body = f"[ask_followup_question for 'port?'] Result:\n{'z' * 3000}\n{answer}"
+        messages.append(user(body))
+    state = TaskState()
+    state.auto.policy = UNGOVERNED
+    replies = turn_by_turn(state, messages, auto())
+    view: list[Any] = replies[-1][1]["messages"]
+    masked = text_of(view[4]["content"][0]) or ""
+    assert "[ctxwin] The result of " in masked
+    assert "z" * 100 not in masked
+    assert masked.endswith("<answer>\nuse port 0\n</answer>")
+
+
 def test_ledger_figures_are_exact_on_a_small_conversation() -> None:
     messages = conversation([("Bash", {"command": "ls"}, 100), ("Bash", {"command": "pwd"}, 50)])
     state = native()

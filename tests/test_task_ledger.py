@@ -219,3 +219,29 @@ def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(nam
     listed = line.split(": ", 1)[1].split(", ") if line else []
     assert listed
     assert [] == [path for path in listed if path not in read | printed]
+
+
+def test_bracketed_notes_and_attachments_are_typed_as_docs_cost_says() -> None:
+    """A native user text counts as typed unless it is a tool result or opens with ``<``: an
+    interruption note and an attached document are listed (once, however often repeated)."""
+    interrupted = "[Request interrupted by user for tool use]"
+    attached = "[attached document: notes.md] Use the notes for the plan"
+    messages = [
+        user("Start"),
+        assistant("ok"),
+        user(interrupted),
+        assistant("ok"),
+        user(attached),
+        assistant("ok"),
+        user(interrupted),
+        assistant("ok"),
+        user("<system-reminder>x</system-reminder>"),
+        assistant("ok"),
+    ]
+    assert user_instructions(messages[2], cline=False) == [interrupted]
+    assert user_instructions(messages[8], cline=False) == []
+    ledger = task_ledger(messages, [range(2, 9)], 2000, count)
+    assert ledger.count(interrupted) == 1
+    assert f"(said 2 times) {interrupted}" in ledger
+    assert attached in ledger
+    assert "system-reminder" not in ledger

@@ -22,7 +22,7 @@ from ._ledger import Receipt, payback_turns
 from ._optimize import TOOL_HEADER
 from ._overlay import EDIT_NO_FILE_READ, EDIT_UNDEFINED
 from ._reads import native_reads
-from ._task_ledger import task_ledger
+from ._task_ledger import task_ledger, typed_parts
 from ._view import apply_overlay
 
 if TYPE_CHECKING:
@@ -275,10 +275,14 @@ class Planner:
                     continue
                 tokens = self.block_tokens(index, result.block, result.body)
                 replacement = _stub(result.tool, result.arguments, tokens)
-                if not self.state.dialect.native and result.block == 0:
-                    header = TOOL_HEADER.match(result.body)
-                    assert header is not None
-                    replacement = f"{header.group(0)}\n{replacement}"
+                if not self.state.dialect.native:
+                    if result.block == 0:
+                        header = TOOL_HEADER.match(result.body)
+                        assert header is not None
+                        replacement = f"{header.group(0)}\n{replacement}"
+                    # What a person typed in the result (an answer, feedback) stays.
+                    typed = "\n".join(typed_parts(result.body))
+                    replacement += f"\n{typed}" if typed else ""
                 stub = self.stub_tokens(replacement)
                 if tokens * self.sheet.cache_read < stub * self.sheet.cache_write:
                     continue
