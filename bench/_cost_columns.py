@@ -8,18 +8,16 @@ objects, so a view costs what is new in it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ctxwin.engine import user_instructions
 
 Message = dict[str, Any]
 
 SNIPPET_CHARS = 160
 """What of an instruction or a call's key argument is looked for (docs/COST.md)."""
-
-CLINE_TYPED = re.compile(r"<(task|feedback|user_message|answer)>(.*?)</\1>", re.DOTALL)
-"""What a person typed in a Cline history: the text inside these tags."""
 
 KEY_ARGUMENTS = (
     "file_path",
@@ -48,31 +46,16 @@ def snippet(text: str) -> str:
     return normalised(text)[:SNIPPET_CHARS]
 
 
-def typed_texts(message: Mapping[str, Any], dialect: str) -> list[str]:
+def typed_texts(message: Message, dialect: str) -> list[str]:
     """What a person typed in ``message`` (docs/COST.md, "Instructions kept").
 
-    In the Cline dialect, the text inside ``<task>``, ``<feedback>``,
-    ``<user_message>`` and ``<answer>``; in the others, a user message's text
-    blocks that are not system text (text that opens with ``<``). Tool
-    results are never typed.
+    The engine's one definition, the one its task ledger lists
+    (:func:`ctxwin.engine.user_instructions`): in the Cline dialect the text
+    inside ``<task>``, ``<feedback>``, ``<user_message>`` and ``<answer>``; in
+    the others a user message's texts that are not system text (text that
+    opens with ``<``). Tool results are never typed.
     """
-    if message.get("role") != "user":
-        return []
-    content = message.get("content")
-    texts: list[str] = []
-    if isinstance(content, str):
-        texts = [content]
-    elif isinstance(content, list):
-        texts = [
-            block["text"]
-            for block in content
-            if isinstance(block, Mapping)
-            and block.get("type") == "text"
-            and isinstance(block.get("text"), str)
-        ]
-    if dialect == "cline":
-        return [found.group(2) for text in texts for found in CLINE_TYPED.finditer(text)]
-    return [text for text in texts if not text.lstrip().startswith("<")]
+    return user_instructions(message, dialect == "cline")
 
 
 def instructions(history: Sequence[Message], dialect: str) -> list[tuple[int, str]]:

@@ -34,7 +34,9 @@ VALIDATORS = {name: sdk_validator(name) for name in DIALECT_NAMES}
 
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["prepare", "prepare_over", "compact", "notice", "optimize", "rollback"]),
+        st.sampled_from(
+            ["prepare", "prepare_over", "compact", "notice", "optimize", "rollback", "drop"]
+        ),
         st.floats(0.2, 1.0),
     ),
     min_size=1,
@@ -69,7 +71,9 @@ class Run:
         self.ts = 0
         self.internal_view: list[dict[str, Any]] = []  # the engine's view of the last op
 
-    def op(self, name: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def op(
+        self, name: str, messages: list[dict[str, Any]], fraction: float = 0.5
+    ) -> list[dict[str, Any]]:
         self.ts += 1
         history = self.history
         history.sync(messages)
@@ -84,6 +88,8 @@ class Run:
                 apply_truncation_notice(self.state, self.ts, internal)
             elif name == "optimize":
                 self.state.optimize_file_reads(internal, self.ts)
+            elif name == "drop":
+                self.state.drop(_turns_to_drop(internal, fraction), self.ts)
             else:
                 self.state.rollback(self.ts - 2)
             view = self.state.truncated_messages(internal)
@@ -94,14 +100,30 @@ class Run:
         # the view is mapped again from the same internal view: both give the same.
         patched = None
         if self.ts % 2:
-            patch = self.patches.of_mapped(history, view, self.state.deleted_range)
+            dropped = self.state.dropped
+            patch = self.patches.of_mapped(history, view, self.state.deleted_range, dropped=dropped)
             patched = None if patch is None else apply_view_patch(messages, patch)
             if patch is not None and patched is not None:
                 check_origins(messages, patched, _origins(len(messages), patch))
-        mapped = history.view(view, self.state.deleted_range)
+        mapped = history.view(view, self.state.deleted_range, dropped=self.state.dropped)
         assert patched is None or patched == mapped
         self.internal_view = view
         return mapped
+
+
+def _turns_to_drop(internal: list[dict[str, Any]], fraction: float) -> list[tuple[int, int]]:
+    """Whole turns (an assistant message after a user one, to the next such) to add to the
+    deleted set, as ``auto`` drops them: about ``fraction`` of them, never the newest."""
+    starts = [
+        index
+        for index in range(3, len(internal))
+        if internal[index]["role"] == "assistant" and internal[index - 1]["role"] == "user"
+    ]
+    ranges = []
+    for place, low in enumerate(starts[:-1]):
+        if int((place + 1) * fraction) != int(place * fraction):
+            ranges.append((low, starts[place + 1] - 1))
+    return ranges
 
 
 def _without_results(dialect: str, message: dict[str, Any]) -> Any:
@@ -148,8 +170,9 @@ def check_results_kept(run: Run, messages: list[dict[str, Any]], view: list[Any]
     history = run.history
     start = keep_from(run.state.deleted_range)
     real: dict[str, int] = {}
+    dropped = run.state.dropped
     for internal, members in enumerate(history.members):
-        if 2 <= internal < start:
+        if 2 <= internal < start or any(low <= internal <= high for low, high in dropped):
             continue
         for member in members:
             for call, text in _results_by_call(run.dialect, messages[member]).items():
@@ -229,7 +252,7 @@ def test_every_view_satisfies_the_provider_and_keeps_what_must_be_kept(
     for name, fraction in ops:
         length = max(length, round(len(messages) * fraction))  # the history grows
         prefix = messages[:length]
-        view = run.op(name, prefix)
+        view = run.op(name, prefix, fraction)
         check_view(run, prefix, view)
     assert snapshot == messages
 
@@ -250,7 +273,7 @@ def test_a_conversation_cuts_as_its_cline_translation_does(
     state = TaskState()
     length = 1
     for name, fraction in ops:
-        if name == "rollback":
+        if name in ("rollback", "drop"):  # a rollback's ts differ; the deleted set is auto's
             continue
         length = max(length, round(len(cline) * fraction))
         while length < len(cline) and _bare_results(cline[length - 1]):

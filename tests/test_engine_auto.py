@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -18,12 +20,16 @@ from ctxwin.engine import (
     plan,
     text_of,
 )
+from ctxwin.engine._auto import _Turn
+from ctxwin.engine._auto_edits import Planner
 
 Message = dict[str, Any]
 WINDOW = 20_000
 MODEL = {"id": "m", "context_window": WINDOW}
 BUDGET = WINDOW - DEFAULT_POLICY.reserve  # no response reported yet
 TS = 1_000
+UNGOVERNED = replace(DEFAULT_POLICY, governor=0.0)
+"""Masks whatever the share of cache hits so far (short conversations start low)."""
 
 
 def chars(message: Message) -> int:
@@ -124,87 +130,185 @@ def test_no_edit_while_the_view_fits_and_nothing_pays_back() -> None:
     assert result["cache"]["written_tokens"] == sum(map(chars, messages))
 
 
-def test_a_superseded_read_becomes_the_notice_when_it_pays_back() -> None:
-    read = ("Read", {"file_path": "src/a.py"}, 6000)
-    messages = conversation([read, read, *[("Bash", {"command": "true"}, 10)] * 30])
-    state = native()
-    result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    assert result["fits"]
-    first, latest = messages[4]["content"][0], messages[6]["content"][0]
-    view: list[Any] = result["messages"]
-    assert text_of(view[4]["content"][0]) == state.notices.duplicate_file_read
-    assert view[6]["content"][0] == latest  # the latest read is never replaced
-    assert first != view[4]["content"][0]
-    (receipt,) = result["receipts"]
-    assert receipt["kind"] == "supersede"
-    assert receipt["index"] == 4
-    assert receipt["saved_tokens"] > 5000
-    assert receipt["payback_turns"] is not None
-    assert receipt["payback_turns"] < 20
+def turn_by_turn(
+    state: TaskState, messages: list[Message], budgeting: Budgeting, first: int = 3
+) -> list[tuple[list[Message], Any]]:
+    """Each request of the conversation (the history up to each user message from ``first``
+    on), in order: (history sent, result)."""
+    out: list[tuple[list[Message], Any]] = []
+    for end in range(first, len(messages) + 1):
+        if messages[end - 1]["role"] != "user":
+            continue
+        sent = messages[:end]
+        result = state.prepare_request(sent, None, MODEL, budgeting=budgeting, ts=TS + end)
+        out.append((sent, result))
+    return out
 
 
-def test_a_batch_below_the_minimum_waits_even_when_it_would_pay() -> None:
-    read = ("Read", {"file_path": "src/a.py"}, DEFAULT_POLICY.min_batch // 2)
-    messages = conversation([read, read, *[("Bash", {"command": "true"}, 10)] * 30])
-    state = native()
-    # Tokens only: a rewrite costs nothing extra, so only the minimum holds the batch back.
-    state.prepare_request(messages, None, MODEL, budgeting=auto("none"), ts=TS)
-    assert not state.overlay
-
-
-def test_old_results_are_masked_with_a_stub_when_the_view_does_not_fit() -> None:
-    steps = [("Bash", {"command": f"make test{n}"}, 1500) for n in range(14)]
+def test_the_rolling_mask_stubs_the_turn_that_just_left_and_keeps_the_prefix() -> None:
+    """Each result is sent whole once, then stubbed right before the new messages: what the
+    last view held before it is sent again unchanged (read from the cache)."""
+    steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(6)]
     messages = conversation(steps)
+    state = native()
+    state.auto.policy = UNGOVERNED  # a short conversation: its hit share starts low
+    replies = turn_by_turn(state, messages, auto(), first=5)
+    for (before, last), (sent, now) in itertools.pairwise(replies):
+        previous: list[Any] = last["messages"]
+        view: list[Any] = now["messages"]
+        edited = len(before) - 1  # the result the last request ended with
+        assert view[:edited] == previous[:edited]  # the cached prefix stands
+        stub = text_of(view[edited]["content"][0]) or ""
+        assert stub.startswith("[ctxwin] The result of Bash(")
+        assert f'"make test{(edited - 4) // 2}"' in stub
+        assert "(3007 tokens)" in stub  # "Bash:n:" and 3000 characters
+        assert view[edited + 1 :] == sent[edited + 1 :]  # the new messages as they are
+        assert {r["kind"] for r in now["receipts"]} == {"mask"}
+        assert not view_problems(view)
+    # Every result was sent whole in exactly one view.
+    for number in range(6):
+        body = f"Bash:{number}:" + "y" * 3000
+        assert sum(body in texts(r["messages"]) for _, r in replies) == 1
+
+
+def test_a_mask_never_goes_back_to_results_left_whole_before() -> None:
+    """Results the governor left whole early on stay whole: each mask edits only the message
+    the last request ended with, so nothing behind it is written again."""
+    steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(40)]
+    messages = conversation(steps)
+    state = native()
+    wide = {"id": "m", "context_window": 1_000_000}
+    previous = 0
+    masked = []
+    for end in range(5, len(messages) + 1, 2):
+        result = state.prepare_request(messages[:end], None, wide, budgeting=auto(), ts=TS + end)
+        for receipt in result.get("receipts", ()):
+            if receipt["kind"] == "mask":
+                assert receipt["index"] == previous - 1
+                masked.append(receipt["index"])
+        previous = end
+    assert masked  # the governor let the later ones through
+    assert masked[0] > 4  # the first results stayed whole
+
+
+def test_a_result_its_stub_does_not_pay_for_is_not_masked() -> None:
+    """A stub written at the write price must cost less than reading the result it replaces."""
+    steps = [("Bash", {"command": f"ls {n}"}, 300) for n in range(8)]
+    messages = conversation(steps)
+    state = native()
+    state.auto.policy = UNGOVERNED
+    turn_by_turn(state, messages, auto())
+    assert not state.overlay
+    assert not state.dropped
+
+
+def test_the_governor_holds_back_masks_while_the_cache_hit_share_is_low() -> None:
+    """Early on (few hits yet), a mask that rewrites a large share of the last view waits;
+    once the share of hits is above the governor, the same masks are made."""
+    steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(4)]
+    messages = conversation(steps)
+    state = native()
+    turn_by_turn(state, messages, auto())
+    assert not state.overlay
+    free = native()
+    free.auto.policy = UNGOVERNED
+    turn_by_turn(free, messages, auto())
+    assert free.overlay
+
+
+def test_a_view_that_does_not_fit_is_rebuilt_to_the_head_the_ledger_the_pins_and_the_tail() -> None:
+    steps = [("Read", {"file_path": "big.py"}, 2000)]
+    steps += [("Bash", {"command": f"make test{n}"}, 1500) for n in range(14)]
+    messages = conversation(steps, task="fix the build, keep the tests green")
     assert sum(map(chars, messages)) > BUDGET
     state = native()
     result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
     assert result["fits"]
-    assert state.deleted_range is None  # masking was enough: nothing cut
+    assert result["range_updated"]
+    assert state.deleted_range is None  # the first pair and its answer stay
+    assert state.dropped
     view: list[Any] = result["messages"]
-    old = text_of(view[4]["content"][0]) or ""
-    assert old.startswith("[ctxwin] The result of Bash(")
-    assert '"make test0"' in old
-    assert "(1507 tokens)" in old  # "Bash:0:" and 1500 characters
-    # The results of the last calls stay as they are.
-    for place in range(len(view) - 2 * DEFAULT_POLICY.keep_calls + 1, len(view), 2):
-        assert view[place] == messages[place]
+    assert view[:2] == messages[:2]
+    ledger = texts(view)[2]  # the ledger joins message 2
+    assert ledger.startswith(proto.SUMMARY_MARK)
+    assert "fix the build, keep the tests green" in texts(view)  # the task, in place
+    assert messages[4] in view  # the latest read of big.py is pinned
+    tail = DEFAULT_POLICY.tail_turns * 2
+    assert view[-tail:] == messages[-tail:]
     assert not view_problems(view)
-    assert {r["kind"] for r in result["receipts"]} == {"mask"}
+    assert {r["kind"] for r in result["receipts"]} == {"rebuild"}
 
 
-def test_the_latest_read_of_a_file_is_never_masked() -> None:
-    steps = [("Read", {"file_path": "big.py"}, 3000)]
-    steps += [("Bash", {"command": f"make {n}"}, 1500) for n in range(14)]
+def test_pinned_latest_reads_survive_every_rebuild() -> None:
+    steps = [("Read", {"file_path": "big.py"}, 3000), ("Read", {"file_path": "old.py"}, 500)]
+    steps += [("Bash", {"command": f"make {n}"}, 1500) for n in range(30)]
+    steps.insert(5, ("Read", {"file_path": "old.py"}, 600))  # supersedes the first read
     messages = conversation(steps)
     state = native()
-    state.auto.policy = replace(DEFAULT_POLICY, ceiling=1.0)  # masking alone, nothing cut
-    result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    assert state.deleted_range is None
-    assert result["messages"][4] == messages[4]
-    view: list[Any] = result["messages"]
-    assert text_of(view[6]["content"][0]).startswith("[ctxwin] The result of Bash")  # type: ignore[union-attr]
+    replies = turn_by_turn(state, messages, auto())
+    rebuilds = [r for _, r in replies if any(x["kind"] == "rebuild" for x in r.get("receipts", ()))]
+    assert len(rebuilds) >= 2
+    big = "Read:0:" + "y" * 3000
+    newer = "Read:5:" + "y" * 600
+    for sent, result in replies:
+        view: list[Any] = result["messages"]
+        assert result["estimated_tokens"] <= BUDGET
+        if len(sent) > 4:
+            assert big in texts(view)  # whole, wherever its turn stands
+        if len(sent) > 16:
+            assert newer in texts(view)
+        assert not view_problems(view)
+    assert "Read:1:" + "y" * 500 not in texts(replies[-1][1]["messages"])  # superseded: gone
 
 
-def test_whole_turns_are_cut_to_the_low_water_mark_when_masking_is_not_enough() -> None:
-    messages = [
-        user("task " + "t" * 50),
-        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
-    ]
-    for number in range(40):
-        messages.append(user(f"question {number} " + "q" * 700))
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 300}]})
+def test_a_rebuild_waits_for_the_rent_to_reach_its_rewrite_cost() -> None:
+    """Views that fit are rebuilt when what not rebuilding cost (the cached reads of what a
+    rebuild drops) reaches what the rebuild writes again, not before, and never without rent."""
+    messages = [user("task"), {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    for number in range(60):
+        messages.append(user(f"question {number} " + "q" * 150))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 100}]})
     messages.append(user("last"))
+    big = {"id": "m", "context_window": 1_000_000}
+    sheet = proto.PRICE_SHEETS["anthropic"]
+    price = sheet.cache_write - sheet.cache_read
+
+    def replay(state: TaskState) -> list[tuple[float, float, Any]]:
+        """Each turn: the rent before it, what a rebuild would write again after it (the
+        view the turn sent, as the rule saw it when it made no edit; infinite when it
+        would drop nothing), and the result."""
+        out: list[tuple[float, float, Any]] = []
+        for end in range(3, len(messages) + 1, 2):
+            rent = state.auto.rent
+            sent = messages[:end]
+            result = state.prepare_request(sent, None, big, budgeting=auto(), ts=end)
+            planner = Planner(state, sent, auto(), sheet, state.auto.policy, end)
+            plan = _Turn(planner, state.auto.budget(big)).plan()
+            out.append((rent, plan.rewritten if plan.dropped_tokens else math.inf, result))
+        return out
+
+    never = native()
+    never.auto.policy = replace(UNGOVERNED, rent_multiple=1e9)
+    assert not any("receipts" in result for _, _, result in replay(never))
+    assert not never.dropped
     state = native()
-    result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    assert state.deleted_range is not None
-    assert result["range_updated"]
-    assert result["estimated_tokens"] <= BUDGET * DEFAULT_POLICY.low_water + 400  # plus the notice
-    assert result["messages"][-1] == messages[-1]
-    # The next turns fit again without another cut.
-    grown = [*messages, {"role": "assistant", "content": [{"type": "text", "text": "a" * 300}]}]
-    grown.append(user("q" * 700))
-    again = state.prepare_request(grown, None, MODEL, budgeting=auto(), ts=TS + 1)
-    assert not again["range_updated"]
+    state.auto.policy = UNGOVERNED  # the rule alone decides
+    steps = replay(state)
+    rebuilt = [n for n, (_, _, r) in enumerate(steps) if r.get("receipts")]
+    assert rebuilt
+    for n, (_, rewrite, result) in enumerate(steps):
+        if n in rebuilt:
+            rent = steps[n][0]
+            (receipt,) = result["receipts"]
+            assert receipt["kind"] == "rebuild"
+            owed = rent + sheet.cache_read * receipt["saved_tokens"]
+            assert owed >= price * receipt["rewrite_tokens"]
+            assert n - 1 not in rebuilt
+        else:
+            # No rebuild: the rent after this turn is below what a rebuild would write again.
+            after = steps[n + 1][0] if n + 1 < len(steps) else state.auto.rent
+            assert after < price * rewrite, n
+    assert state.summary is not None
 
 
 def test_a_message_larger_than_the_budget_is_shortened_with_a_notice_before_it_is_sent() -> None:
@@ -222,13 +326,18 @@ def test_a_message_larger_than_the_budget_is_shortened_with_a_notice_before_it_i
 
 
 def test_rollback_removes_autos_edits() -> None:
-    steps = [("Bash", {"command": f"make test{n}"}, 1500) for n in range(14)]
+    steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(40)]
     messages = conversation(steps)
     state = native()
-    state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
+    state.auto.policy = UNGOVERNED
+    turn_by_turn(state, messages, auto())
     assert state.overlay
+    assert state.dropped
+    assert state.summaries
     assert state.rollback(TS - 1) > 0
     assert not state.overlay
+    assert not state.dropped
+    assert not state.summaries
     assert state.truncated_messages(messages) == messages
 
 
@@ -236,16 +345,40 @@ def test_the_cline_dialect_masks_after_the_result_header() -> None:
     messages: list[Message] = [
         user("task"),
         {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        user("start"),
     ]
-    for number in range(14):
+    for number in range(6):
         messages.append({"role": "assistant", "content": [{"type": "text", "text": "run it"}]})
-        messages.append(user(f"[execute_command for 'make {number}'] Result:\n" + "z" * 1500))
-    messages.insert(2, user("start"))
+        messages.append(user(f"[execute_command for 'make {number}'] Result:\n" + "z" * 3000))
     state = TaskState()
-    result = state.prepare_request(messages, None, MODEL, budgeting=auto(), ts=TS)
-    view: list[Any] = result["messages"]
+    state.auto.policy = UNGOVERNED
+    replies = turn_by_turn(state, messages, auto())
+    view: list[Any] = replies[-1][1]["messages"]
     masked = text_of(view[4]["content"][0]) or ""
     assert masked.startswith("[execute_command for 'make 0'] Result:\n[ctxwin] The result of ")
+
+
+def test_a_cline_stub_keeps_what_a_person_typed_in_the_result() -> None:
+    """A masked Cline result that holds an answer a person typed keeps that answer, tags and
+    all, after the stub: masking never hides an instruction (docs/COST.md)."""
+    messages: list[Message] = [
+        user("<task>\nbuild it\n</task>"),
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        user("start"),
+    ]
+    for number in range(6):
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "ask"}]})
+        answer = f"<answer>\nuse port {number}\n</answer>"
+        body = f"[ask_followup_question for 'port?'] Result:\n{'z' * 3000}\n{answer}"
+        messages.append(user(body))
+    state = TaskState()
+    state.auto.policy = UNGOVERNED
+    replies = turn_by_turn(state, messages, auto())
+    view: list[Any] = replies[-1][1]["messages"]
+    masked = text_of(view[4]["content"][0]) or ""
+    assert "[ctxwin] The result of " in masked
+    assert "z" * 100 not in masked
+    assert masked.endswith("<answer>\nuse port 0\n</answer>")
 
 
 def test_ledger_figures_are_exact_on_a_small_conversation() -> None:
@@ -294,27 +427,32 @@ def test_price_sheets_by_name_multipliers_and_model() -> None:
             proto.sheet_from_wire(bad)
 
 
-def test_once_a_view_outgrew_the_budget_later_views_stay_under_the_ceiling() -> None:
-    """A long conversation is kept small (cheaper cache reads); before, nothing is cut."""
+def test_every_view_fits_and_carries_the_ledger_which_changes_only_at_a_rebuild() -> None:
+    """Turn by turn past the window: each view fits and is valid; from the first rebuild on,
+    the ledger follows the first pair and stays the same text until the next rebuild."""
     messages = [user("task"), {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
-    for number in range(60):
-        messages.append(user(f"question {number} " + "q" * 700))
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 300}]})
+    for number in range(25):
+        messages.append(user(f"question {number}."))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 1200}]})
     state = native()
-    state.auto.policy = replace(DEFAULT_POLICY, ceiling_floor=0)  # a small window: no floor
-    ceiling = BUDGET * DEFAULT_POLICY.ceiling
-    first_over = None
+    ledger = None
     for end in range(3, len(messages) + 1, 2):
         result = state.prepare_request(messages[:end], None, MODEL, budgeting=auto(), ts=TS + end)
-        if first_over is None and state.auto.overflowed:
-            first_over = end
-        if first_over is not None:
-            assert result["estimated_tokens"] <= ceiling
-        else:
-            assert state.deleted_range is None  # nothing is cut while everything fits
+        assert result["fits"]
         view: list[Any] = result["messages"]
         assert not view_problems(view)
-    assert first_over is not None
+        rebuilt = any(r["kind"] == "rebuild" for r in result.get("receipts", ()))
+        carried = texts(view[2:3])[0] if ledger is not None or rebuilt else None
+        if rebuilt:
+            assert carried is not None
+            assert carried.startswith(proto.SUMMARY_MARK)
+            ledger = carried
+        elif ledger is not None:
+            assert carried == ledger
+        # Every question asked so far is in the view, in place or in the ledger.
+        sent = "\n".join(texts(view))
+        assert all(f"question {n}." in sent for n in range((end - 1) // 2))
+    assert ledger is not None
 
 
 def test_plan_keeps_the_sheet_it_names_and_changes_nothing_else() -> None:
@@ -322,7 +460,8 @@ def test_plan_keeps_the_sheet_it_names_and_changes_nothing_else() -> None:
     messages = conversation(steps)
     state = native()
     planned = plan(state, messages, None, MODEL, auto("openai"), ts=TS)
-    assert planned["tokens_after"] < planned["tokens_before"]  # it would mask
+    assert planned["tokens_after"] < planned["tokens_before"]  # it would rebuild
+    assert not state.dropped
     assert not state.overlay
     assert state.ledger.requests == 0
     assert state.pricing == proto.PRICE_SHEETS["openai"]

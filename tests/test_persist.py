@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from ctxwin import engine
+from ctxwin.daemon.store._base import TaskExtras
 from ctxwin.daemon.store._files import (
     LockedError,
     NotOursError,
@@ -18,7 +20,13 @@ from ctxwin.daemon.store._files import (
     acquire_lock,
     write_atomic,
 )
-from ctxwin.daemon.store._record import TaskRecord, decode_record, encode_task
+from ctxwin.daemon.store._record import (
+    TaskRecord,
+    build_state,
+    decode_record,
+    encode_task,
+    record_of,
+)
 
 
 def listing(directory: Path) -> list[str]:
@@ -325,3 +333,27 @@ def test_a_task_directory_not_ours_is_refused(tmp_path: Path, how: str) -> None:
     with pytest.raises(NotOursError, match=reason):
         files.write(encode_task(TaskRecord(OVERLAY, [2, 9])))
     assert [] == os.listdir(files.directory)
+
+
+def test_the_deleted_set_is_stored_and_a_file_without_it_loads_with_none() -> None:
+    """A state's deleted set goes into ctxwin.json and comes back whole, rollback included;
+    an authority written before the set existed loads with an empty one."""
+    state = engine.TaskState(dialect=engine.get_dialect("anthropic"))
+    state.drop([(3, 4), (7, 8)], 10)
+    state.drop([(5, 6)], 20)
+    record = record_of(state, TaskExtras(None, "anthropic", ()))
+    authority = encode_task(record).authority
+    assert json.loads(authority)["dropped"] == [
+        {"ts": 10, "ranges": [[3, 4], [7, 8]]},
+        {"ts": 20, "ranges": [[5, 6]]},
+    ]
+    loaded = build_state(decode_record(json.loads(authority))[0], engine.DEFAULT_NOTICES)
+    assert loaded.dropped == ((3, 8),)
+    assert loaded.rollback(15) == 1
+    assert list(loaded.dropped) == [(3, 4), (7, 8)]
+    older = json.loads(encode_task(TaskRecord(OVERLAY, [2, 5])).authority)
+    assert "dropped" not in older
+    assert build_state(decode_record(older)[0], engine.DEFAULT_NOTICES).dropped == ()
+    bad = {**older, "dropped": [{"ts": 1, "ranges": [[1, 4]]}]}
+    with pytest.raises(engine.CorruptStateError):
+        build_state(decode_record(bad)[0], engine.DEFAULT_NOTICES)

@@ -299,3 +299,29 @@ def test_any_cline_conversation_gets_a_ledger_within_its_budget(
 ) -> None:
     """The same for a generated conversation in the Cline dialect."""
     check_any_ledger(render_cline(turns), data)
+
+
+def test_bracketed_notes_and_attachments_are_typed_as_docs_cost_says() -> None:
+    """A native user text counts as typed unless it is a tool result or opens with ``<``: an
+    interruption note and an attached document are listed (once, however often repeated)."""
+    interrupted = "[Request interrupted by user for tool use]"
+    attached = "[attached document: notes.md] Use the notes for the plan"
+    messages = [
+        user("Start"),
+        assistant("ok"),
+        user(interrupted),
+        assistant("ok"),
+        user(attached),
+        assistant("ok"),
+        user(interrupted),
+        assistant("ok"),
+        user("<system-reminder>x</system-reminder>"),
+        assistant("ok"),
+    ]
+    assert user_instructions(messages[2], cline=False) == [interrupted]
+    assert user_instructions(messages[8], cline=False) == []
+    ledger = task_ledger(messages, [range(2, 9)], 2000, count)
+    assert ledger.count(interrupted) == 1
+    assert f"(said 2 times) {interrupted}" in ledger
+    assert attached in ledger
+    assert "system-reminder" not in ledger

@@ -178,13 +178,13 @@ class KeptHistory:
         if form in _PATCH_VIEWS:
             # The dialects' patches keep the full override form (``prepend`` is not used).
             patch = self.patches.of_mapped(
-                mapped, view, state.deleted_range, args.get("patch_base"), missing
+                mapped, view, state.deleted_range, args.get("patch_base"), missing, state.dropped
             )
             if patch is not None:
                 del result["messages"]
                 result["patch"] = patch
                 return result
-        result["messages"] = mapped.view(view, state.deleted_range, missing)
+        result["messages"] = mapped.view(view, state.deleted_range, missing, state.dropped)
         return result
 
     def drop(self) -> None:

@@ -426,6 +426,8 @@ async def _inspect(session: TaskSession, args: dict[str, Any]) -> Result:
         result["sources"] = sources
     if "messages" in args:
         result.update(inspected_view(state, args["messages"]))
+    if state.dropped:
+        result["dropped"] = [list(pair) for pair in state.dropped]
     if state.summaries:
         result["summaries"] = [summary.wire() for summary in state.summaries]
         shown = state.summary

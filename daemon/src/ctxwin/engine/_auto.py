@@ -1,45 +1,52 @@
 """The ``auto`` strategy: keep the view inside the window at the least cost under a prompt cache.
 
 Decided on the view about to be sent (estimated and calibrated), never on
-the last request's usage alone:
+the last request's usage alone (docs/STRATEGIES.md gives the reasoning and
+where each constant comes from):
 
-1. While the view fits the budget (the window minus an output reserve) and
-   no batch of edits pays back, nothing changes: under a prompt cache,
-   sending everything again is cheapest (docs/PRICING.md).
-2. Candidates for a batch: file reads a later read of the same file
-   supersedes (they become the duplicate-read notice, losing nothing), and
-   tool results older than the last ``keep_calls`` calls, or larger than
-   ``large_result`` tokens, which become a stub naming the tool, its
-   arguments and its size (observation masking). Never the latest read of a
-   file, never a result of the last ``recent_turns`` turns. Once a view did
-   not fit, later views count as not fitting above ``ceiling`` of the budget.
-3. A batch is applied whole when the view does not fit, or when it saves at
-   least ``min_batch`` tokens and what it saves each turn, over the expected
-   remaining turns (over ``margin``), exceeds what rewriting the cache after its
-   first edit costs.
-4. When masking is not enough, whole turns are cut, down to ``low_water`` of
-   the budget so that cuts do not recur every few turns.
-5. A message too large for the budget is shortened, with a notice saying so.
+1. **The rolling mask.** Each turn, the tool results of the turn that just
+   left the recent window (``recent_turns``) become stubs naming the tool,
+   its key argument and the size, except each file's latest read. Only that
+   turn is written again, right before the new messages: the cache prefix
+   before it stays valid, and a result is never read from the cache again.
+2. **Pinned latest reads.** Each file's latest read is kept, wherever its
+   turn stands, up to ``pin_share`` of the budget (newest first).
+3. **Rebuilds by a rent rule.** Each turn adds to the rent the cached-read
+   price of the tokens a rebuild would drop now; when the rent reaches
+   ``rent_multiple`` times what the rebuild would cost to write again
+   ((write - read) x tokens rewritten), or when the view does not fit, the
+   view is rebuilt to the first pair, the ledger, the pinned turns and the
+   last ``tail_turns`` turns. The turns left out join the task's deleted set.
+4. **The governor.** A voluntary edit (1, 3 when the view fits) is made only
+   while the task's cached share, this request included, stays above
+   ``governor``.
+5. **The ledger** of what left the view (every instruction, the calls, the
+   files) is the summary the view carries after the first pair: it changes
+   only at a rebuild.
 
-Every edit is an overlay update stamped with the request's time, so it is
-persisted and rolled back like any other; only text is edited (reasoning and
-signatures are opaque parts, never touched), and cuts fall at turn
-boundaries, so tool call and result pairs stay intact.
+Every edit is stamped with the request's time: stubs are overlay updates,
+rebuilds add to the deleted set and store the ledger; all are persisted
+and undone by ``rollback``. Only text is edited, and whole turns (an
+assistant message to the user message that answers it) are dropped, so
+tool calls and their results stay paired.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ctxwin.proto import PrepareRequestResult, PriceSheet
 
-from ._auto_edits import Planner
+from ._auto_edits import HistoryFacts, Planner, Result
 from ._blocks import Message
 from ._budget import Budgeting
-from ._ledger import Receipt
+from ._ledger import Receipt, payback_turns
 from ._request import Request, prepared
+from ._summary import Summary
+from ._view import keep_from
 from ._window import context_window_info
 
 if TYPE_CHECKING:
@@ -58,45 +65,32 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class AutoPolicy:
-    """The settings of the ``auto`` strategy (docs/STRATEGIES.md).
+    """The settings of the ``auto`` strategy (docs/STRATEGIES.md says why each is what it is).
 
     Attributes:
         reserve: tokens kept free for the response (at least; a quarter more
             than the largest response reported so far when that is larger).
-        recent_turns: results in the last this many user messages are never masked.
-        keep_calls: results of the last this many tool calls are not masked
-            unless they are larger than ``large_result``.
-        large_result: tokens from which an older result is masked even among
-            the last ``keep_calls``.
-        min_batch: tokens a batch must save to be applied while the view fits.
-        margin: how many times over a batch's savings must cover its rewrite.
-        horizon: expected remaining turns: the turns so far, within these bounds.
-        high_water: after masking, a view above this share of the budget also cuts.
-        low_water: a cut brings the view down to this share of the budget.
+        recent_turns: results of the last this many user messages are not masked.
+        tail_turns: a rebuild keeps the last this many turns whole.
+        pin_share: the latest reads kept by a rebuild take at most this share of the budget.
+        ledger_share: the ledger takes at most this share of the budget.
+        rent_multiple: a rebuild is due when the rent reaches this many times its rewrite
+            cost (None: 1, the order-quantity optimum).
+        governor: voluntary edits only while the cached share stays above this.
         big_message: a message above this share of the budget is shortened to
             ``shortened`` of the budget before anything is cut for it.
         shortened: see ``big_message``.
-        ceiling: once a view did not fit the budget, the share of the budget
-            above which later views count as not fitting (below 1, they stay
-            smaller than the window allows: cheaper to read from the cache each
-            turn, at the cost of what is cut).
-        ceiling_floor: the ceiling never brings the limit below this many
-            tokens (in a small window the views stay as large as the budget).
     """
 
     reserve: int = 2048
-    recent_turns: int = 2
-    keep_calls: int = 2
-    large_result: int = 1000
-    min_batch: int = 2000
-    margin: float = 2.0
-    horizon: tuple[int, int] = (20, 200)
-    high_water: float = 0.9
-    low_water: float = 0.45
+    recent_turns: int = 1
+    tail_turns: int = 2
+    pin_share: float = 0.3
+    ledger_share: float = 0.05
+    rent_multiple: float | None = None
+    governor: float = 0.92
     big_message: float = 0.5
     shortened: float = 0.25
-    ceiling: float = 0.4
-    ceiling_floor: int = 16_000
 
 
 DEFAULT_POLICY = AutoPolicy()
@@ -105,7 +99,7 @@ DEFAULT_POLICY = AutoPolicy()
 @dataclass(slots=True)
 class AutoMemory:
     """What ``auto`` keeps on a task between requests (not stored: a restarted task
-    starts afresh).
+    starts afresh, its rent at zero).
 
     Attributes:
         policy: the task's settings.
@@ -113,25 +107,49 @@ class AutoMemory:
         block_tokens: tokens of history text blocks, by (index, block), while the
             message is the same (shared by a task's copies: a cache).
         stub_tokens: tokens of the stubs written, by text (shared the same way).
-        checked: the view's tokens when ``auto`` last looked for a batch that pays back.
-        overflowed: a view did not fit once: the ceiling applies from then on.
+        results: the tool results of history messages, by index, while the message
+            is the same (shared the same way).
+        facts: where turns begin, the user messages and the latest reads (extended as the
+            history grows; a copy makes its own).
+        rent: what not rebuilding has cost since the last rebuild (in input tokens).
+        masked_to: the mask has looked at the user messages before this index.
+        seen_input: tokens of the views returned so far that the next request could read
+            from the cache (each view but the last; the governor's).
+        seen_cached: of those, the ones the next request did read from the cache.
+        last_tokens: tokens of the last view returned (cached by the next request).
     """
 
     policy: AutoPolicy = DEFAULT_POLICY
     max_out: int = 0
     block_tokens: dict[tuple[int, int], tuple[Message, int]] = field(default_factory=dict)
     stub_tokens: dict[str, int] = field(default_factory=dict)
-    checked: int = 0
-    overflowed: bool = False
+    results: dict[int, tuple[Message, list[Result]]] = field(default_factory=dict)
+    facts: HistoryFacts = field(default_factory=HistoryFacts)
+    rent: float = 0.0
+    masked_to: int = 0
+    seen_input: int = 0
+    seen_cached: int = 0
+    last_tokens: int = 0
 
     def copy(self) -> AutoMemory:
         """An independent copy that shares the token caches."""
-        return replace(self)
+        facts = self.facts
+        own = HistoryFacts(
+            facts.seen, facts.anchor, list(facts.starts), list(facts.users), dict(facts.latest)
+        )
+        return replace(self, facts=own)
 
     def budget(self, model: Mapping[str, Any]) -> float:
         """What ``auto`` lets a view use: the window less room for the response."""
         window = context_window_info(model).context_window
         return max(window - max(self.policy.reserve, round(self.max_out * 1.25)), 0)
+
+    def share_with(self, cached: float) -> float:
+        """The share of the cache's hits so far, with this request reading ``cached`` tokens of
+        the last view from it: of every view's tokens, those the next request read from the
+        cache (new messages, which no strategy can read from it, are left out)."""
+        seen = self.seen_input + self.last_tokens
+        return (self.seen_cached + min(cached, self.last_tokens)) / seen if seen else 1.0
 
 
 @dataclass(slots=True)
@@ -141,6 +159,8 @@ class AutoOutcome:
     range_updated: bool = False
     stalled: bool = False
     receipts: list[Receipt] = field(default_factory=list)
+    view: list[Message] | None = None  # the view decided on, when built (with its tokens)
+    tokens: int | None = None
 
 
 def shorten_oversized(
@@ -190,49 +210,193 @@ def run_auto(
     outcome = AutoOutcome()
     if len(messages) < 3:
         return outcome
+    memory = state.auto
     planner = Planner(state, messages, budgeting, sheet, policy, ts)
-    hard = budget
-    estimate = planner.view_tokens()
-    if estimate > hard:
-        state.auto.overflowed = True
-    if state.auto.overflowed:
-        # A conversation that outgrew the window once will again: keep its views
-        # under the ceiling, where reading them from the cache each turn costs less.
-        budget = max(budget * policy.ceiling, min(budget, policy.ceiling_floor))
-    if estimate <= budget:
-        # A batch that did not pay back at the last look can only do so once new
-        # messages have added candidates (or turns): look again every half batch.
-        if estimate - state.auto.checked < policy.min_batch // 2 and estimate >= state.auto.checked:
-            return outcome
-        state.auto.checked = estimate
-        candidates = planner.candidates()
-        if candidates and planner.pays_back(candidates):
-            outcome.receipts.append(planner.apply(candidates))
-            state.auto.checked = planner.view_tokens()
-        return outcome
-    candidates = planner.candidates()
-    # Over the budget: a message too large for it is shortened first, then the batch.
-    outcome.receipts.extend(planner.shorten(budget * policy.big_message, budget * policy.shortened))
+    turn = _Turn(planner, budget)
+    cached = float(min(memory.last_tokens, turn.total))  # the last view: the cached prefix
+    # 1. The rolling mask: the turn that just left the recent window.
+    every = planner.facts().users
+    users = every[bisect.bisect_left(every, turn.start) :]
+    recent = users[-policy.recent_turns] if len(users) >= policy.recent_turns else turn.start
+    older = users[-policy.recent_turns - 1] if len(users) > policy.recent_turns else recent
+    first = max(memory.masked_to or older, turn.start)
+    memory.masked_to = recent
+    candidates = planner.mask_candidates(first, recent, turn.latest) if first < recent else []
     if candidates:
-        outcome.receipts.append(planner.apply(candidates))
-    estimate = planner.view_tokens()
-    state.auto.checked = estimate
-    if estimate <= budget * policy.high_water:
-        return outcome
-    # Not enough: cut whole turns to the low-water mark. (A summary of what the
-    # cut removes could stand in for it here.)
-    receipt, fits = planner.cut(budget * policy.low_water)
-    if receipt is not None:
-        outcome.range_updated = True
-        outcome.receipts.append(receipt)
-    if not fits or planner.view_tokens() > hard:
-        # What is left is too large even so: shorten down to the budget.
+        at = min(candidate.index for candidate in candidates)
+        prefix = turn.prefix(at)
+        saved = turn.ratio * sum(candidate.saved for candidate in candidates)
+        after = turn.total - saved
+        # What the last view held from the first stub on is written again instead of read:
+        # the mask is made when that costs no more than what it saves by the next request.
+        before = max(cached - prefix, saved)
+        read, write = planner.sheet.cache_read, planner.sheet.cache_write
+        pays = write * (before - saved) - read * before <= read * saved
+        if after > budget or (pays and memory.share_with(prefix) >= policy.governor):
+            rewrite = round(turn.total - prefix)
+            outcome.receipts.append(planner.apply(candidates, rewrite))
+            turn = _Turn(planner, budget)
+            cached = min(cached, prefix)
+    # 2. Rebuilds by the rent rule, or when the view does not fit.
+    plan = turn.plan()
+    read, write = planner.sheet.cache_read, planner.sheet.cache_write
+    memory.rent += read * plan.dropped_tokens
+    multiple = 1.0 if policy.rent_multiple is None else policy.rent_multiple
+    due = plan.dropped_tokens > 0 and memory.rent >= multiple * (write - read) * plan.rewritten
+    fits = turn.total <= budget
+    if not fits or (due and memory.share_with(turn.head) >= policy.governor):
+        if not fits:
+            plan = turn.plan(fit=True)
+        receipt = turn.rebuild(plan)
+        if receipt is not None:
+            outcome.range_updated = True
+            outcome.receipts.append(receipt)
+            cached = min(cached, turn.head)
+            turn = _Turn(planner, budget)
+    # 3. What still does not fit is shortened.
+    if turn.total > budget:
         outcome.receipts.extend(
-            planner.shorten(budget * policy.shortened, budget * policy.shortened)
+            planner.shorten(budget * policy.big_message, budget * policy.shortened)
         )
-        if planner.view_tokens() > hard:
-            outcome.stalled = receipt is None
+        if planner.view_tokens() > budget:
+            outcome.receipts.extend(
+                planner.shorten(budget * policy.shortened, budget * policy.shortened)
+            )
+        total = planner.view_tokens()
+        outcome.stalled = total > budget
+        cached = min(cached, turn.head)
+    else:
+        total = round(turn.total)
+        outcome.view, outcome.tokens = planner.view(), total
+    memory.seen_input += memory.last_tokens
+    memory.seen_cached += round(min(cached, memory.last_tokens))
+    memory.last_tokens = total
     return outcome
+
+
+@dataclass(slots=True)
+class _Plan:
+    """A rebuild: the turns it drops (inclusive ranges), their tokens and what it rewrites."""
+
+    ranges: list[tuple[int, int]]
+    dropped_tokens: float
+    kept_tokens: float
+    rewritten: float
+
+
+class _Turn:
+    """One decision's view, its sizes and turns (made again after each edit)."""
+
+    def __init__(self, planner: Planner, budget: float) -> None:
+        self.planner = planner
+        self.budget = budget
+        state = planner.state
+        budgeting = planner.budgeting
+        self.ratio = budgeting.ratio
+        view = planner.view()
+        self.origins = planner.origins()
+        self.sizes = [budgeting.count(message) for message in view]
+        self.position = {index: place for place, index in enumerate(self.origins)}
+        self.total = (sum(self.sizes) + budgeting.fixed) * self.ratio
+        head = self.sizes[0] + (self.sizes[1] if len(self.sizes) > 1 else 0)
+        self.head = (head + budgeting.fixed) * self.ratio
+        self.start = keep_from(state.deleted_range)
+        self.latest = planner.latest_reads(self.start)
+
+    def prefix(self, index: int) -> float:
+        """Calibrated tokens of the view before history index ``index`` (with the fixed ones)."""
+        place = self.position.get(index, len(self.sizes))
+        return (sum(self.sizes[:place]) + self.planner.budgeting.fixed) * self.ratio
+
+    def plan(self, fit: bool = False) -> _Plan:
+        """The rebuild now: keep the first pair, the last ``tail_turns`` turns and the turns of
+        the latest reads (newest first, up to ``pin_share`` of the budget); with ``fit``, fewer
+        pins and tail turns until the view fits the budget."""
+        planner, policy = self.planner, self.planner.policy
+        messages = planner.messages
+        position, sizes, ratio = self.position, self.sizes, self.ratio
+        starts = planner.turn_starts(self.start)
+        units: list[tuple[int, int, float]] = []  # visible turns: (first, last, tokens)
+        for place, low in enumerate(starts):
+            high = starts[place + 1] - 1 if place + 1 < len(starts) else len(messages) - 1
+            if low not in position:
+                continue  # dropped already (whole turns are)
+            tokens = sum(sizes[position[i]] for i in range(low, high + 1) if i in position)
+            units.append((low, high, tokens * ratio))
+        if len(units) <= policy.tail_turns:
+            return _Plan([], 0.0, self.total, 0.0)
+        lows = [unit[0] for unit in units]
+        tail = set(range(len(units) - policy.tail_turns, len(units)))
+        visible_head = self.total - sum(unit[2] for unit in units)
+        ledger = planner.ledger_estimate(self.total)
+        pins: list[int] = []
+        for index, _block in sorted(self.latest.values(), reverse=True):
+            if index not in position:
+                continue  # left out already
+            at = _unit_of(lows, index)
+            if at is not None and at not in tail and at not in pins:
+                pins.append(at)
+        limit = self.budget * policy.pin_share
+        tail_tokens = sum(units[at][2] for at in tail)
+        if fit:
+            room = self.budget - visible_head - ledger - tail_tokens
+            while room < 0 and len(tail) > 1:  # the newest turn stays
+                oldest = min(tail)
+                tail.discard(oldest)
+                room += units[oldest][2]
+                tail_tokens -= units[oldest][2]
+            limit = min(limit, max(room, 0.0))
+        kept = set(tail)
+        used = 0.0
+        for at in pins:
+            if used + units[at][2] <= limit:
+                kept.add(at)
+                used += units[at][2]
+        ranges: list[tuple[int, int]] = []
+        dropped = 0.0
+        for at, (low, high, size) in enumerate(units):
+            if at in kept:
+                continue
+            dropped += size
+            if ranges and ranges[-1][1] + 1 == low:
+                ranges[-1] = (ranges[-1][0], high)
+            else:
+                ranges.append((low, high))
+        kept_tokens = self.total - dropped + ledger
+        return _Plan(ranges, dropped, kept_tokens, max(kept_tokens - self.head, 0.0))
+
+    def rebuild(self, plan: _Plan) -> Receipt | None:
+        """Drop the plan's turns and store the ledger of every turn gone; its receipt."""
+        if not plan.ranges:
+            return None
+        planner = self.planner
+        state, messages, ts = planner.state, planner.messages, planner.ts
+        state.drop(plan.ranges, ts)
+        gone = [
+            index
+            for low, high in state.dropped
+            for index in range(low, min(high + 1, len(messages)))
+        ]
+        text = planner.ledger_text(gone, round(self.budget * planner.policy.ledger_share))
+        end = state.dropped[-1][1]
+        state.summaries.append(Summary(ts, text, end, state.deleted_range, "basic", len(messages)))
+        state.auto.rent = 0.0
+        removed = round(plan.dropped_tokens)
+        rewrite = round(plan.rewritten)
+        return Receipt(
+            ts,
+            "rebuild",
+            plan.ranges[0][0],
+            removed,
+            rewrite,
+            payback_turns(planner.sheet, removed, rewrite),
+        )
+
+
+def _unit_of(lows: list[int], index: int) -> int | None:
+    """The visible turn holding history index ``index``, or None (the head)."""
+    at = bisect.bisect_right(lows, index) - 1
+    return at if at >= 0 else None
 
 
 class AutoStrategy:
@@ -254,6 +418,13 @@ class AutoStrategy:
             if state.overlay.version != before:
                 state.mark_changed()
         result = prepared(
-            state, messages, outcome.range_updated, outcome.stalled, budget, budgeting
+            state,
+            messages,
+            outcome.range_updated,
+            outcome.stalled,
+            budget,
+            budgeting,
+            outcome.view,
+            outcome.tokens,
         )
         return result, outcome.receipts

@@ -8,33 +8,67 @@ shortens what is too large. *When* each step is taken is ``_auto.py``'s.
 
 from __future__ import annotations
 
+import bisect
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxwin.proto import PRICE_SHEETS, PriceSheet
 
 from ._blocks import Message, text_of, tool_calls
-from ._budget import Budgeting, fit_range
-from ._cuts import add_truncation_notice, keep_newest
+from ._budget import Budgeting, view_origins
 from ._ledger import Receipt, payback_turns
 from ._optimize import TOOL_HEADER
-from ._overlay import EDIT_NO_FILE_READ, EDIT_READ_FILE, EDIT_UNDEFINED
+from ._overlay import EDIT_NO_FILE_READ, EDIT_UNDEFINED
 from ._reads import native_reads
-from ._view import apply_overlay, keep_from
+from ._task_ledger import task_ledger, typed_parts
+from ._view import apply_overlay
 
 if TYPE_CHECKING:
     from ._auto import AutoPolicy
     from ._state import TaskState
 
-__all__ = ["Candidate", "Planner"]
+__all__ = ["Candidate", "HistoryFacts", "Planner", "Result"]
 
 DECISION_SHEET = PRICE_SHEETS["anthropic"]
 """The sheet decisions assume when a task has none (its write premium is the highest)."""
 
+LEDGER_FLOOR = 400.0
+"""Tokens a first ledger is expected to take, before one was written."""
+
 STUB_ARGS = 160
 """Characters of a masked call's arguments kept in its stub."""
+
+
+@dataclass(slots=True)
+class HistoryFacts:
+    """What ``auto`` reads off a history once, extended as it grows (:meth:`Planner.facts`).
+
+    Attributes:
+        seen: how many first messages it holds the facts of.
+        anchor: the last of them (another object there: the history is another one).
+        starts: where turns begin (an assistant message after a user one, from index 3).
+        users: the indices of the user messages.
+        latest: each file's latest read, ``(index, block)``.
+    """
+
+    seen: int = 0
+    anchor: object = None
+    starts: list[int] = field(default_factory=list)
+    users: list[int] = field(default_factory=list)
+    latest: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class Result(NamedTuple):
+    """A tool result in a user message: its block, the call's tool and arguments, the file
+    it reads (None: not a read) and its text."""
+
+    block: int
+    tool: object
+    arguments: object
+    key: str | None
+    body: str
 
 
 @dataclass(slots=True)
@@ -44,7 +78,7 @@ class Candidate:
     index: int
     block: int
     edit_type: int
-    kind: str  # "supersede" or "mask"
+    kind: str  # "mask"
     replacement: str
     saved: int
 
@@ -109,19 +143,24 @@ class Planner:
 
     def view(self) -> list[Message]:
         """The view as the state stands (built again only after an edit or a cut)."""
-        key = (self.state.overlay.version, len(self.state.overlay), self.state.deleted_range)
+        state = self.state
+        key = (state.overlay.version, len(state.overlay), state.deleted_range, state.dropped)
         if self._view is None or self._view[0] != key:
-            self._view = (key, self.state.truncated_messages(self.messages))
+            self._view = (key, state.truncated_messages(self.messages))
         return self._view[1]
 
     def view_tokens(self) -> int:
         return self.budgeting.view_tokens(self.view())
 
+    def origins(self) -> list[int]:
+        """The history index of each position of :meth:`view`."""
+        state = self.state
+        return view_origins(len(self.messages), state.deleted_range, state.dropped)
+
     def tail_tokens(self, first: int) -> int:
         """Calibrated tokens of the view from history index ``first`` to the end."""
-        start = keep_from(self.state.deleted_range)
         view = self.view()
-        place = 2 + max(first - start, 0) if len(view) > 2 else 0
+        place = bisect.bisect_left(self.origins(), first) if len(view) > 2 else 0
         total = sum(self.budgeting.count(message) for message in view[place:])
         return round(total * self.budgeting.ratio)
 
@@ -134,142 +173,144 @@ class Planner:
             held = self.state.auto.stub_tokens[text] = self.text_tokens(text)
         return held
 
-    # -- candidates -------------------------------------------------------------
+    # -- what the history holds -------------------------------------------------
 
-    def candidates(self) -> list[Candidate]:
-        """Superseded reads and old results after the range, oldest first."""
+    def results_at(self, index: int) -> list[Result]:
+        """The tool results message ``index`` holds, remembered while it is the same."""
+        held = self.state.auto.results.get(index)
+        message = self.messages[index]
+        if held is not None and held[0] is message:
+            return held[1]
+        found = self._results_at(index)
+        self.state.auto.results[index] = (message, found)
+        return found
+
+    def _results_at(self, index: int) -> list[Result]:
         messages = self.messages
-        start = keep_from(self.state.deleted_range)
-        policy = self.policy
-        overlay = self.state.overlay
-        notice = self.state.notices.duplicate_file_read
-        user_seen = 0
-        recent_from = len(messages)
-        for index in range(len(messages) - 1, start - 1, -1):
-            if messages[index].get("role") == "user":
-                user_seen += 1
-                if user_seen >= policy.recent_turns:
-                    recent_from = index
-                    break
-        else:
-            recent_from = start
-        # Each result found: (index, block, tool, arguments, read key, text).
-        found: list[tuple[int, int, object, object, str | None, str]] = []
-        native, rules = self.state.dialect.native, self.state.reads
-        for index in range(start, recent_from):
-            message = messages[index]
-            if message.get("role") != "user":
-                continue
-            content = message.get("content")
-            if not isinstance(content, list) or not content:
-                continue
-            if not native:  # SPEC.md's text results: a header names the tool
-                text = text_of(content[0]) or ""
-                header = TOOL_HEADER.match(text) if text.startswith("[") else None
-                if header is None:
-                    continue
-                block = 0 if len(text) > header.end() else 1
-                body = text if block == 0 else (text_of(content[1]) if len(content) > 1 else None)
-                if not body:
-                    continue
-                tool, path = header.group(1), header.group(2)
-                key = path if tool == "read_file" else None
-                found.append((index, block, tool, path, key, body))
-                continue
-            assert rules is not None  # a native dialect's task has its read rules
-            reads = {block: key for key, block in native_reads(messages, index, rules)}
-            calls: dict[str, tuple[object, object]] | None = None
-            for block_index, item in enumerate(content):
-                if item.get("type") != "tool_result":
-                    continue
-                body = text_of(item)
-                if not body:
-                    continue
-                if calls is None:
-                    calls = tool_calls(messages[index - 1]) if index else {}
-                name, arguments = calls.get(item.get("tool_use_id", ""), ("tool", None))
-                found.append((index, block_index, name, arguments, reads.get(block_index), body))
-        # The latest read of each file, anywhere in the history, is never replaced.
-        latest: dict[str, tuple[int, int]] = {}
-        for index in range(start, len(messages)):
-            for key, block in self._reads_at(index):
-                latest[key] = (index, block)
-        # The last ``keep_calls`` results, counting those of the last turns.
-        newer = sum(self._results_at(index) for index in range(recent_from, len(messages)))
-        spare = max(policy.keep_calls - newer, 0)
-        recent_calls = {(index, block) for index, block, *_ in found[max(len(found) - spare, 0) :]}
-        result: list[Candidate] = []
-        for index, block, tool, arguments, key, body in found:
-            entry = overlay.get(index)
-            if entry is not None and block in entry.blocks:
-                continue
-            if key is not None and latest.get(key) == (index, block):
-                continue
-            tokens = self.block_tokens(index, block, body)
-            if key is not None:
-                replacement = notice
-                kind, edit_type = "supersede", EDIT_READ_FILE
-            else:
-                if (index, block) in recent_calls and tokens < policy.large_result:
-                    continue
-                replacement = _stub(tool, arguments, tokens)
-                kind, edit_type = "mask", EDIT_NO_FILE_READ
-            if not native and block == 0:
-                header = TOOL_HEADER.match(body)
-                assert header is not None
-                replacement = f"{header.group(0)}\n{replacement}"
-            saved = tokens - self.stub_tokens(replacement)
-            if saved > 0:
-                result.append(Candidate(index, block, edit_type, kind, replacement, saved))
-        return result
-
-    def _reads_at(self, index: int) -> list[tuple[str, int]]:
-        message = self.messages[index]
-        if message.get("role") != "user":
-            return []
-        if self.state.dialect.native:
-            rules = self.state.reads
-            assert rules is not None  # a native dialect's task has its read rules
-            return list(native_reads(self.messages, index, rules))
-        content = message.get("content")
-        if not isinstance(content, list) or not content:
-            return []
-        text = text_of(content[0]) or ""
-        header = TOOL_HEADER.match(text) if text.startswith("[") else None
-        if header is None or header.group(1) != "read_file":
-            return []
-        return [(header.group(2), 0 if len(text) > header.end() else 1)]
-
-    def _results_at(self, index: int) -> int:
-        """How many tool results message ``index`` holds."""
-        message = self.messages[index]
+        message = messages[index]
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, list) or not content:
-            return 0
-        if not self.state.dialect.native:
-            text = text_of(content[0])
-            return int(bool(text) and TOOL_HEADER.match(text or "") is not None)
-        return sum(1 for block in content if block.get("type") == "tool_result")
+            return []
+        if not self.state.dialect.native:  # SPEC.md's text results: a header names the tool
+            text = text_of(content[0]) or ""
+            header = TOOL_HEADER.match(text) if text.startswith("[") else None
+            if header is None:
+                return []
+            block = 0 if len(text) > header.end() else 1
+            body = text if block == 0 else (text_of(content[1]) if len(content) > 1 else None)
+            if not body:
+                return []
+            tool, path = header.group(1), header.group(2)
+            key = path if tool == "read_file" else None
+            return [Result(block, tool, path, key, body)]
+        rules = self.state.reads
+        assert rules is not None  # a native dialect's task has its read rules
+        reads = {block: key for key, block in native_reads(messages, index, rules)}
+        calls: dict[str, tuple[object, object]] | None = None
+        found: list[Result] = []
+        for block_index, item in enumerate(content):
+            if item.get("type") != "tool_result":
+                continue
+            body = text_of(item)
+            if not body:
+                continue
+            if calls is None:
+                calls = tool_calls(messages[index - 1]) if index else {}
+            name, arguments = calls.get(item.get("tool_use_id", ""), ("tool", None))
+            found.append(Result(block_index, name, arguments, reads.get(block_index), body))
+        return found
 
-    # -- steps ----------------------------------------------------------------------
+    def facts(self) -> HistoryFacts:
+        """Where turns begin, the user messages and each file's latest read, over the whole
+        history: kept by the task and extended by what the history added since (made again
+        when its known part is not the same)."""
+        messages = self.messages
+        held = self.state.auto.facts
+        seen = held.seen
+        if seen > len(messages) or (seen and messages[seen - 1] is not held.anchor):
+            held = self.state.auto.facts = HistoryFacts()
+            seen = 0
+        for index in range(seen, len(messages)):
+            role = messages[index].get("role")
+            if role == "user":
+                held.users.append(index)
+                for result in self.results_at(index):
+                    if result.key is not None:
+                        held.latest[result.key] = (index, result.block)
+            elif role == "assistant" and index >= 3 and messages[index - 1].get("role") == "user":
+                held.starts.append(index)
+        if messages:
+            held.seen, held.anchor = len(messages), messages[-1]
+        return held
 
-    def pays_back(self, batch: Sequence[Candidate]) -> bool:
-        saved = sum(candidate.saved for candidate in batch)
-        if saved < self.policy.min_batch:
-            return False
-        first = min(candidate.index for candidate in batch)
-        rewrite = self.tail_tokens(first)
-        turns = payback_turns(self.sheet, saved, rewrite)
-        if turns is None:
-            return False
-        low, high = self.policy.horizon
-        users = sum(1 for message in self.messages if message.get("role") == "user")
-        horizon = min(max(users, low), high)
-        return turns * self.policy.margin <= horizon
+    def turn_starts(self, first: int) -> list[int]:
+        """History indices from ``first`` on where a turn begins: an assistant message after a
+        user message. A turn runs to the next one's start, so dropping whole turns keeps every
+        call with its results and the message before a dropped run a user message."""
+        starts = self.facts().starts
+        return starts[bisect.bisect_left(starts, first) :]
 
-    def apply(self, batch: Sequence[Candidate]) -> Receipt:
-        first = min(candidate.index for candidate in batch)
-        rewrite = self.tail_tokens(first)
+    def latest_reads(self, first: int) -> dict[str, tuple[int, int]]:
+        """Each file's latest read from ``first`` on: ``(index, block)`` by file."""
+        latest = self.facts().latest
+        return {key: at for key, at in latest.items() if at[0] >= first}
+
+    # -- the rolling mask -------------------------------------------------------------
+
+    def mask_candidates(self, first: int, end: int, latest: Mapping[str, Any]) -> list[Candidate]:
+        """Stubs for the results of user messages ``first <= i < end`` (the turns that just
+        left the recent window): never the latest read of a file, nor a result whose stub
+        costs more to write than the result costs to read once from the cache."""
+        overlay = self.state.overlay
+        dropped = self.state.dropped
+        out: list[Candidate] = []
+        for index in range(max(first, 2), end):
+            if any(low <= index <= high for low, high in dropped):
+                continue
+            entry = overlay.get(index)
+            for result in self.results_at(index):
+                if entry is not None and result.block in entry.blocks:
+                    continue
+                if result.key is not None and latest.get(result.key) == (index, result.block):
+                    continue
+                tokens = self.block_tokens(index, result.block, result.body)
+                replacement = _stub(result.tool, result.arguments, tokens)
+                if not self.state.dialect.native:
+                    if result.block == 0:
+                        header = TOOL_HEADER.match(result.body)
+                        assert header is not None
+                        replacement = f"{header.group(0)}\n{replacement}"
+                    # What a person typed in the result (an answer, feedback) stays.
+                    typed = "\n".join(typed_parts(result.body))
+                    replacement += f"\n{typed}" if typed else ""
+                stub = self.stub_tokens(replacement)
+                if tokens * self.sheet.cache_read < stub * self.sheet.cache_write:
+                    continue
+                out.append(
+                    Candidate(
+                        index, result.block, EDIT_NO_FILE_READ, "mask", replacement, tokens - stub
+                    )
+                )
+        return out
+
+    # -- the ledger -------------------------------------------------------------------
+
+    def ledger_text(self, gone: Sequence[int], budget: int) -> str:
+        """The task ledger (:func:`~._task_ledger.task_ledger`) of the history messages
+        ``gone``, at most ``budget`` tokens: what a person typed, a line per call, the files."""
+        if not gone:
+            return ""
+        return task_ledger(self.messages, gone, budget, self.text_tokens, self.state.reads)
+
+    def ledger_estimate(self, total: float) -> float:
+        """Tokens the ledger will take after a rebuild: the one carried now, or a floor."""
+        carried = self.state.summary
+        if carried is None:
+            return min(LEDGER_FLOOR, total)
+        return float(self.stub_tokens(carried.text))
+
+    def apply(self, batch: Sequence[Candidate], rewrite: int) -> Receipt:
+        """Put the candidates' stubs in the overlay; ``rewrite``: tokens written again."""
         overlay = self.state.overlay
         for candidate in batch:
             overlay.append(
@@ -279,46 +320,15 @@ class Planner:
                 [self.ts, "text", [candidate.replacement], []],
             )
         saved = sum(candidate.saved for candidate in batch)
-        kinds = sorted({candidate.kind for candidate in batch})
+        first = min(candidate.index for candidate in batch)
         return Receipt(
-            self.ts,
-            "+".join(kinds),
-            first,
-            saved,
-            rewrite,
-            payback_turns(self.sheet, saved, rewrite),
+            self.ts, "mask", first, saved, rewrite, payback_turns(self.sheet, saved, rewrite)
         )
-
-    def cut(self, target: float) -> tuple[Receipt | None, bool]:
-        """Cut whole turns down to ``target`` tokens; returns its receipt and whether it fits."""
-        state = self.state
-        before = state.deleted_range
-        proposed, fits = fit_range(self.messages, before, state.overlay, target, self.budgeting)
-        proposed = keep_newest(state, self.messages, before, proposed)
-        if proposed == before or proposed is None:
-            return None, fits
-        start_before = keep_from(before)
-        removed = self.view_tokens()
-        state.deleted_range = proposed
-        add_truncation_notice(state, self.ts, self.messages)
-        removed -= self.view_tokens()
-        rewrite = self.view_tokens()
-        receipt = Receipt(
-            self.ts,
-            "cut",
-            start_before,
-            removed,
-            rewrite,
-            payback_turns(self.sheet, removed, rewrite),
-        )
-        return receipt, fits
 
     def shorten(self, limit: float, target: float) -> list[Receipt]:
         """Shorten the view's text blocks larger than ``limit`` tokens to ``target`` tokens."""
         receipts: list[Receipt] = []
-        start = keep_from(self.state.deleted_range)
-        indices = [*range(min(2, len(self.messages))), *range(start, len(self.messages))]
-        for index in indices:
+        for index in self.origins():
             message = self.current(index)
             if self.budgeting.tokens(message) <= limit:
                 continue

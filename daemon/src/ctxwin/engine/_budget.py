@@ -16,7 +16,7 @@ from ctxwin.proto import PriceSheet, Strategy
 
 from ._blocks import Message
 from ._overlay import Overlay
-from ._view import apply_overlay, keep_from
+from ._view import apply_overlay, keep_from, view_spans
 
 Counter = Callable[[Message], int]
 """Tokens of one message (the daemon counts with tiktoken and caches per message)."""
@@ -72,11 +72,17 @@ def largest_messages(
     return sized[:LARGEST_REPORTED]
 
 
-def view_origins(length: int, deleted_range: Sequence[int] | None) -> list[int]:
-    """The history index of each view position (SPEC.md §4 step 2)."""
+def view_origins(
+    length: int, deleted_range: Sequence[int] | None, dropped: Sequence[Sequence[int]] = ()
+) -> list[int]:
+    """The history index of each view position (SPEC.md §4 step 2), with the deleted set
+    ``dropped`` left out too."""
     if length < 2:
         return list(range(length))
-    return [0, 1, *range(keep_from(deleted_range), length)]
+    if not dropped:
+        return [0, 1, *range(keep_from(deleted_range), length)]
+    spans = view_spans(length, keep_from(deleted_range), dropped)
+    return [0, 1, *(index for low, high, _ in spans for index in range(low, high))]
 
 
 def fit_range(

@@ -260,8 +260,10 @@ class MappedHistory:
         view: Sequence[Message],
         deleted_range: Sequence[int] | None,
         missing_result: str = DEFAULT_NOTICES.missing_result,
+        dropped: Sequence[Sequence[int]] = (),
     ) -> list[Message]:
-        """The dialect's view of an internal view of :attr:`internal` under ``deleted_range``.
+        """The dialect's view of an internal view of :attr:`internal` under ``deleted_range``
+        (and the deleted set ``dropped``).
 
         Kept-out messages all come back, in their order among the others;
         those the cut moves next to a call come after its results. A call
@@ -270,7 +272,8 @@ class MappedHistory:
         """
         source = self.source
         out: list[Message] = []
-        for index, message, end in self.pieces(view, deleted_range, missing_result).pieces:
+        made = self.pieces(view, deleted_range, missing_result, dropped)
+        for index, message, end in made.pieces:
             if message is None:
                 out.extend(source[index:end])
             else:
@@ -302,10 +305,11 @@ class MappedHistory:
         view: Sequence[Message],
         deleted_range: Sequence[int] | None,
         missing_result: str = DEFAULT_NOTICES.missing_result,
+        dropped: Sequence[Sequence[int]] = (),
     ) -> Pieces:
         """The dialect's view of an internal view in pieces (what :meth:`view` joins), with
         where they resume from the last view's (``ctxwin.engine.PatchMaker`` builds its
         ``order`` patch from them, resumed likewise)."""
         if self.resume is None:
-            return view_pieces(self, view, deleted_range, missing_result)
-        return self.resume.pieces(self, view, deleted_range, missing_result)
+            return view_pieces(self, view, deleted_range, missing_result, dropped)
+        return self.resume.pieces(self, view, deleted_range, missing_result, dropped)

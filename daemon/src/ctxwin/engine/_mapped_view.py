@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ._blocks import Block, Message
 from ._dialect import ASSISTANT, SRC, USER
-from ._view import keep_from, view_length
+from ._view import Spans, keep_from, span_index, span_position, view_spans
 
 if TYPE_CHECKING:
     from ._mapped import MappedHistory
@@ -71,9 +71,10 @@ def view_pieces(
     view: Sequence[Message],
     deleted_range: Sequence[int] | None,
     missing_result: str,
+    dropped: Sequence[Sequence[int]] = (),
 ) -> Pieces:
     """The view's pieces, made by the plain walk from its first position."""
-    start = view_start(mapped, view, deleted_range)
+    start = view_start(mapped, view, deleted_range, dropped)
     changed = _with_merges(mapped, _changed(mapped, view, start, 0), start, 0, len(view))
     out: list[Piece] = []
 
@@ -85,47 +86,58 @@ def view_pieces(
 
 
 def view_start(
-    mapped: MappedHistory, view: Sequence[Message], deleted_range: Sequence[int] | None
-) -> int:
-    """The internal index of view position 2 (the history's length when it has no cut).
+    mapped: MappedHistory,
+    view: Sequence[Message],
+    deleted_range: Sequence[int] | None,
+    dropped: Sequence[Sequence[int]] = (),
+) -> Spans:
+    """The internal runs the view holds after its first pair (:func:`~._view.view_spans`;
+    one empty run at the history's length when it has fewer than two messages).
 
     Raises:
-        ValueError: ``view`` is not one of ``mapped.internal`` under ``deleted_range``.
+        ValueError: ``view`` is not one of ``mapped.internal`` under ``deleted_range`` and
+            ``dropped``.
     """
     count = len(mapped.internal)
-    start = keep_from(deleted_range) if count >= 2 else count
-    if len(view) != view_length(count, start):
+    if count < 2:
+        spans: Spans = ((count, count, 2 - count),)
+        expected = count
+    else:
+        spans = view_spans(count, keep_from(deleted_range), dropped)
+        expected = 2 + sum(high - low for low, high, _ in spans)
+    if len(view) != expected:
         raise ValueError(f"a view of {len(view)} messages is not one of this history")
-    return start
+    return spans
 
 
-def _changed(mapped: MappedHistory, view: Sequence[Message], start: int, scan: int) -> list[int]:
+def _changed(mapped: MappedHistory, view: Sequence[Message], spans: Spans, scan: int) -> list[int]:
     """View positions from ``scan`` on whose message is not the internal one kept there
     (a C-speed scan)."""
     internal = mapped.internal
-    if scan >= 2 and len(internal) >= 2:
-        kept: Sequence[Message] = internal[scan - 2 + start :]
+    if len(internal) < 2:
+        kept: Sequence[Message] = internal[scan:]
+    elif scan >= 2 and len(spans) == 1:
+        kept = internal[scan - 2 + spans[0][0] :]
     else:
-        kept = [*internal[:2], *internal[start:]] if len(internal) >= 2 else internal
-        kept = kept[scan:]
+        kept = [*internal[:2], *itertools.chain(*(internal[a:b] for a, b, _ in spans))][scan:]
     return list(itertools.compress(itertools.count(scan), map(operator.is_not, view[scan:], kept)))
 
 
 def _with_merges(
-    mapped: MappedHistory, changed: list[int], start: int, low: int, length: int
+    mapped: MappedHistory, changed: list[int], spans: Spans, low: int, length: int
 ) -> list[int]:
     """``changed`` with the view positions from ``low`` on of internal messages whose calls
     the dialect sends as one message (they are rebuilt, changed or not)."""
     if not mapped.merges:
         return changed
-    merged = [k if k < 2 else k - start + 2 for k in mapped.merges if k < 2 or k >= start]
-    return sorted({*changed, *(p for p in merged if low <= p < length)})
+    merged = [k if k < 2 else span_position(spans, k) for k in mapped.merges]
+    return sorted({*changed, *(p for p in merged if p is not None and low <= p < length)})
 
 
 def _walk(
     mapped: MappedHistory,
     view: Sequence[Message],
-    start: int,
+    runs: Spans,
     resume: int,
     changed: list[int],
     out: list[Piece],
@@ -167,7 +179,7 @@ def _walk(
             waiting = bisect.bisect_left(systems, end, waiting)
 
     count = len(mapped.internal)
-    spans = [(0, count)] if count < 2 else [(0, 2), (start, count)]
+    spans = [(0, count)] if count < 2 else [(0, 2), *((low, high) for low, high, _ in runs)]
     offset = 0  # view position of the span's first internal message
     for low, high in spans:
         if offset + high - low <= resume:
@@ -215,7 +227,7 @@ def _walk(
 class _LastView:
     """The last view a :class:`ViewResume` made pieces of."""
 
-    start: int  # its range start
+    key: tuple[object, ...]  # its runs (the last one's end aside)
     copy: list[Message]  # a copy of it (the caller may change the list)
     kept: int  # how many of its pieces came before the last kept-out messages
     serial: int
@@ -252,9 +264,10 @@ class ViewResume:
         view: Sequence[Message],
         deleted_range: Sequence[int] | None,
         missing_result: str,
+        dropped: Sequence[Sequence[int]] = (),
     ) -> Pieces:
         """The view's pieces, the walk resumed at the last mark before its first change."""
-        start = view_start(mapped, view, deleted_range)
+        start = view_start(mapped, view, deleted_range, dropped)
         rebuilds = self._rebuilds
         if len(rebuilds) > 2 * len(mapped.internal) + 64:
             rebuilds.clear()  # rebuilt messages of views long gone
@@ -264,8 +277,7 @@ class ViewResume:
         new_marks = len(self._marks)
         changed = _changed(mapped, view, start, scan)
         if resume < scan and resume < len(view):
-            internal = mapped.internal
-            kept_at = internal[resume] if resume < 2 else internal[resume - 2 + start]
+            kept_at = mapped.internal[span_index(start, resume)]
             if view[resume] is not kept_at:
                 changed.insert(0, resume)
         if mapped.merges:
@@ -282,17 +294,17 @@ class ViewResume:
             mapped, view, start, resume, changed, out, waiting, marks, rebuild, missing_result
         )
         self._serial += 1
-        self._last = _LastView(start, list(view), kept, self._serial, view)
+        self._last = _LastView(_key(start), list(view), kept, self._serial, view)
         return Pieces(out, self._serial, kept, {mark[1] for mark in marks[new_marks:]}, resumed)
 
     def _resume_at(
-        self, mapped: MappedHistory, view: Sequence[Message], start: int
+        self, mapped: MappedHistory, view: Sequence[Message], spans: Spans
     ) -> tuple[int, int, int, tuple[int, int] | None]:
         """``(resume, scan, waiting, resumed)``: the view position to walk from, the first
         one to compare with the internal messages, the kept-out messages out before it, and
         ``(serial, pieces kept)`` of the last view resumed from (None: none, from 0)."""
         last = self._last
-        if last is None or last.start != start:
+        if last is None or last.key != _key(spans):
             return 0, 0, 0, None
         previous = last.copy
         seam = mapped.cache.seam
@@ -322,6 +334,12 @@ class ViewResume:
         # changed message followed by no other mark: no changed position after it and
         # before ``same``.
         return resume, max(scan, resume + 1), waiting, (last.serial, kept_pieces)
+
+
+def _key(spans: Spans) -> tuple[object, ...]:
+    """What a view's runs must share with the last view's for the walk to resume: all but
+    the last run's end, which grows with the history."""
+    return (*spans[:-1], spans[-1][::2])
 
 
 def rebuilt(mapped: MappedHistory, message: Message) -> Rebuilt:

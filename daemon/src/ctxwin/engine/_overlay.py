@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,15 +64,45 @@ class MessageUpdates:
         self.blocks: dict[int, list[Update]] = blocks if blocks is not None else {}
 
 
+_LOG_SIZE = 64
+"""How many last changes an overlay remembers the index of (views built on the last one)."""
+
+
 class Overlay:
     """``{message_index: MessageUpdates}``: edits applied to the view, never to the history."""
 
-    __slots__ = ("_sorted", "messages", "version")
+    __slots__ = ("_log", "_sorted", "messages", "version")
 
     def __init__(self) -> None:
         self.messages: dict[int, MessageUpdates] = {}
         self.version = 0  # grows with every change, so views built from it can be reused
         self._sorted: tuple[int, int, list[int]] = (-1, 0, [])
+        # (version, index changed) of the last changes; index -1: any (a rollback, a discard).
+        self._log: list[tuple[int, int]] = []
+
+    def _changed(self, index: int) -> None:
+        self.version += 1
+        log = self._log
+        log.append((self.version, index))
+        if len(log) > _LOG_SIZE:
+            del log[: len(log) - _LOG_SIZE]
+
+    def lowest_since(self, version: int) -> int | None:
+        """The lowest message index changed since ``version``, or None when that is not known
+        (too long ago, a rollback, another overlay's version)."""
+        log = self._log
+        if version == self.version:
+            return sys.maxsize
+        if not log or log[0][0] > version + 1 or version > self.version:
+            return None
+        lowest = sys.maxsize
+        for at, index in reversed(log):
+            if at <= version:
+                break
+            if index < 0:
+                return None
+            lowest = min(lowest, index)
+        return lowest
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -98,13 +129,13 @@ class Overlay:
         found = self.messages.get(index)
         if found is None:
             found = self.messages[index] = MessageUpdates(edit_type)
-            self.version += 1
+            self._changed(index)
         return found
 
     def append(self, index: int, edit_type: int, block: int, update: Update) -> None:
         """Add ``update`` as the newest edit of one block."""
         self.entry(index, edit_type).blocks.setdefault(block, []).append(update)
-        self.version += 1
+        self._changed(index)
 
     def copy(self) -> Overlay:
         """A copy whose block lists are its own (updates are never changed in place)."""
@@ -139,7 +170,7 @@ class Overlay:
             if not entry.blocks:
                 del self.messages[index]
         if removed:
-            self.version += 1
+            self._changed(-1)
         return removed
 
     def discard(self, keep: Callable[[int], bool]) -> int:
@@ -148,7 +179,7 @@ class Overlay:
         for index in gone:
             del self.messages[index]
         if gone:
-            self.version += 1
+            self._changed(-1)
         return len(gone)
 
     def dump(self) -> list[Any]:

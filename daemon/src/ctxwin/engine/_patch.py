@@ -142,6 +142,7 @@ class PatchMaker:
         deleted_range: Sequence[int] | None,
         base: bytes | None = None,
         missing_result: str = DEFAULT_NOTICES.missing_result,
+        dropped: Sequence[Sequence[int]] = (),
     ) -> dict[str, Any] | None:
         """The dialect's view of an internal view as an ``order`` patch on the history.
 
@@ -158,7 +159,7 @@ class PatchMaker:
         Raises:
             ValueError: ``view`` is not a view of ``mapped``'s internal form.
         """
-        patch = self._ordered(mapped, view, deleted_range, missing_result)
+        patch = self._ordered(mapped, view, deleted_range, missing_result, dropped)
         return None if patch is None else self._reuse(patch, base)
 
     def _ordered(
@@ -167,11 +168,12 @@ class PatchMaker:
         view: Sequence[Message],
         deleted_range: Sequence[int] | None,
         missing_result: str,
+        dropped: Sequence[Sequence[int]] = (),
     ) -> dict[str, Any] | None:
         """The ``order`` patch of the view's pieces, resumed from the last view's where the
         pieces were (the first pieces of a view built on the last one are that one's)."""
         source = mapped.source
-        made = mapped.pieces(view, deleted_range, missing_result)
+        made = mapped.pieces(view, deleted_range, missing_result, dropped)
         pieces = made.pieces
         # Snapshots are taken where pieces of this view begin (older marks have theirs).
         marks = made.new_marks

@@ -63,10 +63,17 @@ def prepared(
     stalled: bool,
     limit: float,
     budgeting: Budgeting | None,
+    view: list[Message] | None = None,
+    estimated: int | None = None,
 ) -> PrepareRequestResult:
     """The result with the view of ``state``; with ``budgeting``, the view's estimate
-    against ``limit`` and its largest messages when it does not fit."""
-    view = state.truncated_messages(messages)
+    against ``limit`` and its largest messages when it does not fit.
+
+    ``view`` and ``estimated``: the view of ``state`` and its estimate when the strategy
+    built and counted it already (not built nor counted again)."""
+    if view is None:
+        view = state.truncated_messages(messages)
+        estimated = None
     result: PrepareRequestResult = {
         "deleted_range": state.deleted_range,
         "range_updated": range_updated,
@@ -74,10 +81,11 @@ def prepared(
         "stalled": stalled,
     }
     if budgeting is not None:
-        estimated = budgeting.view_tokens(view)
+        if estimated is None:
+            estimated = budgeting.view_tokens(view)
         result["estimated_tokens"] = estimated
         result["fits"] = estimated <= limit
         if estimated > limit:
-            origins = view_origins(len(messages), state.deleted_range)
+            origins = view_origins(len(messages), state.deleted_range, state.dropped)
             result["largest"] = largest_messages(view, origins, budgeting)
     return result

@@ -53,6 +53,52 @@ def _check_range(value: object) -> list[int] | None:
     return None if value is None else [value[0], value[1]]  # type: ignore[index]
 
 
+Drop = tuple[int, tuple[tuple[int, int], ...]]
+"""One step of a task's deleted set: when it was made and the inclusive ranges it added."""
+
+
+def _check_drops(value: object) -> list[Drop]:
+    """The stored deleted set (``[{"ts": ..., "ranges": [[first, last], ...]}, ...]``).
+
+    Raises:
+        CorruptStateError: a value of another shape.
+    """
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise CorruptStateError("a deleted set must be a list")
+    drops: list[Drop] = []
+    for item in value:
+        ts = item.get("ts") if isinstance(item, dict) else None
+        ranges = item.get("ranges") if isinstance(item, dict) else None
+        if not isinstance(ts, int) or isinstance(ts, bool) or not isinstance(ranges, list):
+            raise CorruptStateError("a deleted set step has an unexpected shape")
+        found: list[tuple[int, int]] = []
+        for pair in ranges:
+            if (
+                not isinstance(pair, list | tuple)
+                or len(pair) != 2
+                or not all(isinstance(b, int) and not isinstance(b, bool) for b in pair)
+                or not 2 <= pair[0] <= pair[1]
+            ):
+                raise CorruptStateError("a deleted set range has an unexpected shape")
+            found.append((pair[0], pair[1]))
+        drops.append((ts, tuple(found)))
+    return drops
+
+
+def merged_ranges(drops: Sequence[Drop]) -> tuple[tuple[int, int], ...]:
+    """The union of the steps' ranges, ascending and disjoint (touching ones joined)."""
+    pairs = sorted(pair for _, ranges in drops for pair in ranges)
+    out: list[list[int]] = []
+    for first, last in pairs:
+        if out and first <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], last)
+        else:
+            out.append([first, last])
+    return tuple((first, last) for first, last in out)
+
+
 def _reads_for(dialect: Dialect, reads: ReadRules | None) -> ReadRules | None:
     """The read tools a task of ``dialect`` counts: None for Cline's text reads."""
     if not dialect.native:
@@ -75,6 +121,8 @@ class TaskState:
         "_basis",
         "_deleted_range",
         "_dialect",
+        "_dropped",
+        "_drops",
         "_pricing",
         "auto",
         "cache",
@@ -113,6 +161,9 @@ class TaskState:
         self.cache: ViewCache | None = None
         self.overlay = Overlay()
         self._deleted_range: list[int] | None = None
+        # The deleted set (``auto`` only): the steps that made it, and their union.
+        self._drops: list[Drop] = []
+        self._dropped: tuple[tuple[int, int], ...] = ()
         # (length, digest) of the history prefix the range and the overlay were made on.
         self._basis: tuple[int, bytes] | None = None
         self.revision = 0
@@ -169,6 +220,7 @@ class TaskState:
         return (
             not self.overlay
             and self._deleted_range is None
+            and not self._drops
             and self._basis is None
             and self._dialect is CLINE_DIALECT
             and self._pricing is None
@@ -178,7 +230,7 @@ class TaskState:
     @property
     def summary(self) -> Summary | None:
         """The summary the view carries (:func:`~._summary.carried`)."""
-        return carried(self.summaries, self._deleted_range)
+        return carried(self.summaries, self._deleted_range, self._dropped)
 
     @property
     def deleted_range(self) -> list[int] | None:
@@ -191,6 +243,31 @@ class TaskState:
         if new != self._deleted_range:
             self._deleted_range = new
             self.revision += 1
+
+    @property
+    def dropped(self) -> tuple[tuple[int, int], ...]:
+        """The deleted set: inclusive ranges after the deleted range that are not sent either,
+        ascending and disjoint (the ``auto`` strategy's; docs/STRATEGIES.md)."""
+        return self._dropped
+
+    @property
+    def drops(self) -> list[Drop]:
+        """The steps of the deleted set, oldest first: ``(ts, ranges added)``."""
+        return list(self._drops)
+
+    def drop(self, ranges: Sequence[Sequence[int]], ts: int) -> None:
+        """Add inclusive ranges (each within ``2..``) to the deleted set, stamped ``ts``
+        (a rollback to before ``ts`` puts them back)."""
+        added = tuple((int(first), int(last)) for first, last in ranges if 2 <= first <= last)
+        if not added:
+            return
+        self._drops.append((ts, added))
+        self._dropped = merged_ranges(self._drops)
+        self.revision += 1
+
+    def dump_drops(self) -> list[dict[str, Any]]:
+        """The deleted set's steps in their stored form (``ctxwin.json``), oldest first."""
+        return [{"ts": ts, "ranges": [list(pair) for pair in ranges]} for ts, ranges in self._drops]
 
     @property
     def basis(self) -> tuple[int, bytes] | None:
@@ -214,6 +291,8 @@ class TaskState:
         """How many first messages (internal ones in a native dialect) the range and the
         overlay refer to: a history shorter than that is not the one they were made on."""
         end = self._deleted_range[1] + 1 if self._deleted_range else 0
+        if self._dropped:
+            end = max(end, self._dropped[-1][1] + 1)
         indices = self.overlay.indices()
         return max(end, indices[-1] + 1 if indices else 0)
 
@@ -224,6 +303,8 @@ class TaskState:
         next view is built afresh.
         """
         self._deleted_range = None
+        self._drops = []
+        self._dropped = ()
         self._basis = None
         self.summaries = []
         if self.overlay:
@@ -240,6 +321,7 @@ class TaskState:
         dialect: Dialect = CLINE_DIALECT,
         summaries: object = None,
         basis: tuple[int, bytes] | None = None,
+        drops: object = None,
     ) -> TaskState:
         """Rebuild a state from its stored form.
 
@@ -251,6 +333,7 @@ class TaskState:
             reads: the read tools of a native dialect.
             dialect: the task's dialect.
             basis: the stored :attr:`basis`, or None.
+            drops: the stored deleted set (:meth:`dump_drops`), or None.
 
         Raises:
             CorruptStateError: when a value does not have its stored shape.
@@ -259,6 +342,8 @@ class TaskState:
         if updates is not None:
             state.overlay = Overlay.load(updates)
         state._deleted_range = _check_range(deleted_range)
+        state._drops = _check_drops(drops)
+        state._dropped = merged_ranges(state._drops)
         try:
             state.summaries = Summary.load_all(summaries)
         except ValueError as exc:
@@ -287,6 +372,7 @@ class TaskState:
             self.summary,
             strict=self._dialect.strict,
             cache=self.cache_for(messages),
+            dropped=self._dropped,
         )
 
     # §6 -----------------------------------------------------------------
@@ -337,6 +423,8 @@ class TaskState:
         copy.cache = self.cache
         copy.overlay = self.overlay.copy()
         copy._deleted_range = self.deleted_range
+        copy._drops = list(self._drops)
+        copy._dropped = self._dropped
         copy._basis = self._basis
         copy.revision = self.revision
         copy._pricing = self._pricing
@@ -351,9 +439,15 @@ class TaskState:
         """Undo every edit newer than ``ts`` (SPEC.md §9); returns how many were removed.
 
         Summaries stored after ``ts`` go too, and the range comes back to the
-        one the first of them replaced (docs/SUMMARIES.md).
+        one the first of them replaced (docs/SUMMARIES.md); so do the deleted
+        set's steps made after ``ts``.
         """
         removed = self.overlay.rollback(ts) + rollback_summaries(self, ts)
+        kept = [drop for drop in self._drops if drop[0] <= ts]
+        if len(kept) != len(self._drops):
+            removed += len(self._drops) - len(kept)
+            self._drops = kept
+            self._dropped = merged_ranges(kept)
         if removed:
             self.mark_changed()
         return removed

@@ -134,16 +134,23 @@ class Summary:
         return {"type": "text", "text": summary_text(self.text, self.end)}
 
 
-def carried(summaries: Sequence[Summary], deleted_range: Sequence[int] | None) -> Summary | None:
-    """The summary the view carries: the newest, while the range covers what it stands for.
+def carried(
+    summaries: Sequence[Summary],
+    deleted_range: Sequence[int] | None,
+    dropped: Sequence[Sequence[int]] = (),
+) -> Summary | None:
+    """The summary the view carries: the newest, while the range (or the deleted set, the
+    ``auto`` strategy's) covers what it stands for.
 
     A range moved back (a caller's range, a rewound history) below the
     summary's end shows the messages it stood for again, and not the summary.
     """
-    if not summaries or deleted_range is None:
+    if not summaries:
         return None
     newest = summaries[-1]
-    return newest if deleted_range[1] >= newest.end else None
+    if deleted_range is not None and deleted_range[1] >= newest.end:
+        return newest
+    return newest if dropped and dropped[-1][1] >= newest.end else None
 
 
 def _is_int(value: object) -> TypeGuard[int]:

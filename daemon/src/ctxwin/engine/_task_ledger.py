@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from ._blocks import Block, Message
 from ._reads import DEFAULT_READ_RULES, ReadRules
 
-__all__ = ["Gone", "LedgerCall", "ledger_calls", "shell_reads", "task_ledger", "user_instructions"]
+__all__ = [
+    "Gone",
+    "LedgerCall",
+    "ledger_calls",
+    "shell_reads",
+    "task_ledger",
+    "typed_parts",
+    "user_instructions",
+]
 
 INSTRUCTION_CAPS = (1000, 500, 250, 160)
 """Characters (spaces normalised) an instruction keeps, at each step of shortening.
@@ -50,8 +58,6 @@ _CLINE_TAGS = re.compile(r"<(task|feedback|user_message|answer)>\s*(.*?)\s*(?:</
 _CLINE_HEADER = re.compile(
     r"\s*\[([A-Za-z0-9_.:-]+)(?: for '(.*?)'(?: in '(.*?)')?)?\] Result:", re.DOTALL
 )
-_NOT_RUN = re.compile(r"\s*Tool \[[^\]\n]+\] was not executed\b")
-_BRACKET_NOTE = re.compile(r"\s*\[[^\]\n]{1,80}\]")
 _ERROR_LINE = re.compile(
     r"\s*(?:<tool_use_error>|<error>|\[error\]|error\b|fatal\b|traceback\b|exception\b"
     r"|exit code:? *[1-9]|command failed|the tool execution failed|\w*(?:error|exception):)",
@@ -145,15 +151,16 @@ def _texts(message: Message) -> list[str]:
 
 
 def user_instructions(message: Message, cline: bool) -> list[str]:
-    """What a person typed in ``message`` (docs/SUMMARIES.md, "The task ledger").
+    """What a person typed in ``message``: docs/COST.md's rule ("Instructions kept").
 
-    In a Cline task (``cline``), the text inside ``<task>``, ``<feedback>``,
+    The one definition the ledger lists and the strategies bench measures. In
+    a Cline task (``cline``), the text inside ``<task>``, ``<feedback>``,
     ``<user_message>`` and ``<answer>`` (wherever it stands, a tool result's
     text too) and nothing else: tool results, environment details and Cline's
-    reminders are not typed by anyone. Otherwise a user message's texts that
-    are not tool results, Cline result headers, ``<...>`` system text or a
-    bracketed note (``[Request interrupted by user]``); text inside those tags
-    counts there too.
+    reminders are not typed by anyone. Otherwise every text of a user message
+    that is not a tool result and not system text (text that opens with
+    ``<``): a bracketed note such as ``[Request interrupted by user]`` or an
+    ``[attached document: ...]`` counts, as the log holds it.
 
     Args:
         message: one message of the history (the internal form).
@@ -166,23 +173,24 @@ def user_instructions(message: Message, cline: bool) -> list[str]:
         return []
     found: list[str] = []
     for text in _texts(message):
-        tagged = [match.group(2) for match in _CLINE_TAGS.finditer(text)]
-        if tagged:
-            found.extend(item for item in tagged if item.strip())
-            continue
         if cline:
+            found.extend(
+                match.group(2) for match in _CLINE_TAGS.finditer(text) if match.group(2).strip()
+            )
             continue
         stripped = text.strip()
-        if (
-            not stripped
-            or stripped.startswith("<")
-            or _CLINE_HEADER.match(text) is not None
-            or _NOT_RUN.match(text) is not None
-            or _BRACKET_NOTE.match(text) is not None
-        ):
-            continue
-        found.append(stripped)
+        if stripped and not stripped.startswith("<"):
+            found.append(stripped)
     return found
+
+
+def typed_parts(text: str) -> list[str]:
+    """The parts of a Cline text that a person typed, each with its tags (``<answer>...
+    </answer>``): what a stub of that text keeps, so that masking a result never masks
+    what :func:`user_instructions` counts as typed in it."""
+    return [
+        match.group(0).strip() for match in _CLINE_TAGS.finditer(text) if match.group(2).strip()
+    ]
 
 
 def _normalised(text: str) -> str:

@@ -38,6 +38,59 @@ def view_length(length: int, start: int) -> int:
     return length if length < 2 else 2 + max(length - start, 0)
 
 
+Spans = tuple[tuple[int, int, int], ...]
+"""The history runs a view holds after its first pair: ``(low, high, offset)``, history
+indices ``low <= i < high`` at view position ``i + offset``, in order."""
+
+
+def view_spans(length: int, start: int, dropped: Sequence[Sequence[int]] = ()) -> Spans:
+    """The runs of a view that keeps the first pair, the messages from ``start`` on and
+    none of the inclusive ranges ``dropped`` (ascending, disjoint; docs/STRATEGIES.md),
+    but the message at ``start`` itself, which is always sent."""
+    spans: list[tuple[int, int, int]] = []
+    position = 2
+    low = start
+    for first, last in dropped:
+        # The first message after the range is always sent: it is the one a strict
+        # provider needs to be a user message (the range ends on an assistant message).
+        first = max(first, start + 1)
+        if last < first:
+            continue
+        high = min(first, length)
+        if high > low:
+            spans.append((low, high, position - low))
+            position += high - low
+        low = max(low, last + 1)
+        if low >= length:
+            break
+    if low < length or not spans:
+        spans.append((low, max(low, length), position - low))
+    return tuple(spans)
+
+
+def spans_length(spans: Spans) -> int:
+    """How many messages the view of ``spans`` holds after its first pair."""
+    return sum(high - low for low, high, _ in spans)
+
+
+def span_position(spans: Spans, index: int) -> int | None:
+    """The view position of history index ``index`` (>= 2), or None when it is not sent."""
+    for low, high, offset in spans:
+        if low <= index < high:
+            return index + offset
+    return None
+
+
+def span_index(spans: Spans, position: int) -> int:
+    """The history index at view position ``position`` (positions 0 and 1 are their own)."""
+    if position < 2:
+        return position
+    for _, high, offset in spans:
+        if position < high + offset:
+            return position - offset
+    return position - spans[-1][2]
+
+
 def apply_overlay(message: Message, overlay_entry: Any) -> Message:
     """A copy of ``message`` with each block's latest text update applied (SPEC.md §4 step 4)."""
     content = message.get("content")
@@ -265,6 +318,7 @@ def truncated_messages(
     *,
     strict: bool = False,
     cache: ViewCache | None = None,
+    dropped: Sequence[Sequence[int]] = (),
 ) -> list[Message]:
     """The messages to send: the first pair, then everything after the range (SPEC.md §4).
 
@@ -281,6 +335,9 @@ def truncated_messages(
             orphans are dropped after the overlay, not before it.
         cache: the history's :class:`ViewCache`, kept by its owner; the view
             is the same without it, built afresh.
+        dropped: further inclusive ranges after the range that are not sent
+            (the ``auto`` strategy's deleted set, ascending and disjoint); the
+            pairs across each are repaired like the pair across the range.
 
     Returns:
         A new list; messages that needed no change are the caller's own objects.
@@ -293,14 +350,15 @@ def truncated_messages(
     if len(messages) < 2:
         return list(messages)
     start = keep_from(deleted_range)
+    spans = view_spans(len(messages), start, dropped)
     if cache is not None and overlay is not None:
-        return _cached_view(cache, start, overlay, notices, summary)
-    return _build_view(messages, start, overlay, notices, summary, strict, cache)
+        return _cached_view(cache, spans, overlay, notices, summary)
+    return _build_view(messages, spans, overlay, notices, summary, strict, cache)
 
 
 def _cached_view(
     cache: ViewCache,
-    start: int,
+    spans: Spans,
     overlay: Overlay,
     notices: Notices,
     summary: Summary | None = None,
@@ -313,23 +371,42 @@ def _cached_view(
     stands and only the tail is built, including the pair across the seam.
     """
     messages = cache.messages
-    key = (start, overlay, overlay.version, notices, summary)
+    # The runs but the last one's end (which grows with the history) are the key's.
+    fixed = (*spans[:-1], spans[-1][::2])
+    key = (fixed, overlay, overlay.version, notices, summary)
     cached = cache.view
     first = cache.first_changed() if cache.lacking else cache.clean_until
     same = 0
-    if cached is not None and cached[0] == key and first > start + 1:
-        seam = first - start + 2  # view position of history index ``first``
+    last_low, _, last_offset = spans[-1]
+    if (
+        cached is not None
+        and cached[0] != key
+        and cached[0][:2] + cached[0][3:]
+        == (
+            fixed,
+            overlay,
+            notices,
+            summary,
+        )
+    ):
+        # Only the overlay changed: the view stands up to the first message it changed.
+        lowest = overlay.lowest_since(cached[0][2])
+        if lowest is not None:
+            first = min(first, lowest)
+            cached = (key, cached[1])
+    if cached is not None and cached[0] == key and first > last_low + 1:
+        seam = first + last_offset  # view position of history index ``first``
         view = [*cached[1][:seam], *messages[first:]]
         if cache.lacking:
             cache.lacking = {call: at for call, at in cache.lacking.items() if at < first}
         _finish_view(
-            messages, view, start, first, {seam - 1}, overlay, notices, cache.strict, cache
+            messages, view, spans, first, {seam - 1}, overlay, notices, cache.strict, cache
         )
         same = seam  # _finish_view changed positions from ``seam`` on only
     else:
         if cache.lacking:
             cache.lacking = {}
-        view = _build_view(messages, start, overlay, notices, summary, cache.strict, cache)
+        view = _build_view(messages, spans, overlay, notices, summary, cache.strict, cache)
     cache.view = (key, view)
     cache.clean_until = cache.built = len(messages)
     out = list(view)
@@ -340,15 +417,20 @@ def _cached_view(
 
 def _build_view(
     messages: Sequence[Message],
-    start: int,
+    spans: Spans,
     overlay: Overlay | None,
     notices: Notices,
     summary: Summary | None,
     strict: bool,
     cache: ViewCache | None,
 ) -> list[Message]:
-    view = [messages[0], messages[1], *messages[start:]]
-    changed = {0, 1}  # positions whose pairs are always checked afresh
+    start = spans[0][0]
+    view = [messages[0], messages[1]]
+    for low, high, _ in spans:
+        view.extend(messages[low:high])
+    # Positions whose pairs are always checked afresh: the first pair's and each one
+    # across a dropped range.
+    changed = {0, 1, *(high + offset - 1 for _, high, offset in spans[:-1])}
     # SPEC.md §4 step 3 drops the results a cut orphans before the overlay is applied,
     # so an edit of such a result lands on the block that takes its index. In every
     # dialect but Cline's (``strict``) the repair of the pair across the cut drops
@@ -376,7 +458,7 @@ def _build_view(
     if strict and isinstance(content, list) and any(_result_id(b) for b in content):
         # Results in the first message answer no call: orphans wherever they stand.
         view[0] = {**first, "content": [b for b in content if _result_id(b) is None]}
-    _finish_view(messages, view, start, start, changed, overlay, notices, strict, cache)
+    _finish_view(messages, view, spans, start, changed, overlay, notices, strict, cache)
     if summary is not None:
         # After the repair: the results that answer message 1 stay first in view[2].
         place_summary(view, summary.block())
@@ -386,7 +468,7 @@ def _build_view(
 def _finish_view(
     messages: Sequence[Message],
     view: list[Message],
-    start: int,
+    spans: Spans,
     first: int,
     changed: set[int],
     overlay: Overlay | None,
@@ -400,7 +482,9 @@ def _finish_view(
     ones the overlay touches (and, with a ``cache``, the pairs it knows need
     repair); without one every pair is.
     """
-    offset = 2 - start  # view position of history index i >= start is i + offset
+    start = spans[0][0]
+    single = len(spans) == 1
+    offset = 2 - start  # view position of history index i >= start is i + offset (one run)
     if overlay:
         # Only the edited indices from ``first`` on: a view built on the last one costs
         # the edits of its new messages, not a walk over every edit of the task.
@@ -408,20 +492,29 @@ def _finish_view(
         edits = overlay.messages
         low = bisect.bisect_left(indices, first)
         for original in indices[low : bisect.bisect_left(indices, len(messages), low)]:
-            position = original + offset
-            view[position] = apply_overlay(view[position], edits[original])
-            changed.update((position - 1, position))
+            at = original + offset if single else span_position(spans, original)
+            if at is None:
+                continue
+            view[at] = apply_overlay(view[at], edits[original])
+            changed.update((at - 1, at))
     if cache is not None:
         # Pairs of two untouched history messages repair as the history's own pairs do.
         low = max(first - 1, start)
         # Only the known pairs from ``low`` on (the list is ascending: its owner keeps it
         # so), not a walk over every pair of the history each turn.
-        repairs = cache.repairs
-        changed.update(index + offset for index in repairs[bisect.bisect_left(repairs, low) :])
+        repairs = cache.repairs[bisect.bisect_left(cache.repairs, low) :]
+        if single:
+            changed.update(index + offset for index in repairs)
+        else:
+            for index in repairs:
+                at = span_position(spans, index)
+                if at is not None:
+                    changed.add(at)
         positions: Iterable[int] = sorted(p for p in changed if p < len(view) - 1)
     else:
         positions = range(len(view) - 1)
     elsewhere: dict[str, Block] | None = None
+    crossings = {high + offset - 1 for _, high, offset in spans[:-1]}
     for position in positions:
         ids = _tool_use_ids(view[position])
         following = view[position + 1]
@@ -429,14 +522,16 @@ def _finish_view(
             found = None
             if strict and ids and _lacks_results(ids, following):
                 if elsewhere is None:
-                    elsewhere = _stray_results(messages, start, overlay)
+                    elsewhere = _stray_results(messages, spans, overlay)
                 found = elsewhere
                 if cache is not None:
-                    at = position + 1 if position < 1 else position + 1 - offset
+                    at = span_index(spans, position + 1)
                     _note_lacking(cache, ids, following, at)
             # Across a cut (message 1, then the first message after the range) a text
             # result answers a removed call, not this one.
-            across = position == 1 and start > FIRST_REMOVABLE
+            across = (position == 1 and start > FIRST_REMOVABLE) or (
+                not single and position in crossings
+            )
             as_text = () if strict or across else _answered_in_text(view[position], following)
             view[position + 1] = repair_tool_results(ids, following, notices, found, as_text)
 
@@ -498,7 +593,7 @@ def _lacks_results(ids: list[str], message: Message) -> bool:
 
 
 def _stray_results(
-    messages: Sequence[Message], start: int, overlay: Overlay | None
+    messages: Sequence[Message], spans: Spans, overlay: Overlay | None
 ) -> dict[str, Block]:
     """Results the view holds where they answer no call of the message before, by call id.
 
@@ -508,7 +603,8 @@ def _stray_results(
     view sends. Blocks are taken as the view has them (with the overlay's edits).
     """
     found: dict[str, Block] = {}
-    indices = itertools.chain(range(min(2, len(messages))), range(start, len(messages)))
+    runs = (range(low, min(high, len(messages))) for low, high, _ in spans)
+    indices = itertools.chain(range(min(2, len(messages))), *runs)
     previous: Message | None = None
     for index in indices:
         message = messages[index]

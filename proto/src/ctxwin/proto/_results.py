@@ -256,6 +256,9 @@ class InspectResult(TypedDict):
     longer build (a pattern RE2 refuses), ``[position, reason]``, kept and
     not used. ``exists`` is false (and present only then) for a task
     the daemon neither had loaded nor holds anything of: inspecting it creates nothing.
+    ``dropped`` (the ``auto`` strategy's deleted set, when it holds ranges): the
+    inclusive internal ranges after ``deleted_range`` that are not sent either,
+    ascending (docs/STRATEGIES.md).
     Given ``messages``: ``view``, the view a request with them would now get
     (worked out on a copy: nothing changes), with ``origins`` (each view
     message's history index, None for one the view added) and ``sources`` of
@@ -265,6 +268,7 @@ class InspectResult(TypedDict):
 
     updates: list[Any]
     deleted_range: DeletedRange
+    dropped: NotRequired[list[list[int]]]
     dirty: bool
     exists: NotRequired[bool]
     calibration: NotRequired[dict[str, float]]

@@ -53,6 +53,8 @@ class TaskRecord:
         summaries: the task's summaries in their stored form, oldest first.
         basis: ``(length, digest)`` of the history prefix the range and the
             overlay were made on (``TaskState.basis``), or None.
+        drops: the deleted set's steps in their stored form (``dump_drops()``),
+            oldest first (``auto`` only; absent from older files).
     """
 
     updates: Any = None
@@ -63,6 +65,7 @@ class TaskRecord:
     pricing: dict[str, Any] | None = None
     summaries: tuple[dict[str, Any], ...] = ()
     basis: tuple[int, bytes] | None = None
+    drops: tuple[dict[str, Any], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -75,6 +78,7 @@ class TaskRecord:
             and not self.read_tools
             and self.pricing is None
             and not self.summaries
+            and not self.drops
         )
 
 
@@ -116,6 +120,8 @@ def encode_task(record: TaskRecord, fence: int | None = None) -> Encoded:
         head["pricing"] = record.pricing
     if record.summaries:
         head["summaries"] = list(record.summaries)
+    if record.drops:
+        head["dropped"] = list(record.drops)
     if record.basis is not None:
         head["basis"] = {"length": record.basis[0], "digest": record.basis[1].hex()}
     if fence is not None:
@@ -178,6 +184,7 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
         except ValueError:
             raise ValueError("unexpected content") from None
     summaries = value.get("summaries", [])
+    drops = value.get("dropped", [])
     if (
         not valid_range(value.get("deleted_range"))
         or not _valid_calibration(calibration)
@@ -188,6 +195,8 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
         or not all(isinstance(tool, dict) for tool in read_tools)
         or not isinstance(summaries, list)
         or not all(isinstance(summary, dict) for summary in summaries)
+        or not isinstance(drops, list)
+        or not all(isinstance(drop, dict) for drop in drops)
         or not (fence is None or (isinstance(fence, int) and not isinstance(fence, bool)))
     ):
         raise ValueError("unexpected content")
@@ -201,6 +210,7 @@ def decode_record(value: object) -> tuple[TaskRecord, int | None]:
         pricing,
         tuple(summaries),
         _basis_of(value.get("basis")),
+        tuple(drops),
     )
     return record, fence
 
@@ -216,7 +226,12 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
     Raises:
         Exception: whatever the engine rejects the record's overlay with.
     """
-    if record.updates is None and record.deleted_range is None and not record.summaries:
+    if (
+        record.updates is None
+        and record.deleted_range is None
+        and not record.summaries
+        and not record.drops
+    ):
         state = engine.TaskState(notices, dialect=engine.get_dialect(record.dialect))
     else:
         state = engine.TaskState.load(
@@ -226,6 +241,7 @@ def build_state(record: TaskRecord, notices: engine.Notices) -> engine.TaskState
             dialect=engine.get_dialect(record.dialect),
             summaries=list(record.summaries),
             basis=record.basis,
+            drops=list(record.drops),
         )
     if record.pricing is not None:
         state.load_pricing(proto.sheet_from_wire(record.pricing))
@@ -248,4 +264,5 @@ def record_of(state: engine.TaskState, extras: TaskExtras) -> TaskRecord:
         None if state.pricing is None else state.pricing.wire(),
         tuple(state.dump_summaries()),
         state.basis,
+        tuple(state.dump_drops()),
     )
