@@ -38,6 +38,7 @@ from ._endpoint import (
     resolve_endpoint,
 )
 from ._errors import ErrorCode, ProtocolError
+from ._identity import first_other, other_places
 from ._keys import (
     CLIENT_KEY_ENV,
     KEYS_DIR_ENV,
@@ -214,12 +215,14 @@ __all__ = [
     "encode_error",
     "encode_request",
     "encode_result",
+    "first_other",
     "ipc_path",
     "is_context_window_error",
     "is_loopback",
     "is_valid_task_id",
     "message_digest",
     "now_ms",
+    "other_places",
     "pack",
     "peek_request_id",
     "prepended_blocks",
