@@ -52,6 +52,15 @@ from ._keys import (
     read_public_key,
     write_key_file,
 )
+from ._ops import (
+    FEATURES,
+    OPS,
+    PROTOCOL_FEATURES,
+    RESULT_FIELDS,
+    SAFE_TO_REPEAT,
+    OpSpec,
+    validate_args,
+)
 from ._overlay import (
     EDIT_FILE_CHANGE,
     EDIT_FILE_MENTION,
@@ -80,7 +89,6 @@ from ._pricing import (
     sheet_from_wire,
 )
 from ._results import (
-    RESULT_FIELDS,
     ApplyTruncationNoticeResult,
     CloseResult,
     CompactResult,
@@ -111,7 +119,6 @@ from ._schema import (
     DIALECTS,
     KEEP_VALUES,
     MAX_READ_PATTERNS,
-    OPS,
     STRATEGY_VALUES,
     SUMMARY_MARK,
     TASK_ID_PATTERN,
@@ -120,14 +127,12 @@ from ._schema import (
     Keep,
     Message,
     Model,
-    OpSpec,
     Strategy,
     Usage,
     deleted_range_error,
     is_valid_task_id,
-    validate_args,
 )
-from ._version import FEATURES, PROTOCOL_VERSION, __version__
+from ._version import PROTOCOL_VERSION, __version__
 
 __all__ = [
     "CLIENT_KEY_ENV",
@@ -151,8 +156,10 @@ __all__ = [
     "MAX_READ_PATTERNS",
     "OPS",
     "PRICE_SHEETS",
+    "PROTOCOL_FEATURES",
     "PROTOCOL_VERSION",
     "RESULT_FIELDS",
+    "SAFE_TO_REPEAT",
     "SERVER_KEY_ENV",
     "STRATEGY_VALUES",
     "SUMMARY_MARK",
