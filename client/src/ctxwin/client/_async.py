@@ -1,7 +1,10 @@
 """The asyncio client: one DEALER socket, many requests in flight, replies matched by id.
 
 Works on asyncio and on anyio's asyncio backend (pyzmq's asyncio support means
-asyncio only).
+asyncio only). The blocking client, ``_sync.py``, is generated from this file:
+edit this one, then run ``python3 client/scripts/generate.py`` (a test fails
+while the generated twin is stale). What differs between the twins and is not
+a name lives in their sockets (``_async_socket.py``, ``_sync_socket.py``).
 """
 
 # The per-call ``timeout=`` of the twins is the wire call's deadline (it also decides
@@ -24,8 +27,8 @@ from ctxwin import proto
 
 from . import _auth, _core, _link, _methods, _ops
 from ._async_socket import AsyncSocket
+from ._async_task import AsyncTask
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy, left
-from ._task import AsyncTask
 
 T = TypeVar("T")
 
@@ -93,7 +96,6 @@ class AsyncClient:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
-        self._closed = False
         self._wire = AsyncSocket(self, context or zmq.asyncio.Context.instance())
 
     async def __aenter__(self) -> AsyncClient:
@@ -109,25 +111,22 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """Close the socket (linger 0) and fail calls still waiting; later calls raise."""
-        self._closed = True
-        tasks = self._wire.drop()
-        if tasks and tasks[0].get_loop() is asyncio.get_running_loop():
-            # Wait for the readers to end without taking a cancellation of our own caller.
-            await asyncio.wait(tasks)
+        await self._wire.aclose()
 
+    # unasync: async only
     def close(self) -> None:
         """Close the socket now, from any thread or loop (or none); later calls raise.
 
         Unlike :meth:`aclose` it does not wait for the socket's reader to end;
         for owners that close from a finalizer or from blocking code.
         """
-        self._closed = True
-        self._wire.drop()
+        self._wire.close()
 
+    # unasync: end
     @property
     def closed(self) -> bool:
-        """Whether :meth:`aclose` or :meth:`close` was called."""
-        return self._closed
+        """Whether the client was closed."""
+        return self._wire.closed
 
     def task(
         self,
@@ -169,27 +168,29 @@ class AsyncClient:
         Raises:
             CtxwinError: the subclass for the error (see ``ctxwin.client``).
         """
-        deadline = time.monotonic() + _core.call_budget(call, timeout, self.timeout)
-        attempt = 0
-        followed = False
-        while True:
-            try:
-                reply = await self._wire.exchange(call, deadline)
-            except _link.Dropped:
-                _link.after_drop(call, self.endpoint)
-                continue
-            remaining = deadline - time.monotonic()
-            step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
-            if isinstance(step, _core.Follow):
-                # The task's owner is another daemon: move this client to it.
-                _auth.check_referral(step.owner, self.curve, self.trusted_endpoints)
-                followed = True
-                await self._wire.move_to(step.owner, deadline)
-                continue
-            if not isinstance(step, _core.Retry):
-                return step
-            await asyncio.sleep(step.delay)
-            attempt += 1
+        budget = _core.call_budget(call, timeout, self.timeout)
+        deadline = time.monotonic() + budget
+        async with self._wire.turn(call.op, budget):
+            attempt = 0
+            followed = False
+            while True:
+                try:
+                    reply = await self._wire.exchange(call, deadline)
+                except _link.Dropped:
+                    _link.after_drop(call, self.endpoint)
+                    continue
+                remaining = deadline - time.monotonic()
+                step = _core.outcome(call, reply, attempt, self.retry, remaining, followed)
+                if isinstance(step, _core.Follow):
+                    # The task's owner is another daemon: move this client to it.
+                    _auth.check_referral(step.owner, self.curve, self.trusted_endpoints)
+                    followed = True
+                    await self._wire.move_to(step.owner, deadline)
+                    continue
+                if not isinstance(step, _core.Retry):
+                    return step
+                await asyncio.sleep(step.delay)
+                attempt += 1
 
     async def _features(self, deadline: float) -> frozenset[str]:
         """What the daemon on this connection supports, asked once per connection."""

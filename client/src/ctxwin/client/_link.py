@@ -38,11 +38,6 @@ class SocketOwner(Protocol):
     curve: Curve | None
     autostart: bool
 
-    @property
-    def closed(self) -> bool:
-        """Whether the client was closed: the socket makes no new connection."""
-        ...
-
 
 def open_dealer(
     context: zmq.Context[SocketT], endpoint: str, curve: Curve | None

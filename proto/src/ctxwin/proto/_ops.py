@@ -17,29 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import _results as results
 from ._errors import ErrorCode, ProtocolError
-from ._results import (
-    ApplyTruncationNoticeResult,
-    CloseResult,
-    CompactResult,
-    CompactSubagentResult,
-    CondensedResult,
-    CondenseResult,
-    ContextWindowInfoResult,
-    CountTokensResult,
-    FlushResult,
-    InspectResult,
-    NextTruncationRangeResult,
-    OptimizeFileReadsInMemoryResult,
-    OptimizeFileReadsResult,
-    PingResult,
-    PlanResult,
-    PrepareRequestResult,
-    RollbackResult,
-    ShouldCompactResult,
-    StatsResult,
-    TruncatedMessagesResult,
-)
 from ._schema import (
     CHECKS,
     COMPACT_KEEP_VALUES,
@@ -152,22 +131,25 @@ def _history_op(
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        OpSpec("ping", result=PingResult, safe_to_repeat=True),
-        OpSpec("stats", result=StatsResult, safe_to_repeat=True),
+        OpSpec("ping", result=results.PingResult, safe_to_repeat=True),
+        OpSpec("stats", result=results.StatsResult, safe_to_repeat=True),
         OpSpec(
-            "context_window_info", ("model",), result=ContextWindowInfoResult, safe_to_repeat=True
+            "context_window_info",
+            ("model",),
+            result=results.ContextWindowInfoResult,
+            safe_to_repeat=True,
         ),
         OpSpec(
             "should_compact",
             ("usage", "model"),
             ("threshold", "task", "messages", *_OPEN),
-            result=ShouldCompactResult,
+            result=results.ShouldCompactResult,
             safe_to_repeat=True,
         ),
         OpSpec(
             "next_truncation_range",
             ("messages", "deleted_range", "keep"),
-            result=NextTruncationRangeResult,
+            result=results.NextTruncationRangeResult,
             safe_to_repeat=True,
         ),
         _history_op(
@@ -181,14 +163,14 @@ OPS: dict[str, OpSpec] = {
                 "deleted_range",
                 *_BUDGETING,
             ),
-            result=PrepareRequestResult,
+            result=results.PrepareRequestResult,
             history_indices=("largest",),
         ),
         _history_op(
             "plan",
             ("task", "model"),
             ("previous_request", "use_auto_condense", "strategy", "proactive", "pricing"),
-            result=PlanResult,
+            result=results.PlanResult,
             feature="plan",
             safe_to_repeat=True,
             history_indices=("largest",),
@@ -197,7 +179,7 @@ OPS: dict[str, OpSpec] = {
             "truncated_messages",
             ("task",),
             ("deleted_range",),
-            result=TruncatedMessagesResult,
+            result=results.TruncatedMessagesResult,
             # It sets the range it is given, if any: the same twice.
             safe_to_repeat=True,
         ),
@@ -205,47 +187,49 @@ OPS: dict[str, OpSpec] = {
             "optimize_file_reads",
             ("task", "ts"),
             ("deleted_range",),
-            result=OptimizeFileReadsResult,
+            result=results.OptimizeFileReadsResult,
         ),
         _history_op(
             "optimize_file_reads_in_memory",
             ("task", "ts"),
             ("deleted_range",),
-            result=OptimizeFileReadsInMemoryResult,
+            result=results.OptimizeFileReadsInMemoryResult,
         ),
         _history_op(
-            "compact_subagent", ("task",), ("deleted_range",), result=CompactSubagentResult
+            "compact_subagent", ("task",), ("deleted_range",), result=results.CompactSubagentResult
         ),
         _history_op(
             "apply_truncation_notice",
             ("task", "ts"),
             ("keep_task",),
-            result=ApplyTruncationNoticeResult,
+            result=results.ApplyTruncationNoticeResult,
         ),
         _history_op(
             "compact",
             ("task", "keep", "ts"),
             ("keep_task",),
             checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
-            result=CompactResult,
+            result=results.CompactResult,
         ),
-        _history_op("condensed", ("task",), result=CondensedResult),
+        _history_op("condensed", ("task",), result=results.CondensedResult),
         _history_op(
             "condense",
             ("task", "model", "ts"),
             ("summary", "threshold", "usage"),
-            result=CondenseResult,
+            result=results.CondenseResult,
             feature="summaries",
         ),
-        OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN), result=RollbackResult),
-        OpSpec("inspect", ("task",), _OPEN, result=InspectResult, safe_to_repeat=True),
-        OpSpec("flush", (), ("task",), result=FlushResult, safe_to_repeat=True),
-        OpSpec("close", ("task",), result=CloseResult, safe_to_repeat=True),
+        OpSpec(
+            "rollback", ("task", "ts"), ("deleted_range", *_OPEN), result=results.RollbackResult
+        ),
+        OpSpec("inspect", ("task",), _OPEN, result=results.InspectResult, safe_to_repeat=True),
+        OpSpec("flush", (), ("task",), result=results.FlushResult, safe_to_repeat=True),
+        OpSpec("close", ("task",), result=results.CloseResult, safe_to_repeat=True),
         OpSpec(
             "count_tokens",
             optional=("dialect",),
             one_of=(("messages", "text"),),
-            result=CountTokensResult,
+            result=results.CountTokensResult,
             safe_to_repeat=True,
         ),
     )

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from ctxwin import proto
 
 from .._sync import Client
-from .._task import Task
+from .._sync_task import Task
 from ._commands import (
     EXIT_DAEMON_ERROR,
     EXIT_OK,
