@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import _results
 from ._classify import is_context_window_error
 from ._clock import now_ms
 from ._codec import (
@@ -88,30 +89,7 @@ from ._pricing import (
     sheet_for_model,
     sheet_from_wire,
 )
-from ._results import (
-    ApplyTruncationNoticeResult,
-    CloseResult,
-    CompactResult,
-    CompactSubagentResult,
-    CondensedResult,
-    CondenseResult,
-    ContextWindowInfoResult,
-    CountTokensResult,
-    FlushResult,
-    InspectResult,
-    NextTruncationRangeResult,
-    OptimizeFileReadsInMemoryResult,
-    OptimizeFileReadsResult,
-    PingResult,
-    PlanResult,
-    PrepareRequestResult,
-    RollbackResult,
-    ShouldCompactResult,
-    StatsResult,
-    SummaryInfo,
-    SummaryKind,
-    TruncatedMessagesResult,
-)
+from ._results import *  # noqa: F403 (every result type: _results.__all__)
 from ._schema import (
     CLINE,
     COMPACT_KEEP_VALUES,
@@ -165,21 +143,11 @@ __all__ = [
     "SUMMARY_MARK",
     "TASK_ID_PATTERN",
     "USAGE_FIELDS",
-    "ApplyTruncationNoticeResult",
     "ChainTail",
-    "CloseResult",
-    "CompactResult",
-    "CompactSubagentResult",
-    "CondenseResult",
-    "CondensedResult",
-    "ContextWindowInfoResult",
-    "CountTokensResult",
     "DeletedRange",
     "DeltaSender",
     "DigestChain",
     "ErrorCode",
-    "FlushResult",
-    "InspectResult",
     "Keep",
     "KeyFile",
     "KeyFileError",
@@ -187,26 +155,14 @@ __all__ = [
     "Message",
     "MessageEdits",
     "Model",
-    "NextTruncationRangeResult",
     "OpSpec",
-    "OptimizeFileReadsInMemoryResult",
-    "OptimizeFileReadsResult",
     "OverlayFormatError",
     "PatchReceiver",
-    "PingResult",
-    "PlanResult",
-    "PrepareRequestResult",
     "PriceSheet",
     "ProtocolError",
     "Reply",
     "Request",
-    "RollbackResult",
-    "ShouldCompactResult",
-    "StatsResult",
     "Strategy",
-    "SummaryInfo",
-    "SummaryKind",
-    "TruncatedMessagesResult",
     "Update",
     "Usage",
     "__version__",
@@ -250,3 +206,4 @@ __all__ = [
     "view_origins",
     "write_key_file",
 ]
+__all__ += _results.__all__  # every op's result type, declared beside it

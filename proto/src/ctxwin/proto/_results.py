@@ -1,7 +1,9 @@
 """Typed shapes of the ``result`` map of each op (DESIGN.md "Wire protocol").
 
-Keys beyond the ones listed may appear (the daemon may add fields in a later
-minor version); readers must ignore what they do not know.
+Every type here is exported from ``ctxwin.proto`` (by ``__all__``), and each op's
+declaration (``_ops.py``) names its result type. Keys beyond the ones listed may
+appear (the daemon may add fields in a later minor version); readers must ignore
+what they do not know.
 
 The annotations are evaluated (no ``from __future__ import annotations``): on
 Python 3.11 a TypedDict tells its required keys apart only then.
@@ -16,6 +18,7 @@ __all__ = [
     "CloseResult",
     "CompactResult",
     "CompactSubagentResult",
+    "CondenseResult",
     "CondensedResult",
     "ContextWindowInfoResult",
     "CountTokensResult",
@@ -30,6 +33,8 @@ __all__ = [
     "RollbackResult",
     "ShouldCompactResult",
     "StatsResult",
+    "SummaryInfo",
+    "SummaryKind",
     "TruncatedMessagesResult",
 ]
 
