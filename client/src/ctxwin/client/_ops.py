@@ -37,6 +37,7 @@ from ctxwin.proto import (
     PingResult,
     PlanResult,
     PrepareRequestResult,
+    RevisionResult,
     RollbackResult,
     ShouldCompactResult,
     StatsResult,
@@ -76,6 +77,7 @@ __all__ = [
     "ping",
     "plan",
     "prepare_request",
+    "revision",
     "rollback",
     "should_compact",
     "stats",
@@ -514,6 +516,15 @@ def inspect(
         {"task": task},
         options,
     )
+
+
+@takes_options
+def revision(
+    task: str,
+    **options: Unpack[TaskOptions],
+) -> Call[RevisionResult]:
+    """``revision``: how many times the task's state changed since it was loaded."""
+    return _task_call("revision", {"task": task}, options)
 
 
 def flush(task: str | None = None, *, timeout: float | None = None) -> Call[FlushResult]:
