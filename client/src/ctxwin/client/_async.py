@@ -218,7 +218,6 @@ class AsyncClient:
     condense = _methods.awaiting(_ops.condense)
     rollback = _methods.awaiting(_ops.rollback)
     inspect = _methods.awaiting(_ops.inspect)
-    revision = _methods.awaiting(_ops.revision)
     flush = _methods.awaiting(_ops.flush)
     close_task = _methods.awaiting(_ops.close)
     count_tokens = _methods.awaiting(_ops.count_tokens)

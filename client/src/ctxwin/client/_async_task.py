@@ -109,7 +109,6 @@ class AsyncTask(TaskBase):
     condense = _awaiting(_ops.condense)
     rollback = _awaiting(_ops.rollback)
     inspect = _awaiting(_ops.inspect)
-    revision = _awaiting(_ops.revision)
     flush = _awaiting(_ops.flush)
     close = _awaiting(_ops.close)
     # -- end of the generated op methods --

@@ -37,7 +37,6 @@ from ctxwin.proto import (
     PingResult,
     PlanResult,
     PrepareRequestResult,
-    RevisionResult,
     RollbackResult,
     ShouldCompactResult,
     StatsResult,
@@ -77,7 +76,6 @@ __all__ = [
     "ping",
     "plan",
     "prepare_request",
-    "revision",
     "rollback",
     "should_compact",
     "stats",
@@ -516,15 +514,6 @@ def inspect(
         {"task": task},
         options,
     )
-
-
-@takes_options
-def revision(
-    task: str,
-    **options: Unpack[TaskOptions],
-) -> Call[RevisionResult]:
-    """``revision``: how many times the task's state changed since it was loaded."""
-    return _task_call("revision", {"task": task}, options)
 
 
 def flush(task: str | None = None, *, timeout: float | None = None) -> Call[FlushResult]:

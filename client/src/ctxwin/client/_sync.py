@@ -196,7 +196,6 @@ class Client:
     condense = _methods.blocking(_ops.condense)
     rollback = _methods.blocking(_ops.rollback)
     inspect = _methods.blocking(_ops.inspect)
-    revision = _methods.blocking(_ops.revision)
     flush = _methods.blocking(_ops.flush)
     close_task = _methods.blocking(_ops.close)
     count_tokens = _methods.blocking(_ops.count_tokens)

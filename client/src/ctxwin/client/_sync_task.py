@@ -106,7 +106,6 @@ class Task(TaskBase):
     condense = _blocking(_ops.condense)
     rollback = _blocking(_ops.rollback)
     inspect = _blocking(_ops.inspect)
-    revision = _blocking(_ops.revision)
     flush = _blocking(_ops.flush)
     close = _blocking(_ops.close)
     # -- end of the generated op methods --

@@ -290,10 +290,6 @@ def dialect_refused(
     return proto.ProtocolError(proto.ErrorCode.BAD_REQUEST, f"{op}: {exc} ({dialect.name} dialect)")
 
 
-def _revision(state: engine.TaskState, args: Args, budgeting: engine.Budgeting | None) -> Result:
-    return {"revision": state.revision}
-
-
 TaskOp = Callable[[engine.TaskState, Args, engine.Budgeting | None], Result]
 
 TASK_OPS: dict[str, TaskOp] = {
@@ -309,7 +305,6 @@ TASK_OPS: dict[str, TaskOp] = {
     "condense": _condense,
     "rollback": _rollback,
     "should_compact": _should_compact_task,
-    "revision": _revision,
 }
 """Task ops that are engine calls; ``inspect``, ``flush`` and ``close`` are the session's
 (``_session._OWN_OPS``)."""

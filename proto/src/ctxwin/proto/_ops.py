@@ -223,7 +223,6 @@ OPS: dict[str, OpSpec] = {
             "rollback", ("task", "ts"), ("deleted_range", *_OPEN), result=results.RollbackResult
         ),
         OpSpec("inspect", ("task",), _OPEN, result=results.InspectResult, safe_to_repeat=True),
-        OpSpec("revision", ("task",), _OPEN, result=results.RevisionResult, safe_to_repeat=True),
         OpSpec("flush", (), ("task",), result=results.FlushResult, safe_to_repeat=True),
         OpSpec("close", ("task",), result=results.CloseResult, safe_to_repeat=True),
         OpSpec(

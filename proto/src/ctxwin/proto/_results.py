@@ -30,7 +30,6 @@ __all__ = [
     "PingResult",
     "PlanResult",
     "PrepareRequestResult",
-    "RevisionResult",
     "RollbackResult",
     "ShouldCompactResult",
     "StatsResult",
@@ -310,9 +309,3 @@ class CountTokensResult(TypedDict):
 
     tokens: int
     unrecognised: NotRequired[dict[str, int]]
-
-
-class RevisionResult(TypedDict):
-    """``revision``: how many times the task's state changed since it was loaded."""
-
-    revision: int
