@@ -294,13 +294,13 @@ def breakdown(window: str, turn: int | None, repeat: int, source: Path | None) -
         loop.patch(result, kept, args)
 
     def take_turn() -> None:
-        with handle._turn(base_call):
+        with handle._syncing.take(base_call, handle.client):
             pass
 
     def client_call_turn() -> None:
         budget = _core.budget(loop.client.timeout)
         time.monotonic()
-        with loop.client._turns.take(_core.lock_wait(budget), RuntimeError):
+        with loop.client._wire.turn("ping", budget):
             pass
 
     def sending() -> None:

@@ -65,17 +65,7 @@ def test_ping_answers_pong_with_versions(shared_peer: WirePeer) -> None:
         "pong": True,
         "version": proto.__version__,
         "proto": proto.PROTOCOL_VERSION,
-        "features": [
-            "delta",
-            "view_patch",
-            "view_patch_prepend",
-            "budgeting",
-            "plan",
-            "dialects",
-            "read_tools",
-            "auto",
-            "summaries",
-        ],
+        "features": list(proto.FEATURES),
         "dialects": ["cline", "openai-chat", "anthropic", "openai-responses", "gemini"],
     }
 

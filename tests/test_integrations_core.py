@@ -147,3 +147,42 @@ def test_the_fake_provider_and_the_view_checks_apply_the_same_provider_rules() -
         body = {"input" if path == RESPONSES else "messages": ending}
         assert violations(path, body), ending
         assert _holds(dialect, ending), ending
+
+
+def _adapters() -> list[Any]:
+    """Each adapter's entry point: the SDK wrappers' ``wrap``, the frameworks' classes."""
+    from ctxwin.client.integrations import agents, langchain, pydantic_ai
+    from ctxwin.client.integrations import anthropic as anthropic_adapter
+    from ctxwin.client.integrations import openai as openai_adapter
+
+    return [
+        openai_adapter.wrap,
+        anthropic_adapter.wrap,
+        agents.ContextWindowFilter,
+        langchain.ContextWindowMiddleware,
+        pydantic_ai.ContextWindow,
+    ]
+
+
+def test_every_adapter_takes_and_documents_each_window_option_once() -> None:
+    """The window options are written once: each adapter's signature shows them with their
+    defaults and its docstring documents each exactly once."""
+    import inspect
+
+    from ctxwin.client.integrations._window_args import WindowArgs
+
+    for adapter in _adapters():
+        parameters = inspect.signature(adapter).parameters
+        doc = adapter.__doc__ or ""
+        for name in WindowArgs.__annotations__:
+            assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, (adapter, name)
+            assert parameters[name].default is (False if name == "ephemeral" else None)
+            assert sum(line.strip().startswith(f"{name}: ") for line in doc.split("\n")) == 1
+
+
+def test_an_adapter_refuses_a_misspelt_window_option() -> None:
+    """A window option the adapters do not know is a TypeError, as for any keyword."""
+    from ctxwin.client.integrations import pydantic_ai
+
+    with pytest.raises(TypeError, match="ephemerall"):
+        pydantic_ai.ContextWindow(ephemerall=True)  # type: ignore[call-arg]

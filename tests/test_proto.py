@@ -393,3 +393,22 @@ def test_overlay_reader_reads_the_on_disk_form_and_refuses_other_shapes() -> Non
     ]:
         with pytest.raises(proto.OverlayFormatError, match=where):
             proto.read_overlay(bad)
+
+
+_OBJECTS = [object() for _ in range(4)]
+
+
+@given(
+    st.lists(st.sampled_from(_OBJECTS), max_size=12),
+    st.lists(st.sampled_from(_OBJECTS), max_size=12),
+    st.integers(0, 14),
+    st.none() | st.integers(0, 14),
+)
+def test_first_other_and_other_places_are_the_plain_identity_scan(
+    a: list[object], b: list[object], start: int, stop: int | None
+) -> None:
+    """The C-speed scans find the positions a plain loop over ``is not`` finds."""
+    end = min(len(a), len(b)) if stop is None else min(len(a), len(b), stop)
+    plain = [place for place in range(start, end) if a[place] is not b[place]]
+    assert plain == list(proto.other_places(a, b, start, stop))
+    assert (plain[0] if plain else max(end, start)) == proto.first_other(a, b, start, stop)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ctxwin.proto import is_context_window_error
 
 from ._async import AsyncClient
+from ._async_task import AsyncTask
 from ._autostart import ensure_daemon
 from ._core import DEFAULT_TIMEOUT, UNSET, Call, RetryPolicy
 from ._errors import (
@@ -26,7 +27,7 @@ from ._errors import (
     UnsupportedVersionError,
 )
 from ._sync import Client
-from ._task import AsyncTask, Task
+from ._sync_task import Task
 from ._usage import (
     total_tokens,
     usage_from_anthropic,

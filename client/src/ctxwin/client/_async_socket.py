@@ -10,6 +10,7 @@ What a reply means (retries, referrals) is the client's (``_async.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from typing import Any
@@ -49,6 +50,7 @@ class AsyncSocket:
         self.pending: dict[int, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._connecting: asyncio.Lock | None = None
+        self.closed = False
 
     @property
     def connected(self) -> bool:
@@ -63,6 +65,23 @@ class AsyncSocket:
         if self.owner.endpoint != endpoint:
             self.drop()
             self.owner.endpoint = endpoint
+
+    def turn(self, op: str, budget: float) -> contextlib.AbstractAsyncContextManager[None]:
+        """Nothing to wait for: any number of calls may be in flight on this socket."""
+        return contextlib.nullcontext()
+
+    async def aclose(self) -> None:
+        """Close for good: drop the socket, fail the calls waiting, wait for its readers."""
+        self.closed = True
+        tasks = self.drop()
+        if tasks and tasks[0].get_loop() is asyncio.get_running_loop():
+            # Wait for the readers to end without taking a cancellation of our own caller.
+            await asyncio.wait(tasks)
+
+    def close(self) -> None:
+        """Close for good now, from any thread or loop (or none), not waiting for the readers."""
+        self.closed = True
+        self.drop()
 
     def drop(self, reason: Exception | None = None) -> list[asyncio.Task[None]]:
         """Close the socket, stop its readers, fail the calls still waiting on it."""
@@ -80,7 +99,7 @@ class AsyncSocket:
         return tasks
 
     async def _connect(self) -> zmq.asyncio.Socket:
-        if self.owner.closed:
+        if self.closed:
             raise ClientClosedError("the client is closed")
         loop = asyncio.get_running_loop()
         if self._reader is not None and self._reader.get_loop() is not loop:
@@ -94,7 +113,7 @@ class AsyncSocket:
             if self._socket is None:
                 if self.owner.autostart:
                     await loop.run_in_executor(None, _autostart.ensure_daemon, self.owner.endpoint)
-                    if self.owner.closed:
+                    if self.closed:
                         raise ClientClosedError("the client is closed")
                 sock, monitor, curve = _link.open_dealer(
                     self.context, self.owner.endpoint, self.owner.curve

@@ -38,11 +38,6 @@ class SocketOwner(Protocol):
     curve: Curve | None
     autostart: bool
 
-    @property
-    def closed(self) -> bool:
-        """Whether the client was closed: the socket makes no new connection."""
-        ...
-
 
 def open_dealer(
     context: zmq.Context[SocketT], endpoint: str, curve: Curve | None
@@ -124,32 +119,9 @@ RECONNECT_GRACE = 5.0
 """Seconds a client that has reached its daemon before lets refused connections go on
 (a restart: the systemd unit's RestartSec is 1 s) before it says nothing answers."""
 
-SAFE_TO_REPEAT = frozenset(
-    {
-        # Reads: they change nothing.
-        "ping",
-        "stats",
-        "context_window_info",
-        "count_tokens",
-        "next_truncation_range",
-        "should_compact",
-        "plan",
-        "inspect",
-        "truncated_messages",  # sets the range it is given, if any: the same twice
-        # Their effect is the same however often it happens.
-        "flush",
-        "close",
-    }
-)
-"""Ops sent again when the connection drops with them in flight.
-
-A request in flight when the daemon went away may or may not have been applied
-(and a daemon killed with SIGKILL loses what it had not written yet). These ops
-give the same state and the same answer whether or not the first one was
-applied. The others (``prepare_request``, ``compact``, ``rollback``, the file read
-optimisations, ...) change the task, and their answer says what they changed: a
-second sending would cut again or report nothing changed, so they fail instead.
-"""
+SAFE_TO_REPEAT = proto.SAFE_TO_REPEAT
+"""Ops sent again when the connection drops with them in flight (each op's declaration
+says whether it is safe, ``ctxwin.proto.OpSpec.safe_to_repeat``)."""
 
 _START_HINT = (
     "start it with `ctxwind` (or `systemctl --user start ctxwind`), "

@@ -9,6 +9,8 @@ later. What a reply means (retries, referrals) is the client's (``_sync.py``).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import time
 from typing import Any
@@ -21,6 +23,7 @@ from ctxwin.proto import Reply
 from . import _autostart, _core, _link
 from ._core import Call
 from ._errors import ClientClosedError, DaemonUnavailableError, RequestTimeoutError
+from ._turns import Turns
 
 __all__ = ["BlockingSocket"]
 
@@ -41,16 +44,30 @@ class BlockingSocket:
         self._monitor: zmq.Socket[bytes] | None = None  # set and cleared with _socket
         self.link = _link.Link()
         self._ids = itertools.count(1)
+        self._turns = Turns()
+        self.closed = False
 
     @property
     def connected(self) -> bool:
         """Whether a socket is open (what :attr:`link` says is about that socket)."""
         return self._socket is not None
 
-    def move_to(self, endpoint: str) -> None:
-        """Move the client to ``endpoint``: its next exchange connects there."""
+    def move_to(self, endpoint: str, deadline: float) -> None:
+        """Move the client to ``endpoint``: its next exchange connects there (no other call
+        of this client is in flight to wait for until ``deadline``)."""
         self.drop()
         self.owner.endpoint = endpoint
+
+    def turn(self, op: str, budget: float) -> contextlib.AbstractContextManager[None]:
+        """The client's turn for a call of ``op`` (one at a time), waited for within ``budget``."""
+        too_long = functools.partial(_core.queued_too_long, op, self.owner.endpoint, "client")
+        return self._turns.take(_core.lock_wait(budget), too_long)
+
+    def close(self) -> None:
+        """Close for good, after the call in flight (if any)."""
+        with self._turns.take(None, RuntimeError):
+            self.closed = True
+            self.drop()
 
     def drop(self) -> None:
         """Close the socket and its monitor; the next exchange makes new ones."""
@@ -59,7 +76,7 @@ class BlockingSocket:
 
     def _connect(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         """The socket and its monitor, made (and connected) if there are none."""
-        if self.owner.closed:
+        if self.closed:
             raise ClientClosedError("the client is closed")
         if self._socket is None or self._monitor is None:
             if self.owner.autostart:

@@ -1,10 +1,12 @@
-"""Handles bound to one task id, for the blocking and the asyncio client.
+"""What the task handles of both clients share (``_async_task.py``, ``_sync_task.py``).
 
 A handle's methods are made from the op builders in ``_ops`` (every builder
 whose first argument is the task): each takes its builder's arguments after
 the task id, and arguments the handle holds (``ephemeral``) default to the
 handle's. Handles type against the small :class:`~ctxwin.client._methods.Caller`
-protocols, not against the clients.
+protocols, not against the clients. ``AsyncTask`` is written once
+(``_async_task.py``) and ``Task`` generated from it; what differs between them
+and is not a name is here: how a handle's history ops take turns.
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ import contextlib
 import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from ctxwin.proto import OPS, TASK_ID_PATTERN, is_valid_task_id
 
-from . import _core, _delta, _methods, _ops
+from . import _core, _delta, _ops
 from ._core import Call, Messages
-from ._errors import CtxwinError, InvalidTaskIdError
+from ._errors import InvalidTaskIdError
 from ._methods import AsyncCaller, Caller
 from ._turns import Turns
 
-__all__ = ["AsyncTask", "Task"]
+__all__ = ["HISTORY_OPS", "AsyncTurns", "BlockingTurns", "TaskBase"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -33,11 +35,11 @@ T = TypeVar("T")
 NO_FEATURES: frozenset[str] = frozenset()
 """What a handle that does not sync by delta needs of the daemon's features."""
 
-HISTORY_OPS = frozenset(name for name, spec in OPS.items() if ("messages", "append") in spec.one_of)
+HISTORY_OPS = frozenset(name for name, spec in OPS.items() if spec.over_history)
 """Ops over a task's history: a handle syncs their ``messages`` by delta."""
 
 
-class _TaskBase:
+class TaskBase:
     """What both handles hold: the task id, whether it is ephemeral, its delta sync.
 
     History ops (those that take ``messages``) sync by delta: after the first
@@ -95,7 +97,7 @@ class _TaskBase:
         return f"{type(self).__name__}({self.id!r}, ephemeral={self.ephemeral}{shown})"
 
 
-class _Shape(Generic[T]):
+class Shape(Generic[T]):
     """How a handle calls one builder: with its id first, its defaults, its history apart."""
 
     __slots__ = ("build", "history", "opens")
@@ -108,7 +110,7 @@ class _Shape(Generic[T]):
         self.opens = "ephemeral" in inspect.signature(build).parameters
 
     def call(
-        self, handle: _TaskBase, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, handle: TaskBase, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Call[T], Messages | None]:
         """The call for ``handle``, and for a history op the caller's messages (else None).
 
@@ -130,197 +132,47 @@ class _Shape(Generic[T]):
         return self.build(handle.id, *args, **kwargs), messages
 
 
-def _blocking(build: Callable[Concatenate[str, P], Call[T]]) -> Callable[Concatenate[Task, P], T]:
-    shape = _Shape(build)
+class BlockingTurns:
+    """A blocking handle's history ops, one at a time (threads wait in order of arrival)."""
 
-    def method(self: Task, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        call, messages = shape.call(self, args, kwargs)
-        if messages is None:
-            return self.client.call(call)
-        return self._history(call, messages)
+    __slots__ = ("_turns",)
 
-    _methods.as_method(method, build, drop=1)
-    return method
-
-
-def _awaiting(
-    build: Callable[Concatenate[str, P], Call[T]],
-) -> Callable[Concatenate[AsyncTask, P], Coroutine[Any, Any, T]]:
-    shape = _Shape(build)
-
-    async def method(self: AsyncTask, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        call, messages = shape.call(self, args, kwargs)
-        if messages is None:
-            return await self.client.call(call)
-        return await self._history(call, messages)
-
-    _methods.as_method(method, build, drop=1)
-    return method
-
-
-class Task(_TaskBase):
-    """A task of a blocking client; every method is the op of that name for the task.
-
-    Args:
-        client: the client to send through.
-        task_id: the task.
-        ephemeral: keep the task in the daemon's memory only (subagent runners).
-        delta: sync the history by delta (send what each turn adds).
-        dialect: the task's message dialect (``openai-chat``, ``anthropic``,
-            ``openai-responses``, ``gemini``; None: the daemon's default, ``cline``),
-            sent with every op that takes it.
-        read_tools: the task's own read tools, besides the daemon's table
-            (``{"name", "arg", "when"?, "pattern"?}`` maps, docs/DIALECTS.md),
-            sent with every op that takes them; native dialects only.
-    """
-
-    def __init__(
-        self,
-        client: Caller,
-        task_id: str,
-        *,
-        ephemeral: bool = False,
-        delta: bool = True,
-        dialect: str | None = None,
-        read_tools: _ops.ReadTools | None = None,
-    ) -> None:
-        super().__init__(
-            task_id, ephemeral=ephemeral, delta=delta, dialect=dialect, read_tools=read_tools
-        )
-        self.client = client
-        self._syncing = Turns()
+    def __init__(self) -> None:
+        self._turns = Turns()
 
     @contextlib.contextmanager
-    def _turn(self, call: Call[Any]) -> Iterator[float]:
-        """Wait for this handle's history op before, within the call's time; yields the deadline."""
-        budget = _core.call_budget(call, None, self.client.timeout)
+    def take(self, call: Call[Any], client: Caller) -> Iterator[float]:
+        """Wait for the handle's history op before, within the call's time; yields the deadline."""
+        budget = _core.call_budget(call, None, client.timeout)
         deadline = time.monotonic() + budget
-        too_long = functools.partial(
-            _core.queued_too_long, call.op, self.client.endpoint, "task handle"
-        )
-        with self._syncing.take(_core.lock_wait(budget), too_long):
+        too_long = functools.partial(_core.queued_too_long, call.op, client.endpoint, "task handle")
+        with self._turns.take(_core.lock_wait(budget), too_long):
             yield deadline
 
-    def _history(self, call: Call[T], messages: Messages) -> T:
-        """Send a history op by delta, resending in full when the daemon asks to.
 
-        History ops of one handle run one at a time, resync included, so the
-        daemon applies them in the order they were called. What is asked for
-        follows the daemon's features (a ping, once per connection). The call's
-        timeout covers the whole op: the wait for the one before, that ping, the
-        call and any resend.
-        """
-        snapshot = list(messages)  # as it is now, for the resend too
-        with self._turn(call) as deadline:
-            features = self.client._features(deadline) if self._delta.enabled else NO_FEATURES
-            try:
-                return self.client.call(
-                    self._delta.call(call, snapshot, features, owned=True),
-                    timeout=_core.left(deadline),
-                )
-            except CtxwinError as exc:
-                retry = self._delta.retry(call, snapshot, exc, owned=True)
-                if retry is None:
-                    raise
-                return self.client.call(
-                    retry, timeout=_core.left_for_resend(deadline, exc, self.client.endpoint)
-                )
+class AsyncTurns:
+    """An asyncio handle's history ops, one at a time (a lock for the loop it is used on)."""
 
-    plan = _blocking(_ops.plan)
-    prepare_request = _blocking(_ops.prepare_request)
-    should_compact = _blocking(_ops.task_should_compact)
-    truncated_messages = _blocking(_ops.truncated_messages)
-    optimize_file_reads = _blocking(_ops.optimize_file_reads)
-    optimize_file_reads_in_memory = _blocking(_ops.optimize_file_reads_in_memory)
-    compact_subagent = _blocking(_ops.compact_subagent)
-    apply_truncation_notice = _blocking(_ops.apply_truncation_notice)
-    compact = _blocking(_ops.compact)
-    condense = _blocking(_ops.condense)
-    condensed = _blocking(_ops.condensed)
-    rollback = _blocking(_ops.rollback)
-    inspect = _blocking(_ops.inspect)
-    flush = _blocking(_ops.flush)
-    close = _blocking(_ops.close)
+    __slots__ = ("_lock",)
 
-
-class AsyncTask(_TaskBase):
-    """A task of an asyncio client; every method is the op of that name for the task.
-
-    Args:
-        client: the client to send through.
-        task_id: the task.
-        ephemeral: keep the task in the daemon's memory only (subagent runners).
-        delta: sync the history by delta (send what each turn adds).
-        dialect: the task's message dialect (see :class:`Task`).
-        read_tools: the task's own read tools (see :class:`Task`).
-    """
-
-    def __init__(
-        self,
-        client: AsyncCaller,
-        task_id: str,
-        *,
-        ephemeral: bool = False,
-        delta: bool = True,
-        dialect: str | None = None,
-        read_tools: _ops.ReadTools | None = None,
-    ) -> None:
-        super().__init__(
-            task_id, ephemeral=ephemeral, delta=delta, dialect=dialect, read_tools=read_tools
-        )
-        self.client = client
-        self._syncing: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+    def __init__(self) -> None:
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @contextlib.asynccontextmanager
-    async def _turn(self, call: Call[Any]) -> AsyncIterator[float]:
-        """Wait for this handle's history op before, within the call's time; yields the deadline."""
-        budget = _core.call_budget(call, None, self.client.timeout)
+    async def take(self, call: Call[Any], client: AsyncCaller) -> AsyncIterator[float]:
+        """Wait for the handle's history op before, within the call's time; yields the deadline."""
+        budget = _core.call_budget(call, None, client.timeout)
         deadline = time.monotonic() + budget
         loop = asyncio.get_running_loop()
-        if self._syncing is None or self._syncing[0] is not loop:
-            self._syncing = (loop, asyncio.Lock())  # a lock serves the loop it was used on
-        lock = self._syncing[1]
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())  # a lock serves the loop it was used on
+        lock = self._lock[1]
         try:
             async with asyncio.timeout(_core.lock_wait(budget)):
                 await lock.acquire()
         except TimeoutError:
-            raise _core.queued_too_long(call.op, self.client.endpoint, "task handle") from None
+            raise _core.queued_too_long(call.op, client.endpoint, "task handle") from None
         try:
             yield deadline
         finally:
             lock.release()
-
-    async def _history(self, call: Call[T], messages: Messages) -> T:
-        """Send a history op by delta, resending in full when the daemon asks to (see Task)."""
-        snapshot = list(messages)  # as it is now, for the resend too
-        async with self._turn(call) as deadline:
-            enabled = self._delta.enabled
-            features = await self.client._features(deadline) if enabled else NO_FEATURES
-            try:
-                return await self.client.call(
-                    self._delta.call(call, snapshot, features, owned=True),
-                    timeout=_core.left(deadline),
-                )
-            except CtxwinError as exc:
-                retry = self._delta.retry(call, snapshot, exc, owned=True)
-                if retry is None:
-                    raise
-                return await self.client.call(
-                    retry, timeout=_core.left_for_resend(deadline, exc, self.client.endpoint)
-                )
-
-    plan = _awaiting(_ops.plan)
-    prepare_request = _awaiting(_ops.prepare_request)
-    should_compact = _awaiting(_ops.task_should_compact)
-    truncated_messages = _awaiting(_ops.truncated_messages)
-    optimize_file_reads = _awaiting(_ops.optimize_file_reads)
-    optimize_file_reads_in_memory = _awaiting(_ops.optimize_file_reads_in_memory)
-    compact_subagent = _awaiting(_ops.compact_subagent)
-    apply_truncation_notice = _awaiting(_ops.apply_truncation_notice)
-    compact = _awaiting(_ops.compact)
-    condense = _awaiting(_ops.condense)
-    condensed = _awaiting(_ops.condensed)
-    rollback = _awaiting(_ops.rollback)
-    inspect = _awaiting(_ops.inspect)
-    flush = _awaiting(_ops.flush)
-    close = _awaiting(_ops.close)

@@ -7,7 +7,7 @@ on its :class:`~ctxwin.engine.TaskState`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ctxwin import engine, proto
@@ -19,6 +19,7 @@ __all__ = [
     "TASK_OPS",
     "asks_estimates",
     "dialect_refused",
+    "route_problems",
     "run_free_op",
     "run_task_op",
 ]
@@ -308,9 +309,7 @@ TASK_OPS: dict[str, TaskOp] = {
 """Task ops that are engine calls; ``inspect``, ``flush`` and ``close`` are the session's
 (``_session._OWN_OPS``)."""
 
-HISTORY_OPS = frozenset(
-    op for op, spec in proto.OPS.items() if ("messages", "append") in spec.one_of
-)
+HISTORY_OPS = frozenset(op for op, spec in proto.OPS.items() if spec.over_history)
 """Ops over a task's history: they take ``messages`` or a delta, and may answer with a patch."""
 
 
@@ -335,3 +334,44 @@ def run_task_op(
     if "deleted_range" in args:
         state.deleted_range = args["deleted_range"]
     return TASK_OPS[op](state, args, budgeting)
+
+
+def route_problems(server: Collection[str], session: Collection[str]) -> list[str]:
+    """Where the daemon's op tables disagree with the ops ``proto.OPS`` declares.
+
+    A task op runs in the task's actor: an engine call (:data:`TASK_OPS`) or
+    the session's own (``session``); a task-free one is an engine call here
+    (``_FREE_OPS``); the server answers ``server`` itself (an op whose task
+    is optional needs one of those: it is routed by whether it names one).
+
+    Args:
+        server: the ops the server answers itself (``_server.SERVER_OPS``).
+        session: the task ops the session answers itself (``_session._OWN_OPS``).
+
+    Returns:
+        One sentence a problem: an op no table answers, or a table's entry for
+        an op that is not declared; empty when they agree.
+    """
+    tables = {
+        "the server's own ops": server,
+        "the session's own ops": session,
+        "TASK_OPS": TASK_OPS,
+        "_FREE_OPS": _FREE_OPS,
+    }
+    problems = [
+        f"{table} answer {op!r}, which proto.OPS does not declare"
+        for table, ops in tables.items()
+        for op in ops
+        if op not in proto.OPS
+    ]
+    for op, spec in proto.OPS.items():
+        if op in server:
+            continue
+        if spec.needs_task:
+            if op not in TASK_OPS and op not in session:
+                problems.append(f"task op {op!r} is in neither TASK_OPS nor the session's own ops")
+        elif spec.takes_task:
+            problems.append(f"{op!r} takes an optional task: the server must route it itself")
+        elif op not in _FREE_OPS:
+            problems.append(f"task-free op {op!r} is not in _FREE_OPS")
+    return problems

@@ -44,8 +44,9 @@ from ._auth import binding_of
 from ._config import Config
 from ._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices, decode_now
 from ._errors import ActorStoppedError, BusyError
-from ._ops import run_free_op
+from ._ops import route_problems, run_free_op
 from ._schedule import FlushError
+from ._session import _OWN_OPS
 from ._socket import RouterSocket, client_of
 from ._tokens import TokenCounter
 from .store import Spawn
@@ -465,14 +466,11 @@ class Server:
     # _WireReply (returns None); it raises for a refusal.
 
     def _build_routes(self) -> dict[str, _Route]:
-        own: dict[str, _Route] = {
-            "ping": self._ping,
-            "stats": self._stats,
-            "flush": self._flush,
-            "close": self._close,
-            "count_tokens": self._count_tokens,
-            "should_compact": self._should_compact,
-        }
+        """A route for every op ``proto.OPS`` declares (refused at start when one has none)."""
+        problems = route_problems(SERVER_OPS, _OWN_OPS)
+        if problems:
+            raise RuntimeError("the op tables disagree with proto.OPS: " + "; ".join(problems))
+        own: dict[str, _Route] = {op: getattr(self, f"_{op}") for op in SERVER_OPS}
         return {
             op: own.get(op) or (self._to_actor if spec.needs_task else self._free)
             for op, spec in proto.OPS.items()
@@ -583,6 +581,10 @@ class Server:
                 await self._quiet.wait()
         return self.system.final_flush_failures == 0 and not self.system.actors
 
+
+SERVER_OPS = ("ping", "stats", "flush", "close", "count_tokens", "should_compact")
+"""The ops the server answers itself (each by its method ``_<op>``); it sends every other
+task op to the task's actor and answers every other task-free one from ``_ops``."""
 
 _Route = Callable[[list[bytes], int, str, dict[str, Any], Any], dict[str, Any] | None]
 

@@ -22,11 +22,11 @@ came from; :meth:`MappedHistory.view` maps the engine's view back
 
 from __future__ import annotations
 
-import itertools
-import operator
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from ctxwin.proto import first_other
 
 from ._blocks import Message
 from ._dialect import ASSISTANT, USER, Dialect, DialectError, Mapped
@@ -100,15 +100,7 @@ class MappedHistory:
         skip = min(unchanged, limit)
         # The first message that is not the same object (a C-speed scan over slices:
         # islice would step over the skipped prefix one by one), then equal ones.
-        common = skip
-        if skip < limit:
-            common += next(
-                itertools.compress(
-                    itertools.count(),
-                    map(operator.is_not, held[skip:limit], messages[skip:limit]),
-                ),
-                limit - skip,
-            )
+        common = first_other(held, messages, skip, limit)
         while common < limit:
             mine, theirs = held[common], messages[common]
             if mine is not theirs:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
+
+from ctxwin.proto import first_other, other_places
 
 from ._blocks import Block, Message
 from ._dialect import ASSISTANT, SRC, USER
@@ -120,7 +121,7 @@ def _changed(mapped: MappedHistory, view: Sequence[Message], spans: Spans, scan:
         kept = internal[scan - 2 + spans[0][0] :]
     else:
         kept = [*internal[:2], *itertools.chain(*(internal[a:b] for a, b, _ in spans))][scan:]
-    return list(itertools.compress(itertools.count(scan), map(operator.is_not, view[scan:], kept)))
+    return [scan + place for place in other_places(view[scan:], kept)]
 
 
 def _with_merges(
@@ -317,10 +318,7 @@ class ViewResume:
             # were no changed ones are none now.
             scan = same
         else:
-            same = next(
-                itertools.compress(itertools.count(), map(operator.is_not, previous, view)),
-                min(len(previous), len(view)),
-            )
+            same = first_other(previous, view)
         # The last piece that began at or before the first changed position (marks are in
         # view order, one per position; no mark's other fields reach these).
         marks, out = self._marks, self._out

@@ -21,12 +21,11 @@ that token (``patch_base``) gets only the overrides it does not hold
 from __future__ import annotations
 
 import itertools
-import operator
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from ctxwin.proto import prepended_blocks, runs_overlap
+from ctxwin.proto import first_other, other_places, prepended_blocks, runs_overlap
 
 from ._blocks import Message
 from ._history import History
@@ -56,7 +55,7 @@ def view_patch(
     if len(kept) != len(view):
         raise ValueError(f"a view of {len(view)} messages is not one of this history")
     # Positions whose message is not the history's own object (a C-speed scan).
-    changed = itertools.compress(range(len(view)), map(operator.is_not, view, kept))
+    changed = other_places(view, kept)
     overrides = [[place if place < 2 else place + shift, view[place]] for place in changed]
     return {"length": length, "keep_from": start, "overrides": overrides}
 
@@ -222,10 +221,7 @@ class PatchMaker:
             return patch
         sent = last.overrides
         # Entries are unique by index in each list: the shared ones are in neither tail.
-        shared = next(
-            itertools.compress(itertools.count(), map(operator.is_not, sent, overrides)),
-            min(len(sent), len(overrides)),
-        )
+        shared = first_other(sent, overrides)
         before = dict(sent[shared:])
         after = overrides[shared:]
         patch["overrides"] = [item for item in after if before.get(item[0]) is not item[1]]
@@ -299,7 +295,7 @@ def _patch_step(
     tail = unchanged if unchanged < 2 else max(unchanged - shift, 2)
     tail = min(tail, len(view), len(old_view))
     # The positions before the tail whose message is another object (a C-speed scan).
-    moved = itertools.compress(range(tail), map(operator.is_not, view, old_view))
+    moved = other_places(view, old_view, stop=tail)
     held = dict(old_held)
     sent: list[list[Any]] = []
     dropped: list[int] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import _results
 from ._classify import is_context_window_error
 from ._clock import now_ms
 from ._codec import (
@@ -38,6 +39,7 @@ from ._endpoint import (
     resolve_endpoint,
 )
 from ._errors import ErrorCode, ProtocolError
+from ._identity import first_other, other_places
 from ._keys import (
     CLIENT_KEY_ENV,
     KEYS_DIR_ENV,
@@ -50,6 +52,15 @@ from ._keys import (
     read_key_file,
     read_public_key,
     write_key_file,
+)
+from ._ops import (
+    FEATURES,
+    OPS,
+    PROTOCOL_FEATURES,
+    RESULT_FIELDS,
+    SAFE_TO_REPEAT,
+    OpSpec,
+    validate_args,
 )
 from ._overlay import (
     EDIT_FILE_CHANGE,
@@ -82,31 +93,7 @@ from ._pricing import (
     sheet_for_model,
     sheet_from_wire,
 )
-from ._results import (
-    RESULT_FIELDS,
-    ApplyTruncationNoticeResult,
-    CloseResult,
-    CompactResult,
-    CompactSubagentResult,
-    CondensedResult,
-    CondenseResult,
-    ContextWindowInfoResult,
-    CountTokensResult,
-    FlushResult,
-    InspectResult,
-    NextTruncationRangeResult,
-    OptimizeFileReadsInMemoryResult,
-    OptimizeFileReadsResult,
-    PingResult,
-    PlanResult,
-    PrepareRequestResult,
-    RollbackResult,
-    ShouldCompactResult,
-    StatsResult,
-    SummaryInfo,
-    SummaryKind,
-    TruncatedMessagesResult,
-)
+from ._results import *  # noqa: F403 (every result type: _results.__all__)
 from ._schema import (
     CLINE,
     COMPACT_KEEP_VALUES,
@@ -114,7 +101,6 @@ from ._schema import (
     DIALECTS,
     KEEP_VALUES,
     MAX_READ_PATTERNS,
-    OPS,
     STRATEGY_VALUES,
     SUMMARY_MARK,
     TASK_ID_PATTERN,
@@ -123,14 +109,12 @@ from ._schema import (
     Keep,
     Message,
     Model,
-    OpSpec,
     Strategy,
     Usage,
     deleted_range_error,
     is_valid_task_id,
-    validate_args,
 )
-from ._version import FEATURES, PROTOCOL_VERSION, __version__
+from ._version import PROTOCOL_VERSION, __version__
 
 __all__ = [
     "CLIENT_KEY_ENV",
@@ -154,8 +138,10 @@ __all__ = [
     "MAX_READ_PATTERNS",
     "OPS",
     "PRICE_SHEETS",
+    "PROTOCOL_FEATURES",
     "PROTOCOL_VERSION",
     "RESULT_FIELDS",
+    "SAFE_TO_REPEAT",
     "SERVER_KEY_ENV",
     "SHORTENED_NOTICE",
     "STRATEGY_VALUES",
@@ -164,21 +150,11 @@ __all__ = [
     "SUMMARY_MARK",
     "TASK_ID_PATTERN",
     "USAGE_FIELDS",
-    "ApplyTruncationNoticeResult",
     "ChainTail",
-    "CloseResult",
-    "CompactResult",
-    "CompactSubagentResult",
-    "CondenseResult",
-    "CondensedResult",
-    "ContextWindowInfoResult",
-    "CountTokensResult",
     "DeletedRange",
     "DeltaSender",
     "DigestChain",
     "ErrorCode",
-    "FlushResult",
-    "InspectResult",
     "Keep",
     "KeyFile",
     "KeyFileError",
@@ -186,26 +162,14 @@ __all__ = [
     "Message",
     "MessageEdits",
     "Model",
-    "NextTruncationRangeResult",
     "OpSpec",
-    "OptimizeFileReadsInMemoryResult",
-    "OptimizeFileReadsResult",
     "OverlayFormatError",
     "PatchReceiver",
-    "PingResult",
-    "PlanResult",
-    "PrepareRequestResult",
     "PriceSheet",
     "ProtocolError",
     "Reply",
     "Request",
-    "RollbackResult",
-    "ShouldCompactResult",
-    "StatsResult",
     "Strategy",
-    "SummaryInfo",
-    "SummaryKind",
-    "TruncatedMessagesResult",
     "Update",
     "Usage",
     "__version__",
@@ -222,12 +186,14 @@ __all__ = [
     "encode_error",
     "encode_request",
     "encode_result",
+    "first_other",
     "ipc_path",
     "is_context_window_error",
     "is_loopback",
     "is_valid_task_id",
     "message_digest",
     "now_ms",
+    "other_places",
     "pack",
     "peek_request_id",
     "prepended_blocks",
@@ -248,3 +214,4 @@ __all__ = [
     "view_origins",
     "write_key_file",
 ]
+__all__ += _results.__all__  # every op's result type, declared beside it

@@ -12,12 +12,11 @@ first ``base`` messages are the ones the daemon already holds.
 from __future__ import annotations
 
 import hashlib
-import itertools
-import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._codec import pack
+from ._identity import first_other
 
 DIGEST_SIZE = 16
 EMPTY_DIGEST = bytes(DIGEST_SIZE)
@@ -166,8 +165,7 @@ class DeltaSender:
         # The first message that is not the very object sent. Identity, not
         # equality: an equal message may encode differently (1 and 1.0, key
         # order), and the daemon must hold what the caller holds.
-        differs = map(operator.is_not, itertools.islice(messages, trusted), self._sent)
-        common = next(itertools.compress(itertools.count(), differs), trusted)
+        common = first_other(messages, self._sent, stop=trusted)
         tail_start = len(self._sent) - len(self._tail)
         while common < limit:
             if common >= tail_start:

@@ -9,10 +9,11 @@ what the view changed crosses the wire.
 from __future__ import annotations
 
 import bisect
-import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from ._identity import first_other
 
 
 def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[Any]:
@@ -88,7 +89,7 @@ def prepended_blocks(original: Mapping[str, Any], message: Mapping[str, Any]) ->
     for key, value in message.items():
         if key != "content" and original[key] is not value:
             return None
-    if any(map(operator.is_not, itertools.islice(new, added, None), content)):
+    if first_other(new[added:], content) < len(content):
         return None
     return new[:added]
 

@@ -1,7 +1,9 @@
 """Typed shapes of the ``result`` map of each op (DESIGN.md "Wire protocol").
 
-Keys beyond the ones listed may appear (the daemon may add fields in a later
-minor version); readers must ignore what they do not know.
+Every type here is exported from ``ctxwin.proto`` (by ``__all__``), and each op's
+declaration (``_ops.py``) names its result type. Keys beyond the ones listed may
+appear (the daemon may add fields in a later minor version); readers must ignore
+what they do not know.
 
 The annotations are evaluated (no ``from __future__ import annotations``): on
 Python 3.11 a TypedDict tells its required keys apart only then.
@@ -12,11 +14,11 @@ from typing import Any, Literal, NotRequired, TypedDict
 from ._schema import DeletedRange, Message
 
 __all__ = [
-    "RESULT_FIELDS",
     "ApplyTruncationNoticeResult",
     "CloseResult",
     "CompactResult",
     "CompactSubagentResult",
+    "CondenseResult",
     "CondensedResult",
     "ContextWindowInfoResult",
     "CountTokensResult",
@@ -31,6 +33,8 @@ __all__ = [
     "RollbackResult",
     "ShouldCompactResult",
     "StatsResult",
+    "SummaryInfo",
+    "SummaryKind",
     "TruncatedMessagesResult",
 ]
 
@@ -317,34 +321,3 @@ class CountTokensResult(TypedDict):
 
     tokens: int
     unrecognised: NotRequired[dict[str, int]]
-
-
-_TYPES: dict[str, type] = {
-    "ping": PingResult,
-    "stats": StatsResult,
-    "context_window_info": ContextWindowInfoResult,
-    "should_compact": ShouldCompactResult,
-    "next_truncation_range": NextTruncationRangeResult,
-    "prepare_request": PrepareRequestResult,
-    "plan": PlanResult,
-    "truncated_messages": TruncatedMessagesResult,
-    "optimize_file_reads": OptimizeFileReadsResult,
-    "optimize_file_reads_in_memory": OptimizeFileReadsInMemoryResult,
-    "compact_subagent": CompactSubagentResult,
-    "apply_truncation_notice": ApplyTruncationNoticeResult,
-    "compact": CompactResult,
-    "condensed": CondensedResult,
-    "condense": CondenseResult,
-    "rollback": RollbackResult,
-    "inspect": InspectResult,
-    "flush": FlushResult,
-    "close": CloseResult,
-    "count_tokens": CountTokensResult,
-}
-"""The result type of each op."""
-
-RESULT_FIELDS: dict[str, tuple[str, ...]] = {
-    op: tuple(key for key in kind.__annotations__ if key in kind.__required_keys__)  # type: ignore[attr-defined]
-    for op, kind in _TYPES.items()
-}
-"""The fields each op's result always carries (its type's required keys, in order)."""

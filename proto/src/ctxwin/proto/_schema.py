@@ -1,18 +1,17 @@
-"""The ops of wire protocol version 1, their arguments, and argument checks.
+"""The arguments of wire protocol version 1 and their checks.
 
-DESIGN.md "Wire protocol" is the contract; this module is its executable form.
-The daemon validates every request with :func:`validate_args` before any work;
-the client library uses the same tables, so both sides agree on shapes.
+DESIGN.md "Wire protocol" is the contract; this module and ``_ops.py`` (the
+ops, declared once) are its executable form. The daemon validates every
+request with :func:`~._ops.validate_args` before any work; the client library
+uses the same tables, so both sides agree on shapes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Literal, NotRequired, TypedDict, get_args
 
 from ._delta import DIGEST_SIZE
@@ -340,164 +339,3 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "pricing": _check_pricing,
     "summary": _check_str,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class OpSpec:
-    """One op of the wire table: its required and optional arguments.
-
-    Attributes:
-        name: the op as sent in ``op``.
-        required: arguments that must be present.
-        optional: arguments that may be present.
-        needs_task: the op runs in a task's actor.
-        one_of: groups of which exactly one argument must be present.
-    """
-
-    name: str
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-    one_of: tuple[tuple[str, ...], ...] = ()
-    checks: Mapping[str, Callable[[object], None]] | None = None
-    # Every argument name, worked out once: validate_args asks for each argument
-    # of every request (it was 8 set builds a request, about 1 us each).
-    _fields: frozenset[str] = dataclasses.field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        names = set(self.required) | set(self.optional)
-        for group in self.one_of:
-            names.update(group)
-        object.__setattr__(self, "_fields", frozenset(names))
-
-    @property
-    def needs_task(self) -> bool:
-        return "task" in self.required
-
-    @property
-    def fields(self) -> frozenset[str]:
-        return self._fields
-
-
-_OPEN = ("ephemeral", "dialect", "read_tools")
-_HISTORY = (("messages", "append"),)
-_DELTA = ("base", "base_digest", "view", "patch_base")
-_BUDGETING = ("strategy", "proactive", "estimate", "pricing")
-
-
-def _history_op(
-    name: str,
-    required: tuple[str, ...],
-    optional: tuple[str, ...] = (),
-    checks: Mapping[str, Callable[[object], None]] | None = None,
-) -> OpSpec:
-    """An op over a task's history: ``messages``, or a delta on the history sent before."""
-    return OpSpec(name, required, (*optional, *_DELTA, *_OPEN), _HISTORY, checks)
-
-
-OPS: dict[str, OpSpec] = {
-    spec.name: spec
-    for spec in (
-        OpSpec("ping"),
-        OpSpec("stats"),
-        OpSpec("context_window_info", ("model",)),
-        OpSpec("should_compact", ("usage", "model"), ("threshold", "task", "messages", *_OPEN)),
-        OpSpec("next_truncation_range", ("messages", "deleted_range", "keep")),
-        _history_op(
-            "prepare_request",
-            ("task", "model"),
-            (
-                "previous_request",
-                "use_auto_condense",
-                "summaries",
-                "threshold",
-                "deleted_range",
-                *_BUDGETING,
-            ),
-        ),
-        _history_op(
-            "plan",
-            ("task", "model"),
-            ("previous_request", "use_auto_condense", "strategy", "proactive", "pricing"),
-        ),
-        _history_op("truncated_messages", ("task",), ("deleted_range",)),
-        _history_op("optimize_file_reads", ("task", "ts"), ("deleted_range",)),
-        _history_op("optimize_file_reads_in_memory", ("task", "ts"), ("deleted_range",)),
-        _history_op("compact_subagent", ("task",), ("deleted_range",)),
-        _history_op("apply_truncation_notice", ("task", "ts"), ("keep_task",)),
-        _history_op(
-            "compact",
-            ("task", "keep", "ts"),
-            ("keep_task",),
-            checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
-        ),
-        _history_op("condensed", ("task",)),
-        _history_op("condense", ("task", "model", "ts"), ("summary", "threshold", "usage")),
-        OpSpec("rollback", ("task", "ts"), ("deleted_range", *_OPEN)),
-        OpSpec("inspect", ("task",), ("messages", *_OPEN)),
-        OpSpec("flush", (), ("task",)),
-        OpSpec("close", ("task",)),
-        OpSpec("count_tokens", optional=("dialect",), one_of=(("messages", "text"),)),
-    )
-}
-"""Every op of protocol version 1, by name."""
-
-
-def validate_args(op: str, args: Mapping[str, Any]) -> OpSpec:
-    """Check ``args`` against the op's spec.
-
-    Args:
-        op: the op name from the request.
-        args: the request's args map.
-
-    Returns:
-        The op's spec.
-
-    Raises:
-        ProtocolError: ``unknown_op`` for an op not in :data:`OPS`,
-            ``invalid_task_id`` for a bad task id, ``bad_request`` for a
-            missing, unknown or ill-typed argument.
-    """
-    spec = OPS.get(op)
-    if spec is None:
-        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}")
-    for name in spec.required:
-        if name not in args:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{op}: missing argument {name!r}")
-    for group in spec.one_of:
-        present = [name for name in group if name in args]
-        if len(present) != 1:
-            raise ProtocolError(
-                ErrorCode.BAD_REQUEST, f"{op}: give exactly one of {', '.join(group)}"
-            )
-    fields = spec.fields
-    unknown = [name for name in args if name not in fields]
-    if unknown:
-        raise ProtocolError(
-            ErrorCode.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(map(str, unknown))}"
-        )
-    if ("append" in args) != ("base" in args and "base_digest" in args) or (
-        "messages" in args and ("base" in args or "base_digest" in args)
-    ):
-        raise ProtocolError(
-            ErrorCode.BAD_REQUEST,
-            f"{op}: give either messages, or base, base_digest and append together",
-        )
-    # The task id first: a bad one must be refused as such, whatever else is wrong.
-    if "task" in args:
-        _check_task(args["task"])
-    dialect = args.get("dialect", DEFAULT_DIALECT)
-    for name, value in args.items():
-        if name == "task":
-            continue
-        try:
-            if name in ("messages", "append"):
-                base = args.get("base") if name == "append" else 0
-                first = base if isinstance(base, int) and _is_int(base) and base >= 0 else 0
-                _check_messages(value, first, dialect == DEFAULT_DIALECT)
-                continue
-            check = (spec.checks or {}).get(name) or CHECKS[name]
-            check(value)
-        except _Invalid as exc:
-            where = f"{op}: {exc}" if exc.placed else f"{op}: {name} {exc}"
-            raise ProtocolError(ErrorCode.BAD_REQUEST, where) from None
-    return spec

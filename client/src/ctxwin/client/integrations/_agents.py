@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 from agents import (
     Agent,
@@ -20,10 +20,11 @@ from agents.run_config import CallModelData, ModelInputData
 
 from ctxwin.proto import Usage
 
-from ._conversations import Request, Turn
+from ._conversations import Request
 from ._openai import usage_from_responses
 from ._plain import Plain
 from ._window import WindowOptions
+from ._window_args import WindowArgs, takes_window_args
 
 __all__ = ["ContextWindowFilter"]
 
@@ -96,6 +97,7 @@ class _UsageHooks(RunHooks[Any]):
         self._owner.answered(agent, response)
 
 
+@takes_window_args
 class ContextWindowFilter:
     """``RunConfig(call_model_input_filter=ContextWindowFilter())``: send ctxwin's view.
 
@@ -115,13 +117,8 @@ class ContextWindowFilter:
         task: the ctxwin task id; None derives one per conversation from the
             instructions and the items up to the first user message
             (``agents-<digest>``).
-        context_window: the model's window in tokens; None takes the model's
-            known window, else the daemon's default.
-        endpoint: the ctxwin daemon's endpoint (default: as ``AsyncClient`` finds it).
         on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
             each model call (on the next call when no usage arrived).
-        ephemeral: keep the tasks in the daemon's memory only: nothing is
-            written, and a task left idle is dropped (examples, one-off runs).
         summaries: ``"model"``: when a summary is due, the agent's model is
             asked for one (the instructions, the items it last saw and an
             instruction message; no tools), and ctxwin cuts the turns it stands
@@ -138,25 +135,11 @@ class ContextWindowFilter:
     def __init__(
         self,
         *,
-        task: str | None = None,
-        context_window: int | None = None,
-        endpoint: str | None = None,
-        on_turn: Callable[[Turn], None] | None = None,
-        ephemeral: bool = False,
-        summaries: str | None = None,
         model_provider: ModelProvider | None = None,
+        **options: Unpack[WindowArgs],
     ) -> None:
-        options = WindowOptions(
-            PREFIX,
-            DIALECT,
-            task,
-            context_window,
-            endpoint,
-            on_turn,
-            ephemeral=ephemeral,
-            summaries=summaries,
-        )
-        self._ctxwin_window = options.async_window(self)
+        window_options = WindowOptions(PREFIX, DIALECT, **options)
+        self._ctxwin_window = window_options.async_window(self)
         self._plain = Plain()
         self._provider = model_provider
         self._pending: dict[int, Request] = {}  # by agent, until its response arrives

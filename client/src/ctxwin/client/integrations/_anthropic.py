@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import anthropic
 
@@ -15,6 +15,7 @@ from ._cache_hints import Breakpoints
 from ._conversations import Request, Turn
 from ._plain import Plain
 from ._window import AsyncWindow, Window, WindowOptions, answered, keep_wrapped
+from ._window_args import WindowArgs, takes_window_args
 
 __all__ = ["wrap"]
 
@@ -275,16 +276,12 @@ def _wrap_async(client: anthropic.AsyncAnthropic, window: AsyncWindow) -> anthro
     return keep_wrapped(client, window, _wrap_async)
 
 
+@takes_window_args
 def wrap(
     client: C,
     *,
-    task: str | None = None,
-    context_window: int | None = None,
-    endpoint: str | None = None,
-    on_turn: Callable[[Turn], None] | None = None,
-    ephemeral: bool = False,
-    summaries: str | None = None,
     summary_model: str | None = None,
+    **options: Unpack[WindowArgs],
 ) -> C:
     """An Anthropic client whose requests send ctxwin's view instead of the full history.
 
@@ -310,13 +307,6 @@ def wrap(
         task: the ctxwin task id for every conversation of this client; None
             derives one per conversation from its ``system`` and first message
             (``anthropic-<digest>``), stable across restarts.
-        context_window: the model's window in tokens; None takes the model's
-            known window (from each call's ``model=``), else the daemon's default.
-        endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
-        on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
-            each request (range, tokens, fits, stalled, retried, usage).
-        ephemeral: keep the tasks in the daemon's memory only: nothing is
-            written, and a task left idle is dropped (examples, one-off runs).
         summaries: ``"model"``: when a summary is due (the last request used
             0.75 of the window), the model is asked for one with this client
             (the view it saw and an instruction; tools not called) and
@@ -328,17 +318,7 @@ def wrap(
         The wrapped copy, of the same type as ``client``.
     """
     copy = client.with_options()
-    options = WindowOptions(
-        DIALECT,
-        DIALECT,
-        task,
-        context_window,
-        endpoint,
-        on_turn,
-        ephemeral=ephemeral,
-        summaries=summaries,
-        summary_model=summary_model,
-    )
+    window_options = WindowOptions(DIALECT, DIALECT, summary_model=summary_model, **options)
     if isinstance(copy, anthropic.AsyncAnthropic):
-        return _wrap_async(copy, options.async_window(copy))
-    return _wrap_sync(copy, options.window(copy))
+        return _wrap_async(copy, window_options.async_window(copy))
+    return _wrap_sync(copy, window_options.window(copy))

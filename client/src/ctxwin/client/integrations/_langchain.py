@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import (
@@ -19,9 +19,10 @@ from langchain_core.messages import (
 from ctxwin.proto import Usage
 
 from ._cache_hints import prompt_cache_key
-from ._conversations import Request, Turn
+from ._conversations import Request
 from ._mapping import Converted, convert, origins, text_of
 from ._window import AsyncWindow, Window, WindowOptions
+from ._window_args import WindowArgs, takes_window_args
 
 __all__ = ["ContextWindowMiddleware", "from_openai_chat", "to_openai_chat", "usage_from_langchain"]
 
@@ -207,6 +208,7 @@ def _summary(answer: Any) -> tuple[str | None, Usage | None]:
     return (content if isinstance(content, str) else None), usage_from_langchain(answer)
 
 
+@takes_window_args
 class ContextWindowMiddleware(AgentMiddleware):
     """Sends ctxwin's view of the agent's messages to the model, and retries once when too long.
 
@@ -223,13 +225,6 @@ class ContextWindowMiddleware(AgentMiddleware):
         task: the ctxwin task id; None derives one per conversation: from the
             run's ``thread_id`` when it has one, else from the system prompt and
             the first message (``langchain-<digest>``).
-        context_window: the model's window in tokens; None takes the model's
-            known window, else the daemon's default.
-        endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
-        on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
-            each model call.
-        ephemeral: keep the tasks in the daemon's memory only: nothing is
-            written, and a task left idle is dropped (examples, one-off runs).
         summaries: ``"model"``: when a summary is due, the request's own model
             is asked for one (the system prompt, the messages it last saw and
             an instruction) and ctxwin cuts the turns it stands for;
@@ -239,25 +234,10 @@ class ContextWindowMiddleware(AgentMiddleware):
 
     def __init__(
         self,
-        *,
-        task: str | None = None,
-        context_window: int | None = None,
-        endpoint: str | None = None,
-        on_turn: Callable[[Turn], None] | None = None,
-        ephemeral: bool = False,
-        summaries: str | None = None,
+        **options: Unpack[WindowArgs],
     ) -> None:
         super().__init__()
-        self._options = WindowOptions(
-            PREFIX,
-            DIALECT,
-            task,
-            context_window,
-            endpoint,
-            on_turn,
-            ephemeral=ephemeral,
-            summaries=summaries,
-        )
+        self._options = WindowOptions(PREFIX, DIALECT, **options)
         self._sync: Window | None = None
         self._async: AsyncWindow | None = None
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 
 import openai
 
@@ -11,9 +11,10 @@ from ctxwin.proto import Usage
 
 from .._usage import usage_from_openai
 from ._cache_hints import prompt_cache_key
-from ._conversations import Request, Turn
+from ._conversations import Request
 from ._plain import Plain
 from ._window import AsyncWindow, Window, WindowOptions, answered, keep_wrapped
+from ._window_args import WindowArgs, takes_window_args
 
 __all__ = ["usage_from_responses", "wrap"]
 
@@ -302,16 +303,12 @@ def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.Async
     return keep_wrapped(client, window, _wrap_async)
 
 
+@takes_window_args
 def wrap(
     client: C,
     *,
-    task: str | None = None,
-    context_window: int | None = None,
-    endpoint: str | None = None,
-    on_turn: Callable[[Turn], None] | None = None,
-    ephemeral: bool = False,
-    summaries: str | None = None,
     summary_model: str | None = None,
+    **options: Unpack[WindowArgs],
 ) -> C:
     """An OpenAI client whose requests send ctxwin's view instead of the full history.
 
@@ -339,13 +336,6 @@ def wrap(
             dialect); None derives one per conversation from its system
             messages and first user message (``openai-chat-<digest>``,
             ``openai-responses-<digest>``), stable across restarts.
-        context_window: the model's window in tokens; None takes the model's
-            known window (from each call's ``model=``), else the daemon's default.
-        endpoint: the ctxwin daemon's endpoint (default: as ``Client`` finds it).
-        on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
-            each request (range, tokens, fits, stalled, retried, usage).
-        ephemeral: keep the tasks in the daemon's memory only: nothing is
-            written, and a task left idle is dropped (examples, one-off runs).
         summaries: ``"model"``: when a summary is due (the last request used
             0.75 of the window), the model is asked for one with this client
             (the view it saw and an instruction; tools not called) and
@@ -357,17 +347,8 @@ def wrap(
         The wrapped copy, of the same type as ``client``.
     """
     copy = client.with_options()
-    options = WindowOptions(
-        CHAT_DIALECT,
-        CHAT_DIALECT,
-        task,
-        context_window,
-        endpoint,
-        on_turn,
-        ephemeral=ephemeral,
-        summaries=summaries,
-        summary_model=summary_model,
-    )
+    dialect = CHAT_DIALECT
+    window_options = WindowOptions(dialect, dialect, summary_model=summary_model, **options)
     if isinstance(copy, openai.AsyncOpenAI):
-        return _wrap_async(copy, options.async_window(copy))
-    return _wrap_sync(copy, options.window(copy))
+        return _wrap_async(copy, window_options.async_window(copy))
+    return _wrap_sync(copy, window_options.window(copy))

@@ -16,8 +16,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any, Unpack, cast
 
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
@@ -40,9 +40,10 @@ from pydantic_ai.settings import ModelSettings
 from ctxwin.proto import Usage
 
 from ._cache_hints import prompt_cache_key
-from ._conversations import Request, Turn
+from ._conversations import Request
 from ._mapping import Converted, convert, origins, text_of
 from ._window import WindowOptions, is_window_error
+from ._window_args import WindowArgs, takes_window_args
 
 __all__ = ["ContextWindow", "from_openai_chat", "to_openai_chat", "usage_from_pydantic_ai"]
 
@@ -268,6 +269,7 @@ def _cache_settings(
     )
 
 
+@takes_window_args
 @dataclasses.dataclass(init=False)
 class ContextWindow(AbstractCapability[Any]):
     """``Agent(..., capabilities=[ContextWindow()])``: each model request gets ctxwin's view.
@@ -276,13 +278,6 @@ class ContextWindow(AbstractCapability[Any]):
         task: the ctxwin task id; None derives one per conversation: from the
             run's ``conversation_id`` when it has one, else from the system
             prompt and the first user message (``pydantic-ai-<digest>``).
-        context_window: the model's window in tokens; None takes the model's
-            known window, else the daemon's default.
-        endpoint: the ctxwin daemon's endpoint (default: as ``AsyncClient`` finds it).
-        on_turn: called with a :class:`~ctxwin.client.integrations.Turn` after
-            each model request.
-        ephemeral: keep the tasks in the daemon's memory only: nothing is
-            written, and a task left idle is dropped (examples, one-off runs).
         summaries: ``"model"``: when a summary is due, the request's own model
             is asked for one (the messages it last saw, with the system
             prompt, and an instruction; no tools), and ctxwin cuts the turns it
@@ -292,25 +287,10 @@ class ContextWindow(AbstractCapability[Any]):
 
     def __init__(
         self,
-        *,
-        task: str | None = None,
-        context_window: int | None = None,
-        endpoint: str | None = None,
-        on_turn: Callable[[Turn], None] | None = None,
-        ephemeral: bool = False,
-        summaries: str | None = None,
+        **options: Unpack[WindowArgs],
     ) -> None:
-        options = WindowOptions(
-            PREFIX,
-            DIALECT,
-            task,
-            context_window,
-            endpoint,
-            on_turn,
-            ephemeral=ephemeral,
-            summaries=summaries,
-        )
-        self._ctxwin_window = options.async_window(self)
+        window_options = WindowOptions(PREFIX, DIALECT, **options)
+        self._ctxwin_window = window_options.async_window(self)
         self._memo: dict[int, tuple[Any, list[tuple[int, dict[str, Any]]]]] = {}
         self._pending: dict[str, tuple[Request, Converted[ModelMessage]]] = {}
 

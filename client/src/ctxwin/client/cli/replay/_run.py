@@ -24,7 +24,7 @@ from typing import Any, Literal
 from ctxwin.proto import CLINE, DeletedRange, Model, Usage, now_ms
 
 from ..._sync import Client
-from ..._task import Task
+from ..._sync_task import Task
 from ..._usage import usage_from_metrics
 from .._dialects import describe, message_chars, no_request, request_points
 from ._events import count_text, count_tokens, counted, cut_from_view, optimisation

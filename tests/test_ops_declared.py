@@ -1,0 +1,144 @@
+"""Each op is declared once in ``proto.OPS``; every surface made from it agrees with it."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import typing
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from ctxwin import client, proto
+from ctxwin.client import _link, _ops
+from ctxwin.client._errors import BadReplyError
+from ctxwin.daemon import _ops as daemon_ops
+from ctxwin.daemon import _server, _session
+
+ROOT = Path(__file__).resolve().parents[1]
+DELTA_PARTS = {"append", "base", "base_digest", "view", "patch_base"}
+"""Arguments a task handle's delta sync adds; no builder takes them."""
+
+
+def _generator() -> ModuleType:
+    """``client/scripts/generate.py``, imported from its path."""
+    path = ROOT / "client" / "scripts" / "generate.py"
+    spec = importlib.util.spec_from_file_location("_ctxwin_generate", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_client_files_are_what_the_generator_writes_now() -> None:
+    """No generated file is stale: regenerated in memory, each reads as it is checked in."""
+    generate = _generator()
+    outputs = generate.outputs()
+    assert outputs, "the generator makes no file"
+    stale = [path for path, text in outputs.items() if path.read_text(encoding="utf-8") != text]
+    assert stale == [], "run python3 client/scripts/generate.py"
+
+
+def test_an_op_without_a_result_type_cannot_be_declared() -> None:
+    """The result type is part of the declaration: leaving it out fails where the op is
+    written, not on the first real call (as a missing result table entry once did)."""
+    with pytest.raises(TypeError, match="result"):
+        proto.OpSpec("echo", ("task",))  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("op", list(proto.OPS))
+def test_every_op_s_result_fields_come_from_its_declared_type(op: str) -> None:
+    """The client checks a reply of every declared op against its type's required keys."""
+    spec = proto.OPS[op]
+    assert typing.is_typeddict(spec.result)
+    required = spec.result.__required_keys__  # type: ignore[attr-defined]
+    assert proto.RESULT_FIELDS[op] == tuple(
+        key for key in spec.result.__annotations__ if key in required
+    )
+    complete: dict[str, Any] = dict.fromkeys(proto.RESULT_FIELDS[op])
+    call: client.Call[Any] = client.Call(op, {})
+    assert call.parse(complete) == complete
+    if complete:
+        with pytest.raises(BadReplyError, match="lacks field"):
+            call.parse({})
+
+
+@pytest.mark.parametrize("op", list(proto.OPS))
+def test_every_op_s_builder_takes_its_declared_arguments_and_returns_its_type(op: str) -> None:
+    """A builder's parameters are the op's declared arguments (delta parts aside) and its
+    ``Call`` names the declared result type."""
+    spec = proto.OPS[op]
+    build = getattr(_ops, op)
+    parameters = set(inspect.signature(build).parameters) - {"timeout"}
+    assert parameters == spec.fields - DELTA_PARTS
+    assert inspect.signature(build).return_annotation == f"Call[{spec.result.__name__}]"
+
+
+def test_the_clients_and_handles_have_a_method_for_every_declared_op() -> None:
+    """Both clients have every op, both handles every op that may name a task."""
+    client_ops = {"close_task" if op == "close" else op for op in proto.OPS}
+    handle_ops = {op for op, spec in proto.OPS.items() if spec.takes_task}
+    for kind, ops in (
+        (client.Client, client_ops),
+        (client.AsyncClient, client_ops),
+        (client.Task, handle_ops),
+        (client.AsyncTask, handle_ops),
+    ):
+        made = {
+            name
+            for name, value in vars(kind).items()
+            if getattr(getattr(value, "__wrapped__", None), "__module__", None) == _ops.__name__
+        }
+        assert made == ops, kind.__name__
+
+
+def test_features_and_resends_are_those_the_declarations_say() -> None:
+    """FEATURES holds each op's feature; the client resends exactly the ops declared safe."""
+    for spec in proto.OPS.values():
+        assert spec.feature is None or spec.feature in proto.FEATURES
+    assert len(set(proto.FEATURES)) == len(proto.FEATURES)
+    assert set(proto.PROTOCOL_FEATURES) <= set(proto.FEATURES)
+    assert _link.SAFE_TO_REPEAT == {op for op, spec in proto.OPS.items() if spec.safe_to_repeat}
+    assert "prepare_request" not in _link.SAFE_TO_REPEAT
+
+
+def test_ops_whose_results_name_history_indices_declare_a_field_of_their_result() -> None:
+    """Each declared history-index field is a field of the op's result type."""
+    named = {op: spec.history_indices for op, spec in proto.OPS.items() if spec.history_indices}
+    assert named == {"prepare_request": ("largest",), "plan": ("largest",)}
+    for op, fields in named.items():
+        assert set(fields) <= set(proto.OPS[op].result.__annotations__)
+
+
+def test_the_daemon_routes_every_declared_op() -> None:
+    """The daemon's op tables answer every declared op and no other."""
+    assert daemon_ops.route_problems(_server.SERVER_OPS, _session._OWN_OPS) == []
+
+
+def test_the_daemon_s_routing_check_names_an_op_no_table_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A declared op with no route, or a route with no declared op, is named."""
+    echo = proto.OpSpec("echo", ("task",), result=proto.CloseResult)
+    ops: dict[str, Any] = {**proto.OPS, "echo": echo}
+    monkeypatch.setattr(proto, "OPS", ops)
+    assert daemon_ops.route_problems(_server.SERVER_OPS, _session._OWN_OPS) == [
+        "task op 'echo' is in neither TASK_OPS nor the session's own ops"
+    ]
+    monkeypatch.setattr(proto, "OPS", {k: v for k, v in ops.items() if k != "stats"})
+    problems = daemon_ops.route_problems(_server.SERVER_OPS, {**_session._OWN_OPS, "echo": 0})
+    assert problems == ["the server's own ops answer 'stats', which proto.OPS does not declare"]
+
+
+def test_the_generator_refuses_an_op_without_a_builder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A declared op with no builder in client/_ops.py stops the generator, naming it."""
+    generate = _generator()
+    echo = proto.OpSpec("echo", ("task",), result=proto.CloseResult)
+    monkeypatch.setattr(generate.proto, "OPS", {**proto.OPS, "echo": echo})
+    with pytest.raises(LookupError, match=r"'echo' is declared .* has no builder"):
+        generate.outputs()
