@@ -30,11 +30,15 @@ def read_file(path: str) -> str:
 
 
 def report(turn: Turn) -> None:
-    """Print a line for each model request at which ctxwin moved the cut (the ``on_turn`` hook)."""
+    """Print a line for each model request at which ctxwin cut the view again (the ``on_turn``
+    hook): ``cline`` and ``fit`` move the deleted range; ``auto``, the adapters' default, leaves
+    whole turns out of the view (its deleted set, shown by ``ctxwin inspect``) and keeps the
+    range as it was."""
     if turn.range_updated:
+        cut = f"range {turn.deleted_range}" if turn.deleted_range else "older turns left out"
         print(
-            f"[{turn.task}] sent {turn.sent} of {turn.messages} messages, range "
-            f"{turn.deleted_range}{' after a context-window error' if turn.retried else ''}"
+            f"[{turn.task}] sent {turn.sent} of {turn.messages} messages, {cut}"
+            f"{' after a context-window error' if turn.retried else ''}"
         )
 
 

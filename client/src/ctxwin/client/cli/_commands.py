@@ -52,6 +52,10 @@ def _task_id(value: str) -> str:
     return value
 
 
+_MAX_COUNT = 2**53 - 1
+"""The largest count, time or index the daemon takes (JSON's exact integers)."""
+
+
 def _non_negative_int(value: str) -> int:
     try:
         number = int(value)
@@ -59,6 +63,8 @@ def _non_negative_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
     if number < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value!r}")
+    if number > _MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_COUNT}: {value!r}")
     return number
 
 
