@@ -236,11 +236,25 @@ CALL_THEN_SYSTEM = [
     Turn("user", "a"),
 ]
 
+# A call without its result, a system message, then calls with results: a prefix ending
+# with those calls holds the first call among the newest ones (OpenAI Responses sends each
+# call as an item), whose missing result the view puts before the system message.
+CALL_SYSTEM_CALLS = [
+    Turn("user", "a"),
+    Turn("assistant", "a"),
+    Turn("assistant", "", calls=[Call("call_1", "Bash", {"command": "a"})]),
+    Turn("results"),
+    Turn("system", "a"),
+    Turn("assistant", "", calls=[Call("call_2", "Bash", {"command": "a"})]),
+    Turn("results", results=[("call_2", "a")]),
+]
+
 
 @pytest.mark.parametrize("dialect", DIALECT_NAMES)
 @PROFILE
 @given(turns=conversations(), ops=operations)
 @example(turns=CALL_THEN_SYSTEM, ops=[("prepare", 0.5)])
+@example(turns=CALL_SYSTEM_CALLS, ops=[("prepare", 0.8)])
 def test_every_view_satisfies_the_provider_and_keeps_what_must_be_kept(
     dialect: str, turns: list[Turn], ops: list[tuple[str, float]]
 ) -> None:

@@ -250,6 +250,44 @@ def test_a_call_followed_only_by_system_messages_is_answered_before_them(
     assert [task, call, answer, system] == view
 
 
+def test_calls_before_a_system_message_among_the_newest_calls_are_answered_before_it() -> None:
+    """Responses items: a call left unanswered, a developer message, then the newest calls:
+    the first call is no longer the newest, so its missing result goes before the
+    developer message, in the view, its patch, a rebuilt newest message and the next view."""
+
+    def call(call_id: str) -> Message:
+        return {"type": "function_call", "call_id": call_id, "name": "Bash", "arguments": "{}"}
+
+    def output(call_id: str, text: str) -> Message:
+        return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+    task = {"type": "message", "role": "user", "content": "task"}
+    system = {"role": "developer", "content": "be brief"}
+    messages = [task, call("a"), system, call("b"), call("c")]
+    history = engine.MappedHistory(engine.DIALECTS["openai-responses"], messages)
+    state = engine.TaskState(reads=engine.DEFAULT_READ_RULES, dialect=history.dialect)
+    state.cache = history.cache
+    internal_view = state.truncated_messages(history.internal)
+    view = history.view(internal_view, state.deleted_range, "no result")
+    assert [task, messages[1], output("a", "no result"), system, *messages[3:]] == view
+    assert view[3] is system  # the caller's own items, not copies
+    assert view[4] is messages[3]
+    patch = engine.PatchMaker().of_mapped(
+        history, internal_view, state.deleted_range, missing_result="no result"
+    )
+    assert patch is not None
+    assert view == proto.apply_view_patch(messages, patch)
+    # The newest message rebuilt (another object than the history's) sends the same.
+    rebuilt = [*internal_view[:-1], dict(internal_view[-1])]
+    assert view == history.view(rebuilt, state.deleted_range, "no result")
+    # Once b and c are answered, a is answered with them (its result never came), once.
+    answers = [output("b", "done"), output("c", "done")]
+    history.sync([*messages, *answers])
+    view = history.view(state.truncated_messages(history.internal), state.deleted_range)
+    missing = output("a", engine.DEFAULT_NOTICES.missing_result)  # the engine's repair
+    assert [task, messages[1], system, *messages[3:], missing, *answers] == view
+
+
 def test_a_notice_stays_on_its_result_in_the_first_message_after_a_cut() -> None:
     """The results a cut orphans in the first kept message are dropped after the overlay is
     applied, so an edit of such a result is dropped with it and never lands on the block

@@ -4,7 +4,8 @@ The rule: map each changed internal message back; runs of untouched ones
 are slices of the caller's history. Kept-out messages (system, developer)
 come back in their order among the others (after the results that answer a
 call), and a call the view leaves answered by nothing but kept-out messages
-gets its missing result before them.
+(at the end, or among the newest message's calls) gets its missing result
+before them.
 
 :func:`view_pieces` is that rule, walked from the first view position.
 :class:`ViewResume` is the same walk resumed where the last view's pieces
@@ -210,10 +211,22 @@ def _walk(
             k = stop
         offset += high - low
     kept = len(out)
+    answered: set[str] = set()
+    if view and view[-1]["role"] == ASSISTANT and count:
+        # Kept-out messages among the newest message's calls (a dialect that sends each
+        # call as its own message, a system one after a call left unanswered): the calls
+        # before them are no longer the newest, and are answered before them.
+        kept, answered = _answer_before_kept_out(
+            mapped, view[-1], members[count - 1], out, kept, missing_result
+        )
     if waiting < len(systems) and view:
         # The history ends with kept-out messages after a call: no longer the newest
         # message, the call is answered, before them, like any other call.
-        ids = [b["id"] for b in view[-1]["content"] if b.get("type") == "tool_use"]
+        ids = [
+            b["id"]
+            for b in view[-1]["content"]
+            if b.get("type") == "tool_use" and b["id"] not in answered
+        ]
         if ids and view[-1]["role"] == ASSISTANT:
             missing: list[Block] = [
                 {"type": "tool_result", "tool_use_id": tool_id, "content": missing_result}
@@ -222,6 +235,59 @@ def _walk(
             out.extend((None, item, 0) for item in mapped.dialect.fresh(USER, missing, mapped))
     flush(len(source))
     return kept
+
+
+def _answer_before_kept_out(
+    mapped: MappedHistory,
+    newest: Message,
+    members: Sequence[int],
+    out: list[Piece],
+    kept: int,
+    missing_result: str,
+) -> tuple[int, set[str]]:
+    """Put the missing results of the newest message's calls that come before the last
+    kept-out message among its history messages just before that message, in ``out``.
+
+    Returns:
+        How many pieces come before the results put in (``kept`` when none were), and the
+        ids of the calls they answer.
+    """
+    systems = mapped.systems
+    content = newest.get("content")
+    if len(members) < 2 or not isinstance(content, list):
+        return kept, set()
+    inside = bisect.bisect_left(systems, members[-1]) - 1
+    if inside < 0 or systems[inside] <= members[0]:
+        return kept, set()
+    last = systems[inside]  # the last kept-out message among the newest message's
+    ids = [
+        block["id"]
+        for block in content
+        if block.get("type") == "tool_use" and block.get(SRC, last) < last
+    ]
+    # The piece holding the kept-out message: a run of history messages through it, or
+    # the message itself (after a rebuilt one); the results go right before it. A
+    # dialect that sends the calls as one message puts it out after them (not yet).
+    at = len(out) if ids else 0
+    while at:
+        at -= 1
+        start, message, end = out[at]
+        if start is not None and start <= last:
+            break
+    else:
+        return kept, set()
+    if message is None and start < last < end:
+        split: list[Piece] = [(start, None, last), (last, None, end)]
+        out[at : at + 1] = split
+        at += 1
+    elif start != last:
+        return kept, set()
+    missing: list[Block] = [
+        {"type": "tool_result", "tool_use_id": tool_id, "content": missing_result}
+        for tool_id in ids
+    ]
+    out[at:at] = [(None, item, 0) for item in mapped.dialect.fresh(USER, missing, mapped)]
+    return min(kept, at), set(ids)
 
 
 @dataclass(slots=True)
