@@ -217,8 +217,8 @@ def test_a_real_cline_tasks_ledger_keeps_what_was_typed_and_lists_only_paths(nam
     }
     line = next((line for line in ledger.splitlines() if line.startswith("Files read")), "")
     listed = line.split(": ", 1)[1].split(", ") if line else []
-    assert listed
     assert [] == [path for path in listed if path not in read | printed]
+    assert any(path in ledger for path in read)
 
 
 def test_bracketed_notes_and_attachments_are_typed_as_docs_cost_says() -> None:
@@ -245,3 +245,50 @@ def test_bracketed_notes_and_attachments_are_typed_as_docs_cost_says() -> None:
     assert f"(said 2 times) {interrupted}" in ledger
     assert attached in ledger
     assert "system-reminder" not in ledger
+
+
+def _native_calls(commands: list[str]) -> list[dict[str, object]]:
+    """A native conversation: a task, then one Bash call per command, each answered at length
+    (the one named ``false`` fails), and a Read and a Write of ``src/app.py``."""
+    messages: list[dict[str, object]] = [user("Fix the build"), assistant("On it.")]
+    steps = [("Bash", {"command": command}) for command in commands]
+    steps += [("Read", {"file_path": "src/app.py"}), ("Write", {"file_path": "src/app.py"})]
+    for number, (tool, arguments) in enumerate(steps):
+        call_id = f"c{number}"
+        block = {"type": "tool_use", "id": call_id, "name": tool, "input": arguments}
+        messages.append({"role": "assistant", "content": [block]})
+        body = "Error: exit 1" if arguments.get("command") == "false" else "x" * 400
+        answer = {"type": "tool_result", "tool_use_id": call_id, "content": body}
+        messages.append({"role": "user", "content": [answer]})
+    messages.append(assistant("Done."))
+    return messages
+
+
+def test_compact_call_lines_keep_every_distinct_key_argument_once() -> None:
+    """Over its budget the ledger lists each run's distinct key arguments once (a repeat as a
+    count, a failure marked, no sizes) and no longer repeats in the files lists the paths its
+    call lines name, before any call is reduced to a count."""
+    commands = [f"pytest tests/test_{name}.py -q" for name in "abcdefgh"] * 3 + ["false"]
+    messages = _native_calls(commands)
+    gone = [range(2, len(messages) - 1)]
+    whole = task_ledger(messages, gone, 10_000, count)
+    assert "ok 400" in whole
+    assert "Files read: src/app.py" in whole
+    budget = count(whole) // 2
+    ledger = task_ledger(messages, gone, budget, count)
+    assert count(ledger) <= budget
+    bash = next(line for line in ledger.splitlines() if line.startswith("- Bash: "))
+    assert "ok" not in bash
+    for name in "abcdefgh":
+        assert ledger.count(f"pytest tests/test_{name}.py -q (x3)") == 1
+    assert "false error" in ledger
+    # The first budget whose ledger drops the files lists still lists every call's key.
+    ledger = next(
+        text
+        for text in (task_ledger(messages, gone, size, count) for size in range(budget, 0, -1))
+        if "Files read:" not in text
+    )
+    assert "- Read: src/app.py" in ledger
+    assert "- Write: src/app.py" in ledger
+    assert "counted" not in ledger
+    assert "files on call lines only" in ledger

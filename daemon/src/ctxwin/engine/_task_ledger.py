@@ -483,11 +483,43 @@ def _call_full(call: LedgerCall) -> str:
     return f"{head}ok {_size(call.size)}"
 
 
-def _call_short(call: LedgerCall) -> str:
-    key = _key_text(call.key) or "(no argument)"
-    if call.error is not None:
-        return f"{key} error"
-    return key if call.answered else f"{key} no result"
+def _compact_forms(groups: Sequence[tuple[LedgerCall, ...]]) -> list[str]:
+    """Each group's compact line: its distinct key arguments once each (`` (xN)`` when
+    repeated), marked only when they failed or got no result, without the sizes.
+
+    A key a later group of the same tool also shows is left to that group, which is
+    shortened after this one (the oldest go first), unless it failed here. Calls
+    without a key argument are counted.
+    """
+    shown: dict[str, set[str]] = {}
+    forms: list[str] = []
+    for group in reversed(groups):
+        keys: dict[str, list[LedgerCall]] = {}
+        bare = 0
+        for call in group:
+            key = _key_text(call.key)
+            if key:
+                keys.setdefault(key, []).append(call)
+            else:
+                bare += 1
+        parts: list[str] = []
+        tool = group[0].tool
+        later = shown.setdefault(tool, set())
+        for key, same in keys.items():
+            failed = any(call.error is not None for call in same)
+            if key in later and not failed:
+                continue
+            mark = " error" if failed else ""
+            if not any(call.answered for call in same):
+                mark = " no result"
+            parts.append(f"{key}{f' (x{len(same)})' if len(same) > 1 else ''}{mark}")
+        later.update(keys)
+        if bare:
+            parts.append(f"{bare} without argument" if parts else str(bare))
+        if not parts:
+            parts.append(f"{len(group)} (arguments on a later line)")
+        forms.append(f"- {tool}: " + "; ".join(parts))
+    return forms[::-1]
 
 
 def _counted(calls: Sequence[LedgerCall]) -> str:
@@ -525,14 +557,21 @@ def _group(calls: Sequence[LedgerCall]) -> list[tuple[LedgerCall, ...]]:
     return [tuple(group) for group in groups]
 
 
-def _files_forms(title: str, paths: list[str]) -> list[str | None]:
+def _files_forms(title: str, paths: list[str], named: str) -> list[str | None]:
+    """A files list whole; without the paths a call line names (``named``: every key
+    argument shown); that cut to its newest 20; left out."""
     full = f"{title}: " + ", ".join(paths)
-    if len(paths) <= FILES_SHORT:
-        return [full, full, None]
-    short = f"{title} ({len(paths) - FILES_SHORT} earlier left out): " + ", ".join(
-        paths[-FILES_SHORT:]
+    rest = [path for path in paths if path not in named]
+    if not rest:
+        return [full, None, None, None]
+    unnamed = f"{title} (besides those on call lines): " + ", ".join(rest)
+    if len(rest) <= FILES_SHORT:
+        return [full, unnamed, unnamed, None]
+    short = (
+        f"{title} (besides those on call lines; {len(rest) - FILES_SHORT} earlier left out): "
+        + ", ".join(rest[-FILES_SHORT:])
     )
-    return [full, short, None]
+    return [full, unnamed, short, None]
 
 
 def _unique(paths: Iterable[str]) -> list[str]:
@@ -633,18 +672,22 @@ def task_ledger(
             f"- {times}{_capped(texts[0], flat, cap)}" for cap in INSTRUCTION_CAPS
         ]
         items.append(_Item("instruction", order, [*forms, None]))
-    for order, group in enumerate(_group(calls)):
+    groups = _group(calls)
+    compact = _compact_forms(groups)
+    for order, group in enumerate(groups):
         tool = group[0].tool
         full = f"- {tool}: " + "; ".join(_call_full(call) for call in group)
-        short = f"- {tool}: " + "; ".join(_call_short(call) for call in group)
         counted = f"{tool} {_counted(group)}"
-        items.append(_Item("calls", order, [full, short, counted, None, None], calls=group))
+        items.append(
+            _Item("calls", order, [full, compact[order], counted, None, None], calls=group)
+        )
+    named = "\n".join(_key_text(call.key) for call in calls)
     read = _unique(path for call in calls for path in call.reads)
     written = _unique(path for call in calls for path in call.writes)
     if read:
-        items.append(_Item("files", 0, _files_forms("Files read", read)))
+        items.append(_Item("files", 0, _files_forms("Files read", read, named)))
     if written:
-        items.append(_Item("files", 1, _files_forms("Files written", written)))
+        items.append(_Item("files", 1, _files_forms("Files written", written, named)))
     if conclusions:
         for order, final in enumerate(_conclusions(messages, indices, cline)):
             items.append(_Item("conclusion", order, [f"- {final}", None]))
@@ -746,20 +789,27 @@ class _Shortener:
         if self.dropped:
             parts.append(f"the {_plural(self.dropped, 'oldest instruction')} left out")
         for level, what in (
-            (1, "without status and size"),
+            (1, "as their distinct key arguments"),
             (COUNTED, "counted per tool"),
             (MERGED, "counted in one line"),
             (LEFT_OUT, "left out"),
         ):
             if self.calls.get(level):
                 parts.append(f"{_plural(self.calls[level], 'call')} {what}")
+        # Paths every call line still names are said once, as such.
+        named = not any(self.calls.get(level) for level in (COUNTED, MERGED, LEFT_OUT))
+        only_named = False
         for item in self.of("files"):
             if item.text != item.forms[0]:
                 title = (item.forms[0] or "").split(":", 1)[0]
-                parts.append(
-                    f"{title} "
-                    + ("left out" if item.text is None else f"cut to the newest {FILES_SHORT}")
-                )
+                if item.text is None and item.level < 3 and named:
+                    only_named = True
+                elif item.text is None:
+                    parts.append(f"{title} left out")
+                elif item.text != item.forms[1]:
+                    parts.append(f"{title} cut to the newest {FILES_SHORT}")
+        if only_named:
+            parts.append("files on call lines only")
         if self.finals:
             parts.append(f"{_plural(self.finals, 'assistant conclusion')} left out")
         if not parts:
@@ -780,13 +830,14 @@ class _Shortener:
         yield from ((item, 1) for item in self.of("conclusion"))
         calls = self.of("calls")
         yield from ((item, 1) for item in calls)
-        yield from ((item, 1) for item in self.longest(self.of("instruction")))
-        yield from ((item, COUNTED) for item in calls)
         yield from ((item, 1) for item in self.of("files"))
+        yield from ((item, 1) for item in self.longest(self.of("instruction")))
+        yield from ((item, 2) for item in self.of("files"))
         yield from ((item, 2) for item in self.longest(self.of("instruction")))
+        yield from ((item, COUNTED) for item in calls)
         yield from ((item, 3) for item in self.longest(self.of("instruction")))
         yield from ((item, MERGED) for item in calls)
-        yield from ((item, 2) for item in self.of("files"))
+        yield from ((item, 3) for item in self.of("files"))
         yield from ((item, LEFT_OUT) for item in calls)
         yield from ((item, 4) for item in self.of("instruction"))
 
