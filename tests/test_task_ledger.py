@@ -76,7 +76,7 @@ def test_a_native_conversation_gets_call_lines_with_their_key_arguments(dialect:
     for argument in (
         "sed -n 1,80p src/app.py ok 400",
         "head -n 20 README.md | cat -A ok 8",
-        "- Grep: def main ok 12",
+        "- Grep: def main in src ok 12",
         "- WebSearch: python argparse subcommands ok 2.1k",
         "pytest -q tests/test_app.py error 18 (Exit code 1)",
         "- Read: src/util.py ok 18",
@@ -292,3 +292,28 @@ def test_compact_call_lines_keep_every_distinct_key_argument_once() -> None:
     assert "- Write: src/app.py" in ledger
     assert "counted" not in ledger
     assert "files on call lines only" in ledger
+
+
+def test_a_search_is_listed_by_what_it_looks_for_and_where() -> None:
+    """A removed search call names its pattern and its folder (a native Grep and a Cline
+    ``search_files`` header alike): either one alone does not say which call it was."""
+    native = _native_calls([])
+    native[2] = {
+        "role": "assistant",
+        "content": [
+            {
+                "type": "tool_use",
+                "id": "c0",
+                "name": "Grep",
+                "input": {"pattern": "TODO", "path": "lib"},
+            }
+        ],
+    }
+    assert "- Grep: TODO in lib ok 400" in task_ledger(native, [range(2, 4)], 2000, count)
+    cline = [
+        user("<task>\nclean up\n</task>"),
+        assistant("<search_files>"),
+        user("[search_files for 'src' in 'FIXME'] Result:\nsrc/a.py:1"),
+        assistant("done"),
+    ]
+    assert "- search_files: FIXME in src ok 10" in task_ledger(cline, [range(1, 3)], 2000, count)

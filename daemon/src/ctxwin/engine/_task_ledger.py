@@ -248,6 +248,18 @@ def _key_argument(tool: str, arguments: object) -> tuple[str | None, str | None]
                 return value[-1], "cmd"
             return " ".join(value), ("cmd" if name in _COMMAND_KEYS else name)
         if isinstance(value, str) and value.strip():
+            if name in _SEARCH_KEYS or name == "glob":
+                # A search names what it looks for and where: both say which call it was.
+                where = next(
+                    (
+                        found
+                        for key in _PATH_KEYS
+                        if isinstance(found := arguments.get(key), str) and found.strip()
+                    ),
+                    None,
+                )
+                if where is not None:
+                    return f"{value} in {where}", name
             return value, ("cmd" if name in _COMMAND_KEYS else name)
     for name, value in arguments.items():
         if isinstance(value, str) and value.strip() and len(value) <= KEY_CAP:
@@ -413,6 +425,8 @@ def ledger_calls(
                 if header is None:
                     continue
                 tool, key = header.group(1), header.group(2)
+                if key is not None and header.group(3):
+                    key = f"{header.group(3)} in {key}"  # a search: what, and where
                 body = text[header.end() :]
                 error = _error_line(body)
                 reads: tuple[str, ...] = ()
