@@ -6,6 +6,7 @@ from typing import Any
 
 from bench import _cost_columns as columns
 from bench._cost_goals import check, geometric_mean
+from ctxwin.engine import user_instructions
 
 Message = dict[str, Any]
 
@@ -67,6 +68,25 @@ def test_typed_text_is_user_text_but_not_system_text_nor_results() -> None:
         (0, "fix the login bug"),
         (3, "and add a test"),
     ]
+
+
+def test_the_bench_measures_what_the_ledger_lists_as_typed() -> None:
+    """The bench's typed texts are the engine's ``user_instructions``, message for message: a
+    bracketed note and an attachment count in a native log, Cline's tags only in a Cline task."""
+    notes = [
+        user("[Request interrupted by user for tool use]"),
+        user("[attached document: a.pdf] follow it"),
+        user("<command-name>/clear</command-name>"),
+        user("[read_file for 'a.py'] Result:\n<feedback>\nshorter\n</feedback>"),
+    ]
+    for message in notes:
+        assert columns.typed_texts(message, "anthropic") == user_instructions(message, False)
+        assert columns.typed_texts(message, "cline") == user_instructions(message, True)
+    assert [text for _, text in columns.instructions(notes[:3], "openai-chat")] == [
+        "[Request interrupted by user for tool use]",
+        "[attached document: a.pdf] follow it",
+    ]
+    assert columns.instructions(notes, "cline") == [(3, "shorter")]
 
 
 def test_cline_typed_text_is_inside_its_tags() -> None:
