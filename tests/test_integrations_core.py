@@ -66,9 +66,13 @@ def _raised(call: object) -> BaseException:
 
 def test_the_providers_context_length_errors_are_window_errors_and_others_are_not() -> None:
     """The SDKs' exceptions for the real too-long bodies count; a refused orphan result does not."""
-    with FakeProvider(limit=100) as provider:
-        chat = openai.OpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
-        claude = anthropic.Anthropic(base_url=provider.url, api_key="k", max_retries=0)
+    with (
+        FakeProvider(limit=100) as provider,
+        # Closed on the way out: an SDK client left open leaks its connection's socket,
+        # and the ResourceWarning surfaces in whichever test the collector then runs in.
+        openai.OpenAI(base_url=provider.openai_url, api_key="k", max_retries=0) as chat,
+        anthropic.Anthropic(base_url=provider.url, api_key="k", max_retries=0) as claude,
+    ):
         long: Any = [{"role": "user", "content": "x" * 1000}]
         assert is_window_error(
             _raised(lambda: chat.chat.completions.create(model="m", messages=long))
