@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ctxwin.proto import Strategy
 
-from ._auto import DEFAULT_POLICY, AutoPolicy
+from ._auto_policy import DEFAULT_POLICY, AutoPolicy
 from ._blocks import text_of, utf16_len
 from ._budget import Budgeting, Calibration, Counter, fit_range
 from ._condense import AUTO_CONDENSE_FRACTION, condense, condensed, fit_oversized, summary_due

@@ -36,64 +36,27 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ctxwin.proto import PrepareRequestResult, PriceSheet
 
-from ._auto_edits import HistoryFacts, Planner, Result
+from ._auto_edits import HistoryFacts, PlannedTask, Planner, Result
+from ._auto_policy import DEFAULT_POLICY, AutoPolicy
 from ._blocks import Message
 from ._budget import Budgeting
 from ._ledger import Receipt, payback_turns
-from ._request import Request, prepared
+from ._request import Request, RequestTask, prepared
 from ._summary import Summary
 from ._view import keep_from
 from ._window import context_window_info
 
-if TYPE_CHECKING:
-    from ._state import TaskState
-
 __all__ = [
-    "DEFAULT_POLICY",
     "AutoMemory",
     "AutoOutcome",
-    "AutoPolicy",
     "AutoStrategy",
     "run_auto",
     "shorten_oversized",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class AutoPolicy:
-    """The settings of the ``auto`` strategy (docs/STRATEGIES.md says why each is what it is).
-
-    Attributes:
-        reserve: tokens kept free for the response (at least; a quarter more
-            than the largest response reported so far when that is larger).
-        recent_turns: results of the last this many user messages are not masked.
-        tail_turns: a rebuild keeps the last this many turns whole.
-        pin_share: the latest reads kept by a rebuild take at most this share of the budget.
-        ledger_share: the ledger takes at most this share of the budget.
-        rent_multiple: a rebuild is due when the rent reaches this many times its rewrite
-            cost (None: 1, the order-quantity optimum).
-        governor: voluntary edits only while the cached share stays above this.
-        big_message: a message above this share of the budget is shortened to
-            ``shortened`` of the budget before anything is cut for it.
-        shortened: see ``big_message``.
-    """
-
-    reserve: int = 2048
-    recent_turns: int = 1
-    tail_turns: int = 2
-    pin_share: float = 0.3
-    ledger_share: float = 0.05
-    rent_multiple: float | None = None
-    governor: float = 0.92
-    big_message: float = 0.5
-    shortened: float = 0.25
-
-
-DEFAULT_POLICY = AutoPolicy()
 
 
 @dataclass(slots=True)
@@ -152,6 +115,32 @@ class AutoMemory:
         return (self.seen_cached + min(cached, self.last_tokens)) / seen if seen else 1.0
 
 
+class AutoTask(PlannedTask, RequestTask, Protocol):
+    """What ``auto`` uses of a task's state (``TaskState`` has it)."""
+
+    @property
+    def auto(self) -> AutoMemory:
+        """What ``auto`` keeps on the task between requests."""
+        ...
+
+    @property
+    def summaries(self) -> list[Summary]:
+        """Every summary stored and not rolled back, oldest first."""
+        ...
+
+    def drop(self, ranges: Sequence[Sequence[int]], ts: int) -> None:
+        """Add inclusive ranges to the deleted set, stamped ``ts``."""
+        ...
+
+    def mark_changed(self) -> None:
+        """Ask for a write."""
+        ...
+
+    def sheet_for(self, model: Mapping[str, Any], budgeting: Budgeting | None) -> PriceSheet | None:
+        """The sheet a request is priced with."""
+        ...
+
+
 @dataclass(slots=True)
 class AutoOutcome:
     """What ``auto`` did to a task before a request."""
@@ -164,7 +153,7 @@ class AutoOutcome:
 
 
 def shorten_oversized(
-    state: TaskState,
+    state: AutoTask,
     messages: Sequence[Message],
     budgeting: Budgeting,
     budget: float,
@@ -189,7 +178,7 @@ def shorten_oversized(
 
 
 def run_auto(
-    state: TaskState,
+    state: AutoTask,
     messages: Sequence[Message],
     budgeting: Budgeting,
     budget: float,
@@ -287,7 +276,7 @@ class _Plan:
 class _Turn:
     """One decision's view, its sizes and turns (made again after each edit)."""
 
-    def __init__(self, planner: Planner, budget: float) -> None:
+    def __init__(self, planner: Planner[AutoTask], budget: float) -> None:
         self.planner = planner
         self.budget = budget
         state = planner.state
@@ -403,7 +392,7 @@ class AutoStrategy:
     """``strategy: "auto"``: decide on the view about to be sent (see the module docstring)."""
 
     def prepare(
-        self, state: TaskState, request: Request
+        self, state: AutoTask, request: Request
     ) -> tuple[PrepareRequestResult, Sequence[Receipt]]:
         messages, model, budgeting = request.messages, request.model, request.budgeting
         assert budgeting is not None  # auto is asked for through budgeting

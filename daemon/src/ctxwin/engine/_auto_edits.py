@@ -12,22 +12,21 @@ import bisect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from ctxwin.proto import PRICE_SHEETS, PriceSheet
 
+from ._auto_policy import AutoPolicy
 from ._blocks import Message, text_of, tool_calls
 from ._budget import Budgeting, view_origins
+from ._dialect import Dialect
 from ._ledger import Receipt, payback_turns
 from ._optimize import TOOL_HEADER
-from ._overlay import EDIT_NO_FILE_READ, EDIT_UNDEFINED
-from ._reads import native_reads
+from ._overlay import EDIT_NO_FILE_READ, EDIT_UNDEFINED, Overlay
+from ._reads import ReadRules, native_reads
+from ._summary import Summary
 from ._task_ledger import task_ledger, typed_parts
 from ._view import apply_overlay
-
-if TYPE_CHECKING:
-    from ._auto import AutoPolicy
-    from ._state import TaskState
 
 __all__ = ["Candidate", "HistoryFacts", "Planner", "Result"]
 
@@ -99,12 +98,68 @@ def _stub(notice_tool: object, arguments: object, tokens: int) -> str:
     )
 
 
-class Planner:
+class PlannerMemory(Protocol):
+    """What the planner keeps on a task between decisions (``AutoMemory`` has it)."""
+
+    block_tokens: dict[tuple[int, int], tuple[Message, int]]
+    stub_tokens: dict[str, int]
+    results: dict[int, tuple[Message, list[Result]]]
+    facts: HistoryFacts
+
+
+class PlannedTask(Protocol):
+    """What the planner uses of a task's state (``TaskState`` has it)."""
+
+    @property
+    def auto(self) -> PlannerMemory:
+        """What ``auto`` keeps on the task between requests."""
+        ...
+
+    @property
+    def overlay(self) -> Overlay:
+        """The task's edits."""
+        ...
+
+    @property
+    def dialect(self) -> Dialect:
+        """The task's message dialect."""
+        ...
+
+    @property
+    def reads(self) -> ReadRules | None:
+        """The read tools a native dialect counts."""
+        ...
+
+    @property
+    def summary(self) -> Summary | None:
+        """The summary the view carries."""
+        ...
+
+    @property
+    def deleted_range(self) -> list[int] | None:
+        """The inclusive ``[2, end]`` range of messages not sent, or None."""
+        ...
+
+    @property
+    def dropped(self) -> tuple[tuple[int, int], ...]:
+        """The deleted set's ranges."""
+        ...
+
+    def truncated_messages(self, messages: Sequence[Message]) -> list[Message]:
+        """The view of ``messages``."""
+        ...
+
+
+Task = TypeVar("Task", bound=PlannedTask, covariant=True)
+"""The state a planner is given (its caller may use more of it than the planner does)."""
+
+
+class Planner(Generic[Task]):
     """One decision: the task's history, view and counts, shared by the steps."""
 
     def __init__(
         self,
-        state: TaskState,
+        state: Task,
         messages: Sequence[Message],
         budgeting: Budgeting,
         sheet: PriceSheet | None,

@@ -11,22 +11,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, Self
 
-from ctxwin.proto import CondenseResult, SummaryKind
+from ctxwin.proto import CondenseResult, OptimizeFileReadsResult, SummaryKind
 
-from ._auto import shorten_oversized
+from ._auto import AutoTask, shorten_oversized
 from ._blocks import Message, wire_view
 from ._budget import Budgeting
-from ._cuts import add_truncation_notice, keep_newest
-from ._ledger import Receipt
+from ._cuts import CutTask, add_truncation_notice, keep_newest
+from ._ledger import CacheLedger, Receipt
 from ._range import Keep, next_truncation_range
 from ._summary import Summary, basic_summary
 from ._view import keep_from
 from ._window import context_window_info, should_compact
-
-if TYPE_CHECKING:
-    from ._state import TaskState
 
 __all__ = [
     "AUTO_CONDENSE_FRACTION",
@@ -36,6 +33,34 @@ __all__ = [
     "rollback_summaries",
     "summary_due",
 ]
+
+
+class CondenseTask(AutoTask, CutTask, Protocol):
+    """What the summaries path uses of a task's state (``TaskState`` has it)."""
+
+    summaries: list[Summary]
+
+    @property
+    def deleted_range(self) -> list[int] | None:
+        """The inclusive ``[2, end]`` range of messages not sent, or None."""
+        ...
+
+    @deleted_range.setter
+    def deleted_range(self, value: Sequence[int] | None) -> None: ...
+
+    @property
+    def ledger(self) -> CacheLedger:
+        """The views returned and their cost."""
+        ...
+
+    def optimize_file_reads(self, messages: Sequence[Message], ts: int) -> OptimizeFileReadsResult:
+        """Replace superseded file reads after the range and ask for a write."""
+        ...
+
+    def clone(self) -> Self:
+        """An independent copy."""
+        ...
+
 
 AUTO_CONDENSE_FRACTION = 0.75
 """The fraction of the window at which a summary is due (SPEC.md §8)."""
@@ -47,7 +72,7 @@ MIN_SUMMARY_BUDGET = 200
 
 
 def condense(
-    state: TaskState,
+    state: CondenseTask,
     messages: Sequence[Message],
     model: Mapping[str, Any],
     ts: int,
@@ -136,7 +161,7 @@ def condense(
     return outcome(None, stored, fallback, after_tokens)
 
 
-def _candidates(state: TaskState, messages: Sequence[Message]) -> list[list[int]]:
+def _candidates(state: CondenseTask, messages: Sequence[Message]) -> list[list[int]]:
     """The ranges a condense may take, one per cut of :data:`CONDENSE_KEEPS` that
     removes more than the current range, shallowest first."""
     current = state.deleted_range
@@ -157,7 +182,7 @@ def _candidates(state: TaskState, messages: Sequence[Message]) -> list[list[int]
 class _Attempt:
     """The candidate ranges tried with a summary, on a copy of the task."""
 
-    state: TaskState
+    state: CondenseTask
     messages: Sequence[Message]
     candidates: list[list[int]]
     ts: int
@@ -197,7 +222,7 @@ class _Attempt:
 
 
 def fit_oversized(
-    state: TaskState,
+    state: CondenseTask,
     messages: Sequence[Message],
     model: Mapping[str, Any],
     budgeting: Budgeting,
@@ -227,7 +252,7 @@ def fit_oversized(
 
 
 def summary_due(
-    state: TaskState,
+    state: CondenseTask,
     messages: Sequence[Message],
     previous_request: Mapping[str, Any] | None,
     model: Mapping[str, Any],
@@ -247,7 +272,7 @@ def summary_due(
     return result["need_to_truncate"]
 
 
-def condensed(state: TaskState, messages: Sequence[Message]) -> list[int] | None:
+def condensed(state: CondenseTask, messages: Sequence[Message]) -> list[int] | None:
     """After auto-condense, also hide the summary request and its turn (SPEC.md §8)."""
     current = state.deleted_range
     if current is not None and current[1] + 2 <= len(messages) - 1:
@@ -255,7 +280,7 @@ def condensed(state: TaskState, messages: Sequence[Message]) -> list[int] | None
     return state.deleted_range
 
 
-def rollback_summaries(state: TaskState, ts: int) -> int:
+def rollback_summaries(state: CondenseTask, ts: int) -> int:
     """Remove the summaries stored after ``ts`` and put back the range the first of them
     replaced (a rollback, SPEC.md §9, docs/SUMMARIES.md); returns how many were removed."""
     keep = len(state.summaries)

@@ -8,17 +8,17 @@ a cut for a summary is ``_condense.py``'s. Each takes its notices and its stop f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ctxwin.proto import CompactResult, CompactSubagentResult
 
 from ._blocks import Message, text_of, wire_view
-from ._overlay import EDIT_UNDEFINED
+from ._dialect import Dialect
+from ._notices import Notices
+from ._optimize import Optimisation
+from ._overlay import EDIT_UNDEFINED, Overlay
 from ._range import Keep, next_truncation_range
-from ._view import NEW_TEXT_BLOCK, truncated_messages
-
-if TYPE_CHECKING:
-    from ._state import TaskState
+from ._view import NEW_TEXT_BLOCK, ViewCache, truncated_messages
 
 __all__ = [
     "add_truncation_notice",
@@ -29,8 +29,56 @@ __all__ = [
 ]
 
 
+class CutTask(Protocol):
+    """What the cuts use of a task's state (``TaskState`` has it)."""
+
+    @property
+    def overlay(self) -> Overlay:
+        """The task's edits."""
+        ...
+
+    @property
+    def notices(self) -> Notices:
+        """The notice texts."""
+        ...
+
+    @property
+    def dialect(self) -> Dialect:
+        """The task's message dialect."""
+        ...
+
+    @property
+    def revision(self) -> int:
+        """Grows with each change to write."""
+        ...
+
+    @property
+    def deleted_range(self) -> list[int] | None:
+        """The inclusive ``[2, end]`` range of messages not sent, or None."""
+        ...
+
+    @deleted_range.setter
+    def deleted_range(self, value: Sequence[int] | None) -> None: ...
+
+    def cache_for(self, messages: Sequence[Message]) -> ViewCache | None:
+        """The view cache of ``messages``, if the task holds it."""
+        ...
+
+    def optimize(self, messages: Sequence[Message], ts: int, whole: bool = False) -> Optimisation:
+        """Replace superseded file reads in the overlay, with no write asked for."""
+        ...
+
+    def mark_changed(self) -> None:
+        """Ask for a write."""
+        ...
+
+    def truncated_messages(self, messages: Sequence[Message]) -> list[Message]:
+        """The view of ``messages``."""
+        ...
+
+
 def keep_newest(
-    state: TaskState,
+    state: CutTask,
     messages: Sequence[Message],
     before: list[int] | None,
     proposed: list[int] | None,
@@ -73,7 +121,7 @@ def _first_text_block(message: Message) -> int:
     return NEW_TEXT_BLOCK
 
 
-def add_truncation_notice(state: TaskState, ts: int, messages: Sequence[Message] = ()) -> bool:
+def add_truncation_notice(state: CutTask, ts: int, messages: Sequence[Message] = ()) -> bool:
     """Replace message 1 with the truncation notice unless it has edits already.
 
     In a native dialect the notice replaces message 1's first text block,
@@ -92,7 +140,7 @@ def add_truncation_notice(state: TaskState, ts: int, messages: Sequence[Message]
     return True
 
 
-def _add_first_user_replacement(state: TaskState, ts: int, messages: Sequence[Message]) -> bool:
+def _add_first_user_replacement(state: CutTask, ts: int, messages: Sequence[Message]) -> bool:
     """Replace message 0's first text block unless it has edits already."""
     if 0 in state.overlay or not messages:
         return False
@@ -107,7 +155,7 @@ def _add_first_user_replacement(state: TaskState, ts: int, messages: Sequence[Me
 
 
 def apply_truncation_notice(
-    state: TaskState, ts: int, messages: Sequence[Message], keep_task: bool = False
+    state: CutTask, ts: int, messages: Sequence[Message], keep_task: bool = False
 ) -> bool:
     """Both notices of SPEC.md §5; True when either was added.
 
@@ -121,9 +169,7 @@ def apply_truncation_notice(
     return changed
 
 
-def compact_subagent(
-    state: TaskState, messages: Sequence[Message], ts: int
-) -> CompactSubagentResult:
+def compact_subagent(state: CutTask, messages: Sequence[Message], ts: int) -> CompactSubagentResult:
     """Make a subagent's conversation fit: optimise in memory, else cut a quarter (§8)."""
     result = state.optimize(messages, ts, whole=True)
     conversation: Sequence[Message] = messages
@@ -149,7 +195,7 @@ def compact_subagent(
 
 
 def compact(
-    state: TaskState, messages: Sequence[Message], keep: Keep, ts: int, keep_task: bool = False
+    state: CutTask, messages: Sequence[Message], keep: Keep, ts: int, keep_task: bool = False
 ) -> CompactResult:
     """Force a cut: after a context-window error (quarter) or a summary (none) (§8).
 

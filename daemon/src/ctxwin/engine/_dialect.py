@@ -10,14 +10,11 @@ keeps a history of it in the internal form (docs/DIALECTS.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from ctxwin.proto import CLINE
 
 from ._blocks import Block, Message
-
-if TYPE_CHECKING:
-    from ._mapped import MappedHistory
 
 SRC = "_src"
 """Key of an internal block: the history index of the message it came from."""
@@ -48,6 +45,23 @@ class Mapped(NamedTuple):
 KEPT_OUT = Mapped(None, [])
 
 
+class MappedLike(Protocol):
+    """What a dialect reads and writes of the history it maps (``_mapped.MappedHistory``
+    has it; declared here so that a dialect needs nothing above it).
+
+    Attributes:
+        source: the dialect's messages, as the caller sent them.
+        mapped: each of them in the internal form.
+        internal: the internal list the engine runs on.
+        calls: tool call id -> (name, history index), filled in as calls are mapped.
+    """
+
+    source: list[Message]
+    mapped: list[Mapped]
+    internal: list[Message]
+    calls: dict[str, tuple[str, int]]
+
+
 class Dialect:
     """How one dialect's messages map to the internal form and back.
 
@@ -55,7 +69,7 @@ class Dialect:
         name: the dialect's wire name.
         field: the request field its history is named by in errors.
         native: its histories are mapped into the internal form
-            (:class:`MappedHistory`) and their file reads are tool calls
+            (:class:`~._mapped.MappedHistory`) and their file reads are tool calls
             (``ReadRules``); false for :class:`ClineDialect`, whose history is
             the internal form itself, with Cline's text reads (SPEC.md).
         strict: results that answer no call of the message before are orphans
@@ -80,25 +94,25 @@ class Dialect:
     new_inside = False
     merges_calls = False
 
-    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+    def map_message(self, message: Any, index: int, history: MappedLike) -> Mapped:
         """The internal form of history message ``index``.
 
         Raises:
             DialectError: the message is not one this dialect can carry; its
                 text names the place within the message (``.content[2] must
-                be a map``), which :class:`MappedHistory` puts after the
+                be a map``), which :class:`~._mapped.MappedHistory` puts after the
                 message's own (``messages[7]``), so that a message that maps
                 builds no place names.
         """
         raise NotImplementedError
 
     def rebuild(
-        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedLike
     ) -> list[Message]:
         """Message ``index`` rebuilt from what the view holds of it (changed or new blocks)."""
         raise NotImplementedError
 
-    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+    def fresh(self, role: str, blocks: list[Block], history: MappedLike) -> list[Message]:
         """Messages for blocks the view added (missing results, a notice)."""
         raise NotImplementedError
 
@@ -134,6 +148,6 @@ def block(kind: str, index: int, part: object, **fields: Any) -> Block:
     return {"type": kind, **fields, SRC: index, PART: part}
 
 
-def originals(history: MappedHistory, index: int) -> dict[object, Block]:
+def originals(history: MappedLike, index: int) -> dict[object, Block]:
     """The internal blocks of message ``index`` by part."""
     return {item[PART]: item for item in history.mapped[index].blocks}

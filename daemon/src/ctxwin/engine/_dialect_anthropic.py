@@ -8,7 +8,7 @@ opaque parts, sent as they are or dropped with their turn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -19,14 +19,11 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
+    MappedLike,
     block,
 )
 from ._dialect_parts import WHOLE, inner_blocks, outer_content
 from ._parts import media_or_unread
-
-if TYPE_CHECKING:
-    from ._mapped import MappedHistory
-
 
 THINKING = ("thinking", "redacted_thinking")
 
@@ -45,7 +42,7 @@ class AnthropicDialect(Dialect):
     name = "anthropic"
     new_inside = True
 
-    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+    def map_message(self, message: Any, index: int, history: MappedLike) -> Mapped:
         if not isinstance(message, dict):
             raise DialectError(" must be a map")
         role = message.get("role")
@@ -108,7 +105,7 @@ class AnthropicDialect(Dialect):
                 blocks.append(block("opaque", index, place, **_opaque(part, kind)))
         return Mapped(role, blocks, calls)
 
-    def _part(self, item: Block, source: Message, history: MappedHistory) -> dict[str, Any]:
+    def _part(self, item: Block, source: Message, history: MappedLike) -> dict[str, Any]:
         content = source["content"]
         place = item.get(PART)
         if place == WHOLE:
@@ -129,7 +126,7 @@ class AnthropicDialect(Dialect):
         return original
 
     def rebuild(
-        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedLike
     ) -> list[Message]:
         parts = [self._part(item, source, history) for item in blocks]
         if not parts:
@@ -138,7 +135,7 @@ class AnthropicDialect(Dialect):
             return [{**source, "content": parts[0]["text"]}]
         return [{**source, "content": parts}]
 
-    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+    def fresh(self, role: str, blocks: list[Block], history: MappedLike) -> list[Message]:
         return [{"role": role, "content": [_new_part(item) for item in blocks]}]
 
 

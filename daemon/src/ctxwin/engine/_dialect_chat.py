@@ -9,7 +9,7 @@ so a message with calls ends its turn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -21,6 +21,7 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
+    MappedLike,
     block,
     originals,
 )
@@ -33,9 +34,6 @@ from ._dialect_parts import (
     written_content,
 )
 
-if TYPE_CHECKING:
-    from ._mapped import MappedHistory
-
 REASONING = "reasoning_content"
 KEPT_OUT_ROLES = ("system", "developer")
 
@@ -47,7 +45,7 @@ class ChatDialect(Dialect):
     calls_end_turn = True
     merges_calls = True
 
-    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+    def map_message(self, message: Any, index: int, history: MappedLike) -> Mapped:
         if not isinstance(message, dict):
             raise DialectError(" must be a map")
         role = message.get("role")
@@ -138,7 +136,7 @@ class ChatDialect(Dialect):
         return not (previous.calls and mapped.role == ASSISTANT and not mapped.calls)
 
     def rebuild(
-        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedLike
     ) -> list[Message]:
         mapped = originals(history, index)
         if source.get("role") == "tool":
@@ -168,7 +166,7 @@ class ChatDialect(Dialect):
         rebuilt = {**source, "content": written_content(source.get("content"), texts, mapped)}
         return [rebuilt]
 
-    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+    def fresh(self, role: str, blocks: list[Block], history: MappedLike) -> list[Message]:
         out: list[Message] = []
         for item in blocks:
             if item["type"] == "tool_result":

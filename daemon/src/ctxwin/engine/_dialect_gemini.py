@@ -10,7 +10,7 @@ every other part are opaque. A function response answers the call with its
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -21,13 +21,11 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
+    MappedLike,
     block,
     originals,
 )
 from ._parts import media_or_unread
-
-if TYPE_CHECKING:
-    from ._mapped import MappedHistory
 
 MODEL = "model"
 CALL_KEYS = ("functionCall", "function_call")
@@ -44,7 +42,7 @@ def _first(part: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | Non
     return None
 
 
-def _answered(history: MappedHistory) -> tuple[list[Block], set[str]]:
+def _answered(history: MappedLike) -> tuple[list[Block], set[str]]:
     """The calls of the last model turn and the ids already answered after it."""
     internal = history.internal
     answered: set[str] = set()
@@ -93,7 +91,7 @@ class GeminiDialect(Dialect):
     calls_end_turn = True
     new_inside = True
 
-    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+    def map_message(self, message: Any, index: int, history: MappedLike) -> Mapped:
         if not isinstance(message, dict):
             raise DialectError(" must be a map")
         role = message.get("role")
@@ -168,7 +166,7 @@ class GeminiDialect(Dialect):
                 blocks.append(block("opaque", index, place, **_opaque(part, text)))
         return Mapped(ASSISTANT if role == MODEL else USER, blocks, calls)
 
-    def _part(self, item: Block, source: Message, history: MappedHistory) -> dict[str, Any]:
+    def _part(self, item: Block, source: Message, history: MappedLike) -> dict[str, Any]:
         place = item.get(PART)
         if item.get(SRC) is None or not isinstance(place, int):
             return self._new_part(item, history)
@@ -192,7 +190,7 @@ class GeminiDialect(Dialect):
             return {**original, key: {**body, "response": response}}
         return original
 
-    def _new_part(self, item: Block, history: MappedHistory) -> dict[str, Any]:
+    def _new_part(self, item: Block, history: MappedLike) -> dict[str, Any]:
         if item["type"] != "tool_result":
             return {"text": item.get("text", "")}
         call_id: str = item["tool_use_id"]
@@ -210,13 +208,13 @@ class GeminiDialect(Dialect):
         return {key: body}
 
     def rebuild(
-        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedLike
     ) -> list[Message]:
         if not blocks:
             return []
         return [{**source, "parts": [self._part(item, source, history) for item in blocks]}]
 
-    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+    def fresh(self, role: str, blocks: list[Block], history: MappedLike) -> list[Message]:
         parts = [self._new_part(item, history) for item in blocks]
         return [{"role": MODEL if role == ASSISTANT else USER, "parts": parts}]
 

@@ -9,7 +9,7 @@ part of the assistant's turn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._blocks import Block, Message
 from ._dialect import (
@@ -21,14 +21,12 @@ from ._dialect import (
     Dialect,
     DialectError,
     Mapped,
+    MappedLike,
     block,
     originals,
 )
 from ._dialect_parts import outer_content, parse_arguments, text_parts, written_content
 from ._parts import media_or_unread
-
-if TYPE_CHECKING:
-    from ._mapped import MappedHistory
 
 TEXT_KINDS = ("input_text", "output_text", "text")
 ITEM = "item"
@@ -75,7 +73,7 @@ class ResponsesDialect(Dialect):
     name = "openai-responses"
     field = "input"
 
-    def map_message(self, message: Any, index: int, history: MappedHistory) -> Mapped:
+    def map_message(self, message: Any, index: int, history: MappedLike) -> Mapped:
         if not isinstance(message, dict):
             raise DialectError(" must be a map")
         kind = message.get("type")
@@ -131,7 +129,7 @@ class ResponsesDialect(Dialect):
         return isinstance(kind, str) and kind.endswith("_call_output")
 
     def rebuild(
-        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedHistory
+        self, source: Message, index: int, role: str, blocks: list[Block], history: MappedLike
     ) -> list[Message]:
         mapped = originals(history, index)
         new = [b for b in blocks if b.get(SRC) is None]
@@ -151,7 +149,7 @@ class ResponsesDialect(Dialect):
         out.append(source)
         return out
 
-    def fresh(self, role: str, blocks: list[Block], history: MappedHistory) -> list[Message]:
+    def fresh(self, role: str, blocks: list[Block], history: MappedLike) -> list[Message]:
         out: list[Message] = []
         for item in blocks:
             if item["type"] == "tool_result":

@@ -21,16 +21,13 @@ import bisect
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from ctxwin.proto import first_other, other_places
 
 from ._blocks import Block, Message
-from ._dialect import ASSISTANT, SRC, USER
-from ._view import Spans, keep_from, span_index, span_position, view_spans
-
-if TYPE_CHECKING:
-    from ._mapped import MappedHistory
+from ._dialect import ASSISTANT, SRC, USER, Dialect, MappedLike
+from ._view import Spans, ViewCache, keep_from, span_index, span_position, view_spans
 
 Piece = tuple[int | None, Message | None, int]
 """``(start, None, end)`` a run of history messages ``[start, end)`` as they are;
@@ -40,8 +37,26 @@ Rebuilt = list[tuple[int | None, Message]]
 """A changed internal message as dialect messages, each with its history index."""
 
 
+class ViewSource(MappedLike, Protocol):
+    """What a view back reads of a mapped history (``_mapped.MappedHistory`` has it).
+
+    Attributes:
+        dialect: the history's dialect.
+        members: per internal message, its history indices.
+        systems: history indices of kept-out messages.
+        merges: internal messages holding calls of several history messages.
+        cache: the internal list's view cache.
+    """
+
+    dialect: Dialect
+    members: list[list[int]]
+    systems: list[int]
+    merges: list[int]
+    cache: ViewCache
+
+
 class Pieces(NamedTuple):
-    """A view's pieces as :meth:`MappedHistory.pieces` made them.
+    """A view's pieces as :meth:`~._mapped.MappedHistory.pieces` made them.
 
     Attributes:
         pieces: the view in :data:`Piece` s.
@@ -69,7 +84,7 @@ named one costs more to make), bisected by position."""
 
 
 def view_pieces(
-    mapped: MappedHistory,
+    mapped: ViewSource,
     view: Sequence[Message],
     deleted_range: Sequence[int] | None,
     missing_result: str,
@@ -88,7 +103,7 @@ def view_pieces(
 
 
 def view_start(
-    mapped: MappedHistory,
+    mapped: ViewSource,
     view: Sequence[Message],
     deleted_range: Sequence[int] | None,
     dropped: Sequence[Sequence[int]] = (),
@@ -112,7 +127,7 @@ def view_start(
     return spans
 
 
-def _changed(mapped: MappedHistory, view: Sequence[Message], spans: Spans, scan: int) -> list[int]:
+def _changed(mapped: ViewSource, view: Sequence[Message], spans: Spans, scan: int) -> list[int]:
     """View positions from ``scan`` on whose message is not the internal one kept there
     (a C-speed scan)."""
     internal = mapped.internal
@@ -126,7 +141,7 @@ def _changed(mapped: MappedHistory, view: Sequence[Message], spans: Spans, scan:
 
 
 def _with_merges(
-    mapped: MappedHistory, changed: list[int], spans: Spans, low: int, length: int
+    mapped: ViewSource, changed: list[int], spans: Spans, low: int, length: int
 ) -> list[int]:
     """``changed`` with the view positions from ``low`` on of internal messages whose calls
     the dialect sends as one message (they are rebuilt, changed or not)."""
@@ -137,7 +152,7 @@ def _with_merges(
 
 
 def _walk(
-    mapped: MappedHistory,
+    mapped: ViewSource,
     view: Sequence[Message],
     runs: Spans,
     resume: int,
@@ -238,7 +253,7 @@ def _walk(
 
 
 def _answer_before_kept_out(
-    mapped: MappedHistory,
+    mapped: ViewSource,
     newest: Message,
     members: Sequence[int],
     out: list[Piece],
@@ -327,7 +342,7 @@ class ViewResume:
 
     def pieces(
         self,
-        mapped: MappedHistory,
+        mapped: ViewSource,
         view: Sequence[Message],
         deleted_range: Sequence[int] | None,
         missing_result: str,
@@ -365,7 +380,7 @@ class ViewResume:
         return Pieces(out, self._serial, kept, {mark[1] for mark in marks[new_marks:]}, resumed)
 
     def _resume_at(
-        self, mapped: MappedHistory, view: Sequence[Message], spans: Spans
+        self, mapped: ViewSource, view: Sequence[Message], spans: Spans
     ) -> tuple[int, int, int, tuple[int, int] | None]:
         """``(resume, scan, waiting, resumed)``: the view position to walk from, the first
         one to compare with the internal messages, the kept-out messages out before it, and
@@ -406,7 +421,7 @@ def _key(spans: Spans) -> tuple[object, ...]:
     return (*spans[:-1], spans[-1][::2])
 
 
-def rebuilt(mapped: MappedHistory, message: Message) -> Rebuilt:
+def rebuilt(mapped: ViewSource, message: Message) -> Rebuilt:
     """A changed internal view message as dialect messages, each with its history index."""
     dialect = mapped.dialect
     role: str = message["role"]

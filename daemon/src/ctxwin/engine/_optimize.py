@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ctxwin.proto import OptimizeFileReadsInMemoryResult, OptimizeFileReadsResult
 
@@ -22,9 +22,6 @@ from ._overlay import (
     update_text,
 )
 from ._reads import ReadRules, native_reads
-
-if TYPE_CHECKING:
-    from ._state import TaskState
 
 # JavaScript's \s, spelled out so that the header rule reads the same characters
 # as the reference strategy (Python's \s differs on \ufeff and \x1c-\x1f, \x85).
@@ -463,8 +460,24 @@ def optimize_file_reads(
     return Optimisation(True, percent < SAVINGS_NEEDED, percent, frozenset(indices))
 
 
+class OptimizeTask(Protocol):
+    """What the optimisation ops use of a task's state (``TaskState`` has it)."""
+
+    def optimize(self, messages: Sequence[Message], ts: int, whole: bool = False) -> Optimisation:
+        """Replace superseded file reads in the overlay, with no write asked for."""
+        ...
+
+    def mark_changed(self) -> None:
+        """Ask for a write."""
+        ...
+
+    def truncated_messages(self, messages: Sequence[Message]) -> list[Message]:
+        """The view of ``messages``."""
+        ...
+
+
 def optimize_task(
-    state: TaskState, messages: Sequence[Message], ts: int
+    state: OptimizeTask, messages: Sequence[Message], ts: int
 ) -> OptimizeFileReadsResult:
     """``optimize_file_reads``: replace superseded file reads after the task's range and
     persist (SPEC.md §6)."""
@@ -479,7 +492,7 @@ def optimize_task(
 
 
 def optimize_task_in_memory(
-    state: TaskState, messages: Sequence[Message], ts: int
+    state: OptimizeTask, messages: Sequence[Message], ts: int
 ) -> OptimizeFileReadsInMemoryResult:
     """``optimize_file_reads_in_memory``: as :func:`optimize_task` without asking for a
     write (SPEC.md §8); the view when something changed, else ``messages`` untouched."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ctxwin.proto import PrepareRequestResult
 
@@ -17,10 +17,28 @@ from ._blocks import Message, wire_view
 from ._budget import Budgeting, largest_messages, view_origins
 from ._ledger import Receipt
 
-if TYPE_CHECKING:
-    from ._state import TaskState
+__all__ = ["Request", "RequestTask", "ViewStrategy", "prepared"]
 
-__all__ = ["Request", "ViewStrategy", "prepared"]
+Task = TypeVar("Task", contravariant=True)
+"""The task state a strategy takes (the protocol of what it uses)."""
+
+
+class RequestTask(Protocol):
+    """What :func:`prepared` uses of a task's state (``TaskState`` has it)."""
+
+    @property
+    def deleted_range(self) -> list[int] | None:
+        """The inclusive ``[2, end]`` range of messages not sent, or None."""
+        ...
+
+    @property
+    def dropped(self) -> tuple[tuple[int, int], ...]:
+        """The deleted set's ranges."""
+        ...
+
+    def truncated_messages(self, messages: Sequence[Message]) -> list[Message]:
+        """The view of ``messages``."""
+        ...
 
 
 @dataclass(slots=True)
@@ -45,11 +63,11 @@ class Request:
     ts: int | None = None
 
 
-class ViewStrategy(Protocol):
+class ViewStrategy(Protocol[Task]):
     """What decides, before a request, whether and how the view changes."""
 
     def prepare(
-        self, state: TaskState, request: Request
+        self, state: Task, request: Request
     ) -> tuple[PrepareRequestResult, Sequence[Receipt]]:
         """Edit ``state`` for ``request`` (a change to write bumps its revision); the
         result with the view to send, and the receipts of the edits made."""
@@ -57,7 +75,7 @@ class ViewStrategy(Protocol):
 
 
 def prepared(
-    state: TaskState,
+    state: RequestTask,
     messages: Sequence[Message],
     range_updated: bool,
     stalled: bool,

@@ -14,24 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, Self, cast
 
-from ctxwin.proto import PlanResult, PrepareRequestResult, Strategy
+from ctxwin.proto import PlanResult, PrepareRequestResult, PriceSheet, Strategy
 
-from ._auto import AutoStrategy
+from ._auto import AutoStrategy, AutoTask
 from ._blocks import Message, text_of
 from ._budget import Budgeting, fit_range
-from ._cuts import add_truncation_notice, keep_newest
-from ._ledger import Receipt
+from ._cuts import CutTask, add_truncation_notice, keep_newest
+from ._ledger import CacheLedger, Receipt
 from ._optimize import TOOL_HEADER
 from ._overlay import EDIT_FILE_CHANGE, EDIT_FILE_MENTION, EDIT_READ_FILE, replaced_paths
 from ._range import Keep, next_truncation_range
 from ._request import Request, ViewStrategy, prepared
 from ._view import keep_from
 from ._window import context_window_info, total_tokens
-
-if TYPE_CHECKING:
-    from ._state import TaskState
 
 __all__ = [
     "STRATEGIES",
@@ -41,11 +38,41 @@ __all__ = [
     "prepare",
 ]
 
+
+class StrategyTask(AutoTask, CutTask, Protocol):
+    """What the strategies and ``plan`` use of a task's state (``TaskState`` has it)."""
+
+    @property
+    def deleted_range(self) -> list[int] | None:
+        """The inclusive ``[2, end]`` range of messages not sent, or None."""
+        ...
+
+    @deleted_range.setter
+    def deleted_range(self, value: Sequence[int] | None) -> None: ...
+
+    @property
+    def pricing(self) -> PriceSheet | None:
+        """The task's price sheet, once a request named one."""
+        ...
+
+    @pricing.setter
+    def pricing(self, sheet: PriceSheet | None) -> None: ...
+
+    @property
+    def ledger(self) -> CacheLedger:
+        """The views returned and their cost."""
+        ...
+
+    def clone(self) -> Self:
+        """An independent copy."""
+        ...
+
+
 MAX_REPORT_SCALE = 4.0
 """The most a report may scale ``fit``'s estimates up (bounded like calibration)."""
 
 
-def prepare(state: TaskState, request: Request) -> PrepareRequestResult:
+def prepare(state: StrategyTask, request: Request) -> PrepareRequestResult:
     """``prepare_request``: the request's strategy decides (:data:`STRATEGIES`); with a
     price sheet known, the view's cache figures are recorded in the task's ledger."""
     budgeting, previous = request.budgeting, request.previous_request
@@ -79,7 +106,7 @@ class SpecStrategy:
     """
 
     def prepare(
-        self, state: TaskState, request: Request
+        self, state: StrategyTask, request: Request
     ) -> tuple[PrepareRequestResult, Sequence[Receipt]]:
         limit = context_window_info(request.model).max_allowed_size
         trigger = None if request.use_auto_condense else self._trigger(state, request, limit)
@@ -90,7 +117,7 @@ class SpecStrategy:
         return result, ()
 
     @staticmethod
-    def _trigger(state: TaskState, request: Request, limit: float) -> tuple[float, int] | None:
+    def _trigger(state: StrategyTask, request: Request, limit: float) -> tuple[float, int] | None:
         """What crossed the window and when, or None: nothing to do (SPEC.md §7).
 
         The last request's reported total; with no request yet and proactive
@@ -106,7 +133,7 @@ class SpecStrategy:
         return None
 
     def _cut(
-        self, state: TaskState, request: Request, trigger: tuple[float, int], limit: float
+        self, state: StrategyTask, request: Request, trigger: tuple[float, int], limit: float
     ) -> tuple[bool, bool]:
         """Optimise, then cut when that is not enough (SPEC.md §7).
 
@@ -137,13 +164,13 @@ class SpecStrategy:
             state.mark_changed()
         return range_updated, stalled
 
-    def sizing(self, state: TaskState, request: Request, tokens: float) -> Budgeting | None:
+    def sizing(self, state: StrategyTask, request: Request, tokens: float) -> Budgeting | None:
         """The estimates the cut is sized with, taken before the file reads change
         (``tokens``: what crossed the window)."""
         return request.budgeting
 
     def proposal(
-        self, state: TaskState, messages: Sequence[Message], keep: Keep, cut: _Sizes
+        self, state: StrategyTask, messages: Sequence[Message], keep: Keep, cut: _Sizes
     ) -> list[int] | None:
         """The range the cut proposes: SPEC.md §3's ``keep`` from the current one."""
         return next_truncation_range(messages, state.deleted_range, keep)
@@ -153,7 +180,7 @@ class FitStrategy(SpecStrategy):
     """``fit``: SPEC.md §7's trigger; the cut removes the fewest whole turns that
     bring the estimate under ``Budgeting.target`` of the allowed size."""
 
-    def sizing(self, state: TaskState, request: Request, tokens: float) -> Budgeting | None:
+    def sizing(self, state: StrategyTask, request: Request, tokens: float) -> Budgeting | None:
         """Estimates at least as large as the provider's report says.
 
         A fit triggered by a reported usage must cut enough by the provider's
@@ -172,7 +199,7 @@ class FitStrategy(SpecStrategy):
         return replace(budgeting, ratio=budgeting.ratio * min(tokens / estimated, MAX_REPORT_SCALE))
 
     def proposal(
-        self, state: TaskState, messages: Sequence[Message], keep: Keep, cut: _Sizes
+        self, state: StrategyTask, messages: Sequence[Message], keep: Keep, cut: _Sizes
     ) -> list[int] | None:
         limit, sizing = cut
         assert sizing is not None
@@ -180,7 +207,7 @@ class FitStrategy(SpecStrategy):
         return fit_range(messages, state.deleted_range, state.overlay, budget, sizing)[0]
 
 
-STRATEGIES: dict[Strategy, ViewStrategy] = {
+STRATEGIES: dict[Strategy, ViewStrategy[StrategyTask]] = {
     "default": SpecStrategy(),
     "fit": FitStrategy(),
     "auto": AutoStrategy(),
@@ -189,7 +216,7 @@ STRATEGIES: dict[Strategy, ViewStrategy] = {
 
 
 def plan(
-    state: TaskState,
+    state: StrategyTask,
     messages: Sequence[Message],
     previous_request: Mapping[str, Any] | None,
     model: Mapping[str, Any],
@@ -221,7 +248,7 @@ def plan(
 
 
 def _new_file_reads(
-    state: TaskState, probe: TaskState, messages: Sequence[Message]
+    state: StrategyTask, probe: StrategyTask, messages: Sequence[Message]
 ) -> list[dict[str, Any]]:
     """The file reads ``probe`` replaced that ``state`` has not."""
     found: list[dict[str, Any]] = []

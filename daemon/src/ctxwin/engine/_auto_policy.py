@@ -1,0 +1,40 @@
+"""The settings of the ``auto`` strategy: a leaf, read by ``_auto.py`` and its planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_POLICY", "AutoPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class AutoPolicy:
+    """The settings of the ``auto`` strategy (docs/STRATEGIES.md says why each is what it is).
+
+    Attributes:
+        reserve: tokens kept free for the response (at least; a quarter more
+            than the largest response reported so far when that is larger).
+        recent_turns: results of the last this many user messages are not masked.
+        tail_turns: a rebuild keeps the last this many turns whole.
+        pin_share: the latest reads kept by a rebuild take at most this share of the budget.
+        ledger_share: the ledger takes at most this share of the budget.
+        rent_multiple: a rebuild is due when the rent reaches this many times its rewrite
+            cost (None: 1, the order-quantity optimum).
+        governor: voluntary edits only while the cached share stays above this.
+        big_message: a message above this share of the budget is shortened to
+            ``shortened`` of the budget before anything is cut for it.
+        shortened: see ``big_message``.
+    """
+
+    reserve: int = 2048
+    recent_turns: int = 1
+    tail_turns: int = 2
+    pin_share: float = 0.3
+    ledger_share: float = 0.05
+    rent_multiple: float | None = None
+    governor: float = 0.92
+    big_message: float = 0.5
+    shortened: float = 0.25
+
+
+DEFAULT_POLICY = AutoPolicy()
