@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import shlex
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -146,7 +147,9 @@ def _too_large(size: str) -> str:
     )
 
 
-_WORD = r"""(?:'|")?(?P<%s>[^\s|;&<>()`$'"\\]+)(?:'|")?"""
+_PLAIN = r"""[^\s|;&<>()`$'"\\*?]"""
+"""A character of a path word: no space, quote, shell operator, expansion or glob."""
+_WORD = r"""(?:'|")?(?P<%s>""" + _PLAIN + r"""+)(?:'|")?"""
 _COUNT = r"\s+(?:-n\s*|--lines=|-)"
 _SED = r"""sed\s+-n\s+(?:'|")?(?P<%s>\d+)(?:,(?P<%s>\d+))?p(?:'|")?"""
 
@@ -167,6 +170,52 @@ SHELL_READ_PATTERN = (
 optional ``cd DIR &&``, with an optional ``2>/dev/null``; a whole-file print
 may be piped into ``head`` or ``sed -n 'A,Bp'``, which makes it a range.
 """
+
+_LISTED_WORD = r"""(?:-[nc]|--lines|--bytes)\s+\+?\d+|'[^'\n]+'|"[^"$`\\\n]+"|""" + _PLAIN + "+"
+_SED_SCRIPT = r"""(?:'[^']*'|"[^"]*"|""" + _PLAIN + "+)"
+_REDIRECT = r"\s+(?:[012]?>>?|&>)\s*(?:&[012]|" + _PLAIN + "+)"
+
+LISTED_READ_PATTERN = (
+    r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*=" + _PLAIN + r"*\s+)*(?:" + _PLAIN + r"*/)?"
+    r"(?:cat|nl|head|tail|less|more|bat"
+    r"|sed\s+-[A-Za-hj-z]*n[A-Za-hj-z]*(?:\s+-e)?\s+" + _SED_SCRIPT + r")"
+    r"(?P<words>(?:\s+(?:" + _LISTED_WORD + r"))+)(?:" + _REDIRECT + r")*\s*(?:\|.*)?$"
+)
+"""One command of a chain that prints files whole or in part, for the task ledger's files read.
+
+What :data:`SHELL_READ_PATTERN` reads, widened: several paths, any flags,
+``less``, ``more`` and ``bat``, any ``sed -n`` script, ``VAR=value`` and a
+directory before the program, any redirection, anything piped after.
+"""
+
+_CHAIN = re.compile(r"&&|\|\||;|\n")
+_LISTED_WORD_RE = re.compile(_LISTED_WORD)
+_LISTED_READ = cast(_Pattern, re2.compile(LISTED_READ_PATTERN, _RE2_OPTIONS))
+
+
+def shell_reads(command: str) -> tuple[str, ...]:
+    """The paths a shell command prints whole or in part, in order, each once.
+
+    Each command of a ``&&``, ``||`` or ``;`` chain (or of several lines) is
+    matched by :data:`LISTED_READ_PATTERN`; a command the duplicate-read pass
+    reads (:data:`SHELL_READ_PATTERN`) lists its path, as given (``cd DIR``
+    is a command of its own here, not joined). Globs, expansions, ``-`` and
+    ``/dev/null`` are no paths.
+    """
+    paths: list[str] = []
+    for part in _CHAIN.split(command):
+        if len(part) > MAX_SUBJECT_CHARS:
+            continue  # no command that prints a few files is this long
+        match = _LISTED_READ.fullmatch(part)
+        if match is None:
+            continue
+        for word in _LISTED_WORD_RE.finditer(match.group("words") or ""):
+            path = word.group().strip("'\"")
+            if path.startswith("-") or path == "/dev/null" or path in paths:
+                continue
+            paths.append(path)
+    return tuple(paths)
+
 
 SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
 """Shells whose ``-c``/``-lc`` argv (``["bash", "-lc", "cat a"]``) runs the command given."""
