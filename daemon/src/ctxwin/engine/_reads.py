@@ -311,8 +311,9 @@ class ReadTool:
         if self.pattern is not None and self.compiled is None:
             object.__setattr__(self, "compiled", compile_pattern(self.pattern))
 
-    def key(self, arguments: object) -> str | None:
-        """What this call reads (calls with the same key read the same thing), or None."""
+    def _called(self, arguments: object) -> tuple[str, _Match | None] | None:
+        """The call's path argument (a shell tool's command) and, for a shell tool, the
+        pattern's match of it; None when the call reads no file."""
         if not isinstance(arguments, Mapping):
             return None
         value = arguments.get(self.arg)
@@ -323,12 +324,29 @@ class ReadTool:
         for name, wanted in self.when:
             if arguments.get(name) != wanted:
                 return None
-        if self.compiled is not None:
-            if len(value) > MAX_SUBJECT_CHARS:
-                return None  # no command that prints one file is this long
-            match = self.compiled.fullmatch(value)
-            if match is None:
-                return None
+        if self.compiled is None:
+            return value, None
+        if len(value) > MAX_SUBJECT_CHARS:
+            return None  # no command that prints one file is this long
+        match = self.compiled.fullmatch(value)
+        return None if match is None else (value, match)
+
+    def path(self, arguments: object) -> str | None:
+        """The path this call reads, as the call gives it (no ``cd`` or ``workdir`` joined),
+        or None."""
+        called = self._called(arguments)
+        if called is None:
+            return None
+        value, match = called
+        return value if match is None else (match.group("path") or None)
+
+    def key(self, arguments: object) -> str | None:
+        """What this call reads (calls with the same key read the same thing), or None."""
+        called = self._called(arguments)
+        if called is None or not isinstance(arguments, Mapping):
+            return None
+        value, match = called
+        if self.compiled is not None and match is not None:
             base = arguments.get("workdir")
             return shell_read_key(
                 match, self.compiled.groupindex, value, base if isinstance(base, str) else None

@@ -289,21 +289,11 @@ def _key_argument(tool: str, arguments: object) -> tuple[str | None, str | None]
 
 def _rule_read(rules: ReadRules, tool: str, arguments: object) -> str | None:
     """The path a configured read tool reads with ``arguments``, or None."""
-    if not isinstance(arguments, dict):
-        return None
     for rule in rules.tools:
-        if rule.name != tool:
-            continue
-        value = arguments.get(rule.arg)
-        if not isinstance(value, str) or not value:
-            continue
-        if any(arguments.get(name) != wanted for name, wanted in rule.when):
-            continue
-        if rule.compiled is None:
-            return value
-        match = rule.compiled.fullmatch(value) if len(value) <= 4096 else None
-        if match is not None:
-            return match.group("path")
+        if rule.name == tool:
+            path = rule.path(arguments)
+            if path is not None:
+                return path
     return None
 
 
