@@ -4,6 +4,10 @@ In the Cline dialect a read is recognised by the ``[read_file for '...']``
 header of its result (SPEC.md §6). In the other dialects a read is a tool
 call whose name and arguments name a file, from a table of :class:`ReadTool`
 entries; its result is the ``tool_result`` that answers the call.
+
+The task ledger's files read come from here too: :meth:`ReadTool.path` for
+the read tools, :func:`shell_reads` for any shell command, built from the same
+pieces as :data:`SHELL_READ_PATTERN`.
 """
 
 from __future__ import annotations
