@@ -86,35 +86,47 @@ def test_a_later_partial_read_does_not_supersede_a_full_one(dialect: str) -> Non
     assert [1] == _replaced(dialect, calls)
 
 
-@pytest.mark.parametrize(
-    ("command", "key"),
-    [
-        ("cat src/a.py", "src/a.py"),
-        ("cat -n src/a.py 2>/dev/null", "src/a.py"),
-        ("nl -ba src/a.py", "src/a.py"),
-        ("cd /repo && cat src/a.py", "/repo/src/a.py"),
-        ("cd /repo && cat /etc/hosts", "/etc/hosts"),
-        ("  head -n 20 src/a.py ", "src/a.py#lines=1-20"),
-        ("head -20 src/a.py", "src/a.py#lines=1-20"),
-        ("head src/a.py", "src/a.py#lines=1-10"),
-        ("tail -5 log.txt", "log.txt#last=5"),
-        ("tail -n +40 log.txt", "log.txt#lines=40-"),
-        ("sed -n '1,20p' a/b.c", "a/b.c#lines=1-20"),
-        ('sed -n "7p" a/b.c', "a/b.c#lines=7-7"),
-        ("nl -ba a.py | sed -n '10,40p'", "a.py#lines=10-40"),
-        ("cat a.py | head -n 5", "a.py#lines=1-5"),
-        ("head -n 3 a.py | sed -n 1,2p", None),
-        ("cat a.py | grep x", None),
-        ("cat a.py b.py", None),
-        ("cat a.py; rm b.py", None),
-        ("cat $(ls)", None),
-        ("sed -n '/x/p' a.py", None),
-        ("rm a.py", None),
-    ],
-)
+KEYED = [
+    ("cat src/a.py", "src/a.py"),
+    ("cat -n src/a.py 2>/dev/null", "src/a.py"),
+    ("nl -ba src/a.py", "src/a.py"),
+    ("cd /repo && cat src/a.py", "/repo/src/a.py"),
+    ("cd /repo && cat /etc/hosts", "/etc/hosts"),
+    ("  head -n 20 src/a.py ", "src/a.py#lines=1-20"),
+    ("head -20 src/a.py", "src/a.py#lines=1-20"),
+    ("head src/a.py", "src/a.py#lines=1-10"),
+    ("tail -5 log.txt", "log.txt#last=5"),
+    ("tail -n +40 log.txt", "log.txt#lines=40-"),
+    ("sed -n '1,20p' a/b.c", "a/b.c#lines=1-20"),
+    ('sed -n "7p" a/b.c', "a/b.c#lines=7-7"),
+    ("nl -ba a.py | sed -n '10,40p'", "a.py#lines=10-40"),
+    ("cat a.py | head -n 5", "a.py#lines=1-5"),
+    ("head -n 3 a.py | sed -n 1,2p", None),
+    ("cat a.py | grep x", None),
+    ("cat a.py b.py", None),
+    ("cat a.py; rm b.py", None),
+    ("cat $(ls)", None),
+    ("sed -n '/x/p' a.py", None),
+    ("rm a.py", None),
+    ("cat src/*.py", None),
+    ("head -n 5 'a?.py'", None),
+]
+
+
+@pytest.mark.parametrize(("command", "key"), KEYED)
 def test_the_shell_pattern_keys_a_path_and_its_range(command: str, key: str | None) -> None:
     """The built-in pattern reads the path of one file printed, with the range printed."""
     assert key == engine.DEFAULT_READ_RULES.key("Bash", {"command": command})
+
+
+@pytest.mark.parametrize("command", [command for command, key in KEYED if key is not None])
+def test_every_shell_read_is_a_file_the_ledger_lists(command: str) -> None:
+    """A command the duplicate-read pass reads lists that path among the ledger's files read."""
+    from ctxwin.engine import _reads
+
+    match = _reads.compile_pattern(_reads.SHELL_READ_PATTERN).fullmatch(command)
+    assert match is not None
+    assert (match.group("path"),) == engine.shell_reads(command)
 
 
 @pytest.mark.parametrize(

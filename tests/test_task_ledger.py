@@ -211,11 +211,16 @@ def test_long_instructions_are_capped_with_what_was_cut_said() -> None:
         ("curl -s http://localhost:3000 | head -5", ()),
         ("sed -i 's/a/b/' src/a.py", ()),
         ("cat *.py", ()),
+        ("FOO=1 /usr/bin/less -R a.md; bat --paging=never b.rs", ("a.md", "b.rs")),
+        ("cat a.py > b.py || more 'my notes.txt'", ("a.py", "my notes.txt")),
+        ("sed -n -e '/def /p' a.py && head a.txt -n 5", ("a.py", "a.txt")),
+        ("cat a.py 2>&1 | grep x && cat - /dev/null $HOME/x", ("a.py",)),
+        ("sed -i -n 1p a.py", ()),
     ],
 )
 def test_shell_reads_are_the_files_a_command_prints(command: str, paths: tuple[str, ...]) -> None:
-    """A shell command reads the files ``cat``, ``sed -n``, ``head``, ``tail`` or ``nl`` print,
-    and nothing else."""
+    """A shell command reads the files ``cat``, ``sed -n``, ``head``, ``tail``, ``nl``, ``less``,
+    ``more`` or ``bat`` print, and nothing else."""
     assert paths == shell_reads(command)
 
 

@@ -31,12 +31,13 @@ from ._reads import (
     compile_pattern,
     read_tool_from_config,
     read_tool_pattern,
+    shell_reads,
 )
 from ._request import Request, ViewStrategy
 from ._state import TaskState
 from ._strategy import STRATEGIES, plan
 from ._summary import SUMMARY_MARK, SUMMARY_PROMPT, Summary, basic_summary, summary_prompt
-from ._task_ledger import shell_reads, task_ledger, user_instructions
+from ._task_ledger import task_ledger, user_instructions
 from ._view import keep_from, truncated_messages
 from ._window import (
     CompactDecision,

@@ -4,12 +4,17 @@ In the Cline dialect a read is recognised by the ``[read_file for '...']``
 header of its result (SPEC.md §6). In the other dialects a read is a tool
 call whose name and arguments name a file, from a table of :class:`ReadTool`
 entries; its result is the ``tool_result`` that answers the call.
+
+The task ledger's files read come from here too: :meth:`ReadTool.path` for
+the read tools, :func:`shell_reads` for any shell command, built from the same
+pieces as :data:`SHELL_READ_PATTERN`.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
+import re
 import shlex
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -146,7 +151,9 @@ def _too_large(size: str) -> str:
     )
 
 
-_WORD = r"""(?:'|")?(?P<%s>[^\s|;&<>()`$'"\\]+)(?:'|")?"""
+_PLAIN = r"""[^\s|;&<>()`$'"\\*?]"""
+"""A character of a path word: no space, quote, shell operator, expansion or glob."""
+_WORD = r"""(?:'|")?(?P<%s>""" + _PLAIN + r"""+)(?:'|")?"""
 _COUNT = r"\s+(?:-n\s*|--lines=|-)"
 _SED = r"""sed\s+-n\s+(?:'|")?(?P<%s>\d+)(?:,(?P<%s>\d+))?p(?:'|")?"""
 
@@ -167,6 +174,52 @@ SHELL_READ_PATTERN = (
 optional ``cd DIR &&``, with an optional ``2>/dev/null``; a whole-file print
 may be piped into ``head`` or ``sed -n 'A,Bp'``, which makes it a range.
 """
+
+_LISTED_WORD = r"""(?:-[nc]|--lines|--bytes)\s+\+?\d+|'[^'\n]+'|"[^"$`\\\n]+"|""" + _PLAIN + "+"
+_SED_SCRIPT = r"""(?:'[^']*'|"[^"]*"|""" + _PLAIN + "+)"
+_REDIRECT = r"\s+(?:[012]?>>?|&>)\s*(?:&[012]|" + _PLAIN + "+)"
+
+LISTED_READ_PATTERN = (
+    r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*=" + _PLAIN + r"*\s+)*(?:" + _PLAIN + r"*/)?"
+    r"(?:cat|nl|head|tail|less|more|bat"
+    r"|sed\s+-[A-Za-hj-z]*n[A-Za-hj-z]*(?:\s+-e)?\s+" + _SED_SCRIPT + r")"
+    r"(?P<words>(?:\s+(?:" + _LISTED_WORD + r"))+)(?:" + _REDIRECT + r")*\s*(?:\|.*)?$"
+)
+"""One command of a chain that prints files whole or in part, for the task ledger's files read.
+
+What :data:`SHELL_READ_PATTERN` reads, widened: several paths, any flags,
+``less``, ``more`` and ``bat``, any ``sed -n`` script, ``VAR=value`` and a
+directory before the program, any redirection, anything piped after.
+"""
+
+_CHAIN = re.compile(r"&&|\|\||;|\n")
+_LISTED_WORD_RE = re.compile(_LISTED_WORD)
+_LISTED_READ = cast(_Pattern, re2.compile(LISTED_READ_PATTERN, _RE2_OPTIONS))
+
+
+def shell_reads(command: str) -> tuple[str, ...]:
+    """The paths a shell command prints whole or in part, in order, each once.
+
+    Each command of a ``&&``, ``||`` or ``;`` chain (or of several lines) is
+    matched by :data:`LISTED_READ_PATTERN`; a command the duplicate-read pass
+    reads (:data:`SHELL_READ_PATTERN`) lists its path, as given (``cd DIR``
+    is a command of its own here, not joined). Globs, expansions, ``-`` and
+    ``/dev/null`` are no paths.
+    """
+    paths: list[str] = []
+    for part in _CHAIN.split(command):
+        if len(part) > MAX_SUBJECT_CHARS:
+            continue  # no command that prints a few files is this long
+        match = _LISTED_READ.fullmatch(part)
+        if match is None:
+            continue
+        for word in _LISTED_WORD_RE.finditer(match.group("words") or ""):
+            path = word.group().strip("'\"")
+            if path.startswith("-") or path == "/dev/null" or path in paths:
+                continue
+            paths.append(path)
+    return tuple(paths)
+
 
 SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
 """Shells whose ``-c``/``-lc`` argv (``["bash", "-lc", "cat a"]``) runs the command given."""
@@ -262,8 +315,9 @@ class ReadTool:
         if self.pattern is not None and self.compiled is None:
             object.__setattr__(self, "compiled", compile_pattern(self.pattern))
 
-    def key(self, arguments: object) -> str | None:
-        """What this call reads (calls with the same key read the same thing), or None."""
+    def _called(self, arguments: object) -> tuple[str, _Match | None] | None:
+        """The call's path argument (a shell tool's command) and, for a shell tool, the
+        pattern's match of it; None when the call reads no file."""
         if not isinstance(arguments, Mapping):
             return None
         value = arguments.get(self.arg)
@@ -274,12 +328,29 @@ class ReadTool:
         for name, wanted in self.when:
             if arguments.get(name) != wanted:
                 return None
-        if self.compiled is not None:
-            if len(value) > MAX_SUBJECT_CHARS:
-                return None  # no command that prints one file is this long
-            match = self.compiled.fullmatch(value)
-            if match is None:
-                return None
+        if self.compiled is None:
+            return value, None
+        if len(value) > MAX_SUBJECT_CHARS:
+            return None  # no command that prints one file is this long
+        match = self.compiled.fullmatch(value)
+        return None if match is None else (value, match)
+
+    def path(self, arguments: object) -> str | None:
+        """The path this call reads, as the call gives it (no ``cd`` or ``workdir`` joined),
+        or None."""
+        called = self._called(arguments)
+        if called is None:
+            return None
+        value, match = called
+        return value if match is None else (match.group("path") or None)
+
+    def key(self, arguments: object) -> str | None:
+        """What this call reads (calls with the same key read the same thing), or None."""
+        called = self._called(arguments)
+        if called is None or not isinstance(arguments, Mapping):
+            return None
+        value, match = called
+        if self.compiled is not None and match is not None:
             base = arguments.get("workdir")
             return shell_read_key(
                 match, self.compiled.groupindex, value, base if isinstance(base, str) else None

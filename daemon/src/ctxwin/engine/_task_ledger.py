@@ -12,18 +12,16 @@ summary is this ledger, with the assistant's conclusions when room is left.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ._blocks import Block, Message
-from ._reads import DEFAULT_READ_RULES, ReadRules
+from ._reads import DEFAULT_READ_RULES, ReadRules, shell_reads
 
 __all__ = [
     "Gone",
     "LedgerCall",
     "ledger_calls",
-    "shell_reads",
     "task_ledger",
     "typed_parts",
     "user_instructions",
@@ -121,11 +119,6 @@ _WRITE_TOOLS = frozenset(
 )
 _EDITORS = frozenset({"str_replace_based_edit_tool", "str_replace_editor"})
 _EDITOR_WRITES = frozenset({"create", "str_replace", "insert", "undo_edit"})
-_SHELL_READERS = frozenset({"cat", "head", "tail", "nl", "less", "more", "bat"})
-_SEGMENT_CAP = 1000  # no command that prints a few files is longer
-_READER_START = re.compile(
-    r"\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:\S*/)?(?:cat|head|tail|nl|less|more|bat|sed)\s"
-)
 _PATCH_FILE = re.compile(r"^\*\*\* (?:Update|Add|Delete) File: (.+)$", re.MULTILINE)
 
 
@@ -294,89 +287,13 @@ def _key_argument(tool: str, arguments: object) -> tuple[str | None, str | None]
     return None, None
 
 
-def shell_reads(command: str) -> tuple[str, ...]:
-    """The files a shell command prints whole or in part (``cat``, ``head``, ``tail``,
-    ``nl``, ``sed -n``, ``less``, ``bat``; each command of a ``&&``/``;`` chain, the first
-    of a pipe)."""
-    paths: list[str] = []
-    for segment in re.split(r"&&|\|\||;|\n", command):
-        first = segment.split("|", 1)[0]
-        if len(first) > _SEGMENT_CAP or _READER_START.match(first) is None:
-            continue  # not a command that prints a file: no need to split it
-        try:
-            words = shlex.split(first)
-        except ValueError:
-            continue
-        while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
-            words = words[1:]  # VAR=value before the command
-        if not words:
-            continue
-        name = words[0].rsplit("/", 1)[-1]
-        rest = words[1:]
-        if name == "sed":
-            if "-n" not in rest and not any(w.startswith("-n") for w in rest):
-                continue
-            script_given = False
-            files: list[str] = []
-            skip = False
-            for word in rest:
-                if skip:
-                    skip, script_given = False, True
-                    continue
-                if word in ("-e", "--expression"):
-                    skip = True
-                elif word.startswith("-"):
-                    continue
-                elif not script_given:
-                    script_given = True
-                else:
-                    files.append(word)
-            candidates = files
-        elif name in _SHELL_READERS:
-            candidates = []
-            skip = False
-            for word in rest:
-                if skip:
-                    skip = False
-                    continue
-                if word in ("-n", "-c", "--lines", "--bytes"):
-                    skip = True
-                elif not word.startswith("-"):
-                    candidates.append(word)
-        else:
-            continue
-        redirect = False
-        for word in candidates:
-            if redirect:
-                redirect = False
-                continue
-            if word in (">", ">>", "<", "2>", "&>"):
-                redirect = True
-                continue
-            if any(mark in word for mark in "<>*?$`") or word in ("/dev/null", "-"):
-                continue
-            if word not in paths:
-                paths.append(word)
-    return tuple(paths)
-
-
 def _rule_read(rules: ReadRules, tool: str, arguments: object) -> str | None:
     """The path a configured read tool reads with ``arguments``, or None."""
-    if not isinstance(arguments, dict):
-        return None
     for rule in rules.tools:
-        if rule.name != tool:
-            continue
-        value = arguments.get(rule.arg)
-        if not isinstance(value, str) or not value:
-            continue
-        if any(arguments.get(name) != wanted for name, wanted in rule.when):
-            continue
-        if rule.compiled is None:
-            return value
-        match = rule.compiled.fullmatch(value) if len(value) <= 4096 else None
-        if match is not None:
-            return match.group("path")
+        if rule.name == tool:
+            path = rule.path(arguments)
+            if path is not None:
+                return path
     return None
 
 
