@@ -21,7 +21,7 @@ other shapes with ``--shape``.
 Run::
 
     CTXWIN_CORPUS=../shared/corpus .venv/bin/python -m bench.memory   # table, median of 3 runs
-    .venv/bin/python -m bench.memory --corpus ../shared/corpus --repeat 1 --json
+    .venv/bin/python -m bench.memory --corpus FOLDER --repeat 1 --json  # the corpus folder
     .venv/bin/python -m bench.memory --shape tiny --shape blocks      # no corpus needed
 """
 

@@ -7,32 +7,9 @@ from typing import Any
 from bench import _cost_columns as columns
 from bench._cost_goals import check, geometric_mean
 from ctxwin.engine import user_instructions
+from tests._messages import call, result, user
 
 Message = dict[str, Any]
-
-
-def user(text: str) -> Message:
-    return {"role": "user", "content": [{"type": "text", "text": text}]}
-
-
-def call(tool_id: str, name: str, arguments: dict[str, Any]) -> Message:
-    return {
-        "role": "assistant",
-        "content": [{"type": "tool_use", "id": tool_id, "name": name, "input": arguments}],
-    }
-
-
-def result(tool_id: str, text: str) -> Message:
-    return {
-        "role": "user",
-        "content": [
-            {
-                "type": "tool_result",
-                "tool_use_id": tool_id,
-                "content": [{"type": "text", "text": text}],
-            }
-        ],
-    }
 
 
 def kept(history: list[Message], view: list[Message], dialect: str) -> tuple[float, float]:

@@ -22,6 +22,7 @@ from ctxwin.engine import (
 )
 from ctxwin.engine._auto import _Turn
 from ctxwin.engine._auto_edits import Planner
+from tests._messages import call, result, user
 
 Message = dict[str, Any]
 WINDOW = 20_000
@@ -44,30 +45,6 @@ def chars(message: Message) -> int:
         elif kind == "tool_result":
             total += sum(len(part.get("text", "")) for part in block["content"])
     return total
-
-
-def user(text: str) -> Message:
-    return {"role": "user", "content": [{"type": "text", "text": text}]}
-
-
-def call(tool_id: str, name: str, arguments: dict[str, Any]) -> Message:
-    return {
-        "role": "assistant",
-        "content": [{"type": "tool_use", "id": tool_id, "name": name, "input": arguments}],
-    }
-
-
-def result(tool_id: str, text: str) -> Message:
-    return {
-        "role": "user",
-        "content": [
-            {
-                "type": "tool_result",
-                "tool_use_id": tool_id,
-                "content": [{"type": "text", "text": text}],
-            }
-        ],
-    }
 
 
 def conversation(
@@ -250,9 +227,9 @@ def test_pinned_latest_reads_survive_every_rebuild() -> None:
     assert len(rebuilds) >= 2
     big = "Read:0:" + "y" * 3000
     newer = "Read:5:" + "y" * 600
-    for sent, result in replies:
-        view: list[Any] = result["messages"]
-        assert result["estimated_tokens"] <= BUDGET
+    for sent, answer in replies:
+        view: list[Any] = answer["messages"]
+        assert answer["estimated_tokens"] <= BUDGET
         if len(sent) > 4:
             assert big in texts(view)  # whole, wherever its turn stands
         if len(sent) > 16:
@@ -296,10 +273,10 @@ def test_a_rebuild_waits_for_the_rent_to_reach_its_rewrite_cost() -> None:
     steps = replay(state)
     rebuilt = [n for n, (_, _, r) in enumerate(steps) if r.get("receipts")]
     assert rebuilt
-    for n, (_, rewrite, result) in enumerate(steps):
+    for n, (_, rewrite, answer) in enumerate(steps):
         if n in rebuilt:
             rent = steps[n][0]
-            (receipt,) = result["receipts"]
+            (receipt,) = answer["receipts"]
             assert receipt["kind"] == "rebuild"
             owed = rent + sheet.cache_read * receipt["saved_tokens"]
             assert owed >= price * receipt["rewrite_tokens"]
