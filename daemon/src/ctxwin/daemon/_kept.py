@@ -1,10 +1,16 @@
-"""What a task keeps of the history it was sent: delta sync, estimates, view patches.
+"""What a task keeps of the history it was sent: delta sync, its internal form, view patches.
 
 The history as last sent (with its digest chain and per-message token
 counts) is kept while memory allows (:class:`HistoryCache`, least recently
 used under a byte cap); a delta applies to it, a request that opts in gets
-token estimates from it, and a ``patch`` view is answered against it. The
-calibration (reported over estimated tokens) is kept beside it.
+token estimates from it, and a ``patch`` view is answered against it. A
+native dialect's history is kept in the internal form beside it, and a
+view is mapped back from that form here (:meth:`KeptHistory.view_back`).
+
+An eviction drops the history and everything made from it. What the task
+itself keeps is not here, so none of it goes with the history: its
+calibration is its session's (``_calibration.py``), the basis of its range
+and edits its :class:`ctxwin.engine.TaskState`'s (``_basis.py``).
 """
 
 from __future__ import annotations
@@ -21,10 +27,7 @@ from ._tokens import TokenCounter
 __all__ = [
     "HistoryCache",
     "KeptHistory",
-    "engine_target",
-    "inspected_view",
     "overlay_sources",
-    "record_basis",
 ]
 
 _log = structlog.get_logger("ctxwin.daemon.actors")
@@ -33,7 +36,7 @@ _PATCH_VIEWS = ("patch", "patch_prepend")
 
 
 class KeptHistory:
-    """The kept history and calibration of one task.
+    """The kept history of one task: the cache's entry for it.
 
     Args:
         task: the task id (for errors and logs).
@@ -47,9 +50,6 @@ class KeptHistory:
         self._cache = cache
         self._tokens = tokens
         self.history: engine.History | None = None
-        self.calibration = engine.Calibration()
-        self._estimate: tuple[int, float] | None = None  # (estimate, ratio) of the last view
-        self._calibrated_by: tuple[Any, ...] | None = None
         self.patches = engine.PatchMaker()  # views sent as patches, and what they carried
         # The task's dialect; a native one's history in the engine's internal form is
         # kept in step with the history (docs/DIALECTS.md), None for the Cline dialect.
@@ -95,16 +95,6 @@ class KeptHistory:
         if not self.dialect.native or history is None:
             return None
         return self._mapped(op, history, args.get("base", 0) if "append" in args else 0)
-
-    def forget_estimate(self) -> None:
-        """A ``prepare_request`` is under way: the next report is of its view, and calibrates
-        only against that view's estimate (:meth:`note_estimate`)."""
-        self._estimate = None
-
-    def note_estimate(self, result: dict[str, Any]) -> None:
-        """Keep the estimate of the view a ``prepare_request`` answered with, if it made one."""
-        if "estimated_tokens" in result:
-            self._estimate = (result["estimated_tokens"], self.calibration.ratio)
 
     def kept_out_tokens(self, mapped: engine.MappedHistory) -> int:
         """Tokens of the kept-out (system) messages, sent with every view; counted as
@@ -165,9 +155,7 @@ class KeptHistory:
                     result["patch"] = patch
             return result
         assert history is not None
-        largest = result.get("largest")
-        if largest:
-            result["largest"] = [[mapped.history_index(i), tokens] for i, tokens in largest]
+        _map_history_indices(op, result, mapped)
         if "messages" not in result:
             return result
         if op == "optimize_file_reads_in_memory" and not result["changed"]:
@@ -254,17 +242,15 @@ class KeptHistory:
             self.history.settle()
             self._cache.update(self)
 
-    def calibrate(self, usage: dict[str, Any] | None) -> None:
-        """Fold a reported usage into the ratio, against the estimate of that request's view."""
-        if usage is None or self._estimate is None:
-            return
-        key = tuple(usage.get(field) for field in ("ts", *proto.USAGE_FIELDS))
-        if key == self._calibrated_by:
-            return  # the same report again (a retried call): counted once
-        self._calibrated_by = key
-        estimate, ratio = self._estimate
-        real = sum(usage.get(field) or 0 for field in ("tokens_in", "cache_writes", "cache_reads"))
-        self.calibration.update(real, round(estimate / ratio))
+
+def _map_history_indices(op: str, result: dict[str, Any], mapped: engine.MappedHistory) -> None:
+    """Map the result fields ``op`` declares to name history indices
+    (``proto.OPS[op].history_indices``, each a list of ``[index, ...]``) from the
+    internal form's indices to the caller's history indices, in place."""
+    for name in proto.OPS[op].history_indices:
+        entries = result.get(name)
+        if entries:
+            result[name] = [[mapped.history_index(entry[0]), *entry[1:]] for entry in entries]
 
 
 def overlay_sources(mapped: engine.MappedHistory, overlay: engine.Overlay) -> list[list[Any]]:
@@ -286,117 +272,6 @@ def overlay_sources(mapped: engine.MappedHistory, overlay: engine.Overlay) -> li
             if text is not None and isinstance(source, int):
                 found.append([index, block, source, text])
     return found
-
-
-def inspected_view(state: engine.TaskState, messages: list[Any]) -> dict[str, Any]:
-    """What a request with ``messages`` would now be answered with (``inspect`` given them),
-    worked out on a copy of the task: nothing of the task, its kept history or its
-    calibration changes.
-
-    Returns:
-        ``view``: the view, in the task's dialect; in a native dialect
-        ``origins`` (the history index of each view message, None for one the
-        view added) and ``sources`` (as :meth:`KeptHistory.sources`, of these
-        messages); ``restarted``: true when these are not the history the
-        task's range and edits were made on (the view is then built afresh, as
-        the next history op would build it).
-
-    Raises:
-        ProtocolError: ``bad_request`` naming a message the dialect cannot carry.
-    """
-    dialect = state.dialect
-    copy = state.clone()
-    mapped: engine.MappedHistory | None = None
-    if dialect.native:
-        mapped = engine.MappedHistory(dialect)
-        try:
-            mapped.sync(messages)
-        except engine.DialectError as exc:
-            raise dialect_refused("inspect", dialect, exc) from None
-    result: dict[str, Any] = {}
-    if _restarted(copy, None, mapped, {"messages": messages}):
-        copy.start_over()
-        result["restarted"] = True
-    if mapped is None:
-        result["view"] = copy.truncated_messages(messages)
-        return result
-    view = copy.truncated_messages(mapped.internal)
-    missing = copy.notices.missing_result
-    result["view"], result["origins"] = mapped.view_with_origins(view, copy.deleted_range, missing)
-    result["sources"] = overlay_sources(mapped, copy.overlay)
-    return result
-
-
-def engine_target(
-    state: engine.TaskState,
-    op: str,
-    args: dict[str, Any],
-    history: engine.History | None,
-    mapped: engine.MappedHistory | None,
-) -> tuple[engine.TaskState, bool]:
-    """The state an op runs on, and whether the task starts over on it: when the history
-    is not the one its range and edits were made on (and the caller sets no range), the
-    task starts over (``plan`` on a copy: it says what would happen, changing nothing)."""
-    if "deleted_range" in args or not _restarted(state, history, mapped, args):
-        return state, False
-    target = state.clone() if op == "plan" else state
-    target.start_over()
-    return target, True
-
-
-def _restarted(
-    state: engine.TaskState,
-    history: engine.History | None,
-    mapped: engine.MappedHistory | None,
-    args: dict[str, Any],
-) -> bool:
-    """Whether the history is not the one the task's range and overlay were made on.
-
-    It is not when it is shorter than the prefix they were made on, or when
-    that prefix has another digest: the caller restarted or rewound the
-    conversation under the same task id.
-    """
-    basis = state.basis
-    messages: list[Any] = history.messages if history is not None else args["messages"]
-    if basis is None:
-        # Stored before bases were kept: only a range reaching the history's end shows it.
-        deleted = state.deleted_range
-        count = len(mapped.internal) if mapped is not None else len(messages)
-        return deleted is not None and deleted[1] + 1 >= count
-    length, digest = basis
-    if len(messages) < length:
-        return True
-    return _prefix_digest(history, messages, length) != digest
-
-
-def record_basis(
-    state: engine.TaskState,
-    revision: tuple[int, int],
-    explicit: bool,
-    history: engine.History | None,
-    mapped: engine.MappedHistory | None,
-    args: dict[str, Any],
-) -> None:
-    """Note the history prefix the task's range and overlay now refer to, when they changed
-    (or the caller set the range: it vouches for this history)."""
-    extent = state.extent
-    if extent == 0:
-        state.basis = None
-        return
-    unchanged = (state.revision, state.overlay.version) == revision
-    if state.basis is not None and unchanged and not explicit:
-        return  # checked against this history before the op, and unchanged by it
-    messages: list[Any] = history.messages if history is not None else args["messages"]
-    length = mapped.history_length(extent) if mapped is not None else min(extent, len(messages))
-    state.basis = (length, _prefix_digest(history, messages, length))
-
-
-def _prefix_digest(history: engine.History | None, messages: list[Any], length: int) -> bytes:
-    """The digest of the first ``length`` messages: from the kept history's chain, or
-    hashed from the list the request sent when no history is kept."""
-    if history is not None:
-        return history.digest_of(length)
-    return proto.DigestChain(messages[:length]).digest(length)
 
 
 RESIDENT_PER_BYTE = 5

@@ -34,8 +34,10 @@ import structlog
 
 from ctxwin import engine, proto
 
+from ._basis import engine_target, inspected_view, record_basis
+from ._calibration import TaskCalibration
 from ._errors import ActorStoppedError
-from ._kept import HistoryCache, KeptHistory, engine_target, inspected_view, record_basis
+from ._kept import HistoryCache, KeptHistory
 from ._ops import HISTORY_OPS, asks_estimates, run_task_op
 from ._patterns import PatternCompiler
 from ._schedule import FlushError, WriteCounters, WriteSchedule
@@ -95,6 +97,9 @@ class TaskSession:
         self._on_lost = lost
         self.state: engine.TaskState | None = None
         self.closed = False  # a close was answered: the actor takes no more requests
+        # The task's own, for as long as its actor runs (stored with its state); the kept
+        # history is the cache's entry, which an eviction empties while the task lives.
+        self.calibration = TaskCalibration()
         self.kept = KeptHistory(task=task, cache=services.histories, tokens=services.tokens)
         self.writes = WriteSchedule(
             task=task,
@@ -122,12 +127,7 @@ class TaskSession:
             stored: tuple[dict[str, Any], ...] = ()
         else:
             self.state, extras = await self.store.load()
-            if extras.calibration is not None:
-                calibration = self.kept.calibration
-                ratio, calibration.samples = extras.calibration
-                # Within the bounds its updates keep it to: a stored 1e308 made every
-                # estimate overflow (prepare_request answered internal).
-                calibration.ratio = min(max(ratio, calibration.low), calibration.high)
+            self.calibration.restore(extras.calibration)
             stored = extras.read_tools
         await self.settings.loaded(self.state, stored)
         self.kept.use_dialect(self.state.dialect)
@@ -274,7 +274,7 @@ class TaskSession:
             assert history is not None
             budgeting = await self._budgeting(op, args, history, mapped)
         if op == "prepare_request":
-            kept.forget_estimate()
+            self.calibration.forget_estimate()
         # 4. The engine, on the messages it runs on (with their view cache).
         cache = None
         if mapped is not None:
@@ -296,11 +296,11 @@ class TaskSession:
         if restarted:
             result["restarted"] = True
         if op == "prepare_request":
-            kept.note_estimate(result)
+            self.calibration.note_estimate(result)
         elif op == "condense":
             # The caller sends the condensed view: the next report is of it, not of the view
             # the request before the condense answered with.
-            kept.note_estimate({"estimated_tokens": result["tokens_after"]})
+            self.calibration.note_estimate({"estimated_tokens": result["tokens_after"]})
         await _checkpoint(args)
         # 5. The view as the caller's messages, a list or a patch.
         return kept.view_back(state, op, args, result, history, mapped)
@@ -319,11 +319,11 @@ class TaskSession:
             # Count new messages off the event loop: a cold 1 MB history takes ~100 ms.
             await anyio.to_thread.run_sync(history.count_missing, tokens.count_message)
         if op == "prepare_request":
-            kept.calibrate(args.get("previous_request"))
+            self.calibration.calibrate(args.get("previous_request"))
         pricing = args.get("pricing")
         return engine.Budgeting(
             history.counter(tokens.count_message),
-            kept.calibration.ratio,
+            self.calibration.ratio,
             args.get("strategy") or "default",
             bool(args.get("proactive", False)),
             fixed=0 if mapped is None else kept.kept_out_tokens(mapped),
@@ -335,13 +335,13 @@ class TaskSession:
     def _revision(self) -> int:
         """Grows with every change of what is stored: the state, or a calibration sample."""
         assert self.state is not None
-        return self.state.revision + self.kept.calibration.samples + self.settings.read_tool_changes
+        return self.state.revision + self.calibration.samples + self.settings.read_tool_changes
 
     def _extras(self) -> TaskExtras:
-        calibration = self.kept.calibration
-        pair = (calibration.ratio, calibration.samples) if calibration.samples else None
         assert self.state is not None
-        return TaskExtras(pair, self.state.dialect.name, self.settings.read_tools)
+        return TaskExtras(
+            self.calibration.stored(), self.state.dialect.name, self.settings.read_tools
+        )
 
     async def _save(self) -> bool:
         assert self.state is not None
@@ -401,16 +401,15 @@ def _wants_budgeting(op: str, args: dict[str, Any]) -> bool:
 
 async def _inspect(session: TaskSession, args: dict[str, Any]) -> Result:
     """The task as it stands (the ``inspect`` op); given ``messages``, also the view a
-    request with them would now get (:func:`~._kept.inspected_view`): inspecting changes
+    request with them would now get (:func:`~._basis.inspected_view`): inspecting changes
     nothing of what it looks at."""
     state = session.state
     assert state is not None
-    calibration = session.kept.calibration
     result: Result = {
         "updates": state.dump_updates(),
         "deleted_range": state.deleted_range,
         "dirty": session.dirty,
-        "calibration": {"ratio": calibration.ratio, "samples": calibration.samples},
+        "calibration": session.calibration.wire(),
         "history": session.kept.kept_messages(),
         "read_tools": list(session.settings.read_tools),
         **session.store.describe(),
@@ -449,7 +448,7 @@ def _holds_nothing(session: TaskSession, state: engine.TaskState) -> bool:
         and not session.settings.unused_tools
         and not state.ledger.requests
         and not state.summaries
-        and session.kept.calibration.samples == 0
+        and session.calibration.samples == 0
         and session.kept.kept_messages() is None
     )
 

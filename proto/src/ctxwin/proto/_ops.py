@@ -62,8 +62,10 @@ class OpSpec:
             once, so a client resends it when the connection drops with it in
             flight (:data:`SAFE_TO_REPEAT`).
         history_indices: fields of its result that name messages by their
-            index: in a native dialect the daemon maps them back from the
-            internal form to the caller's history.
+            index, each a list of ``[index, ...]`` entries: in a native
+            dialect the daemon maps each entry's index back from the internal
+            form to the caller's history (``ctxwin.daemon._kept``, which reads
+            this and nothing else).
     """
 
     name: str
