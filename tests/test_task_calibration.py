@@ -107,8 +107,8 @@ def test_a_task_stored_before_the_move_loads_its_calibration_and_basis(
 
 def _prepare(daemon: DaemonProcess, task: str, usage: dict[str, Any] | None) -> dict[str, Any]:
     """A ``prepare_request`` with estimates on :func:`conversation`, reporting ``usage``."""
-    args: dict[str, Any] = {"task": task, "messages": conversation(), "model": MODEL}
-    args["estimate"] = True
+    args: dict[str, Any] = {"task": task, "dialect": "anthropic", "messages": conversation()}
+    args.update(model=MODEL, estimate=True)
     if usage is not None:
         args["previous_request"] = usage
     return ok(daemon.call("prepare_request", args))
@@ -130,9 +130,15 @@ def test_the_calibration_and_its_last_estimate_outlive_the_kept_history_s_evicti
         second = _prepare(daemon, "a", _usage(first, 1, 1.5))
         assert second["calibration"] == pytest.approx(1.5, rel=0.01)
         _prepare(daemon, "b", None)  # the only history kept is now b's
-        shown = ok(daemon.call("inspect", {"task": "a"}))
+        shown = ok(daemon.call("inspect", {"task": "a", "dialect": "anthropic"}))
         assert shown["history"] is None
         assert shown["calibration"]["samples"] == 1
+        # How long the history of its last op was is the task's too: a checkpoint range past
+        # it is still refused.
+        rollback = {"task": "a", "dialect": "anthropic", "ts": 1, "deleted_range": [2, 40]}
+        past = daemon.call("rollback", rollback)
+        assert (past.ok, past.code) == (False, "bad_request")
+        assert "which has 9 internal messages" in (past.message or "")
         third = _prepare(daemon, "a", _usage(second, 2, 2.5))
         calibration = ok(daemon.call("inspect", {"task": "a"}))["calibration"]
         assert calibration["samples"] == 2

@@ -56,9 +56,6 @@ class KeptHistory:
         self.dialect: engine.Dialect = engine.get_dialect(proto.CLINE)
         self.mapped: engine.MappedHistory | None = None
         self._kept_out: dict[int, tuple[Any, int]] = {}  # history index: (message, tokens)
-        # How many messages (internal ones in a native dialect) the last history op ran on;
-        # None before one since the task was loaded.
-        self.last_length: int | None = None
 
     def use_dialect(self, dialect: engine.Dialect) -> None:
         """Serve the task's history in ``dialect`` from now on."""

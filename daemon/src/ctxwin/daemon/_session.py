@@ -1,4 +1,4 @@
-"""One task as its actor runs it: settings, kept history, persistence, and each op's pipeline.
+"""One task as its actor runs it: settings, calibration, kept history, persistence, pipeline.
 
 A :class:`TaskSession` answers every request of its task, one at a time (its
 actor's mailbox keeps them in order). A history op runs one pipeline,
@@ -72,6 +72,12 @@ class TaskServices:
 class TaskSession:
     """The state of one task id and everything a request of it runs.
 
+    What the task holds beside its :class:`ctxwin.engine.TaskState` lives
+    here for as long as the actor runs: its settings, its calibration and
+    how long the history of its last op was. Its kept history
+    (:class:`~._kept.KeptHistory`) is the history cache's entry, which an
+    eviction empties while the task goes on.
+
     Args:
         task: the task id (already validated).
         ephemeral: keep the state in memory only; never load or write it.
@@ -101,6 +107,9 @@ class TaskSession:
         # history is the cache's entry, which an eviction empties while the task lives.
         self.calibration = TaskCalibration()
         self.kept = KeptHistory(task=task, cache=services.histories, tokens=services.tokens)
+        # How many messages (internal ones in a native dialect) the last history op ran on;
+        # None before one since the task was loaded (an eviction of the history keeps it).
+        self.last_length: int | None = None
         self.writes = WriteSchedule(
             task=task,
             write=self._save,
@@ -241,7 +250,7 @@ class TaskSession:
         if "deleted_range" not in args:
             return self.settings.only_inspected and _holds_nothing(self, state)
         deleted = args["deleted_range"]
-        length = self.kept.last_length
+        length = self.last_length
         if deleted is not None and length is not None and deleted[1] >= length:
             what = "internal messages" if state.dialect.native else "messages"
             raise proto.ProtocolError(
@@ -264,9 +273,9 @@ class TaskSession:
         history = kept.resolve(args, keep=budgeted)
         mapped = kept.internal(op, history, args)
         if mapped is not None:
-            kept.last_length = len(mapped.internal)
+            self.last_length = len(mapped.internal)
         else:
-            kept.last_length = len(history.messages if history is not None else args["messages"])
+            self.last_length = len(history.messages if history is not None else args["messages"])
         await _checkpoint(args)
         # 3. Token estimates, when asked for.
         budgeting = None
