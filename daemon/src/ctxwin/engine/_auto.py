@@ -107,12 +107,12 @@ class AutoMemory:
         window = context_window_info(model).context_window
         return max(window - max(self.policy.reserve, round(self.max_out * 1.25)), 0)
 
-    def share_with(self, cached: float) -> float:
-        """The share of the cache's hits so far, with this request reading ``cached`` tokens of
-        the last view from it: of every view's tokens, those the next request read from the
-        cache (new messages, which no strategy can read from it, are left out)."""
-        seen = self.seen_input + self.last_tokens
-        return (self.seen_cached + min(cached, self.last_tokens)) / seen if seen else 1.0
+    def share_with(self, cached: float, total: float) -> float:
+        """The task's cache-hit rate with this request: of every view's input tokens
+        (``total`` this one's), those read from the cache (``cached`` this one's). This is
+        the rate a provider reports (cache reads over input), new messages included."""
+        sent = self.seen_input + self.last_tokens + total
+        return (self.seen_cached + min(cached, self.last_tokens)) / sent if sent else 1.0
 
 
 class AutoTask(PlannedTask, RequestTask, Protocol):
@@ -221,7 +221,7 @@ def run_auto(
         before = max(cached - prefix, saved)
         read, write = planner.sheet.cache_read, planner.sheet.cache_write
         pays = write * (before - saved) - read * before <= read * saved
-        if after > budget or (pays and memory.share_with(prefix) >= policy.governor):
+        if after > budget or (pays and memory.share_with(prefix, after) >= policy.governor):
             rewrite = round(turn.total - prefix)
             outcome.receipts.append(planner.apply(candidates, rewrite))
             turn = _Turn(planner, budget)
@@ -233,7 +233,7 @@ def run_auto(
     multiple = 1.0 if policy.rent_multiple is None else policy.rent_multiple
     due = plan.dropped_tokens > 0 and memory.rent >= multiple * (write - read) * plan.rewritten
     fits = turn.total <= budget
-    if not fits or (due and memory.share_with(turn.head) >= policy.governor):
+    if not fits or (due and memory.share_with(turn.head, plan.kept_tokens) >= policy.governor):
         if not fits:
             plan = turn.plan(fit=True)
         receipt = turn.rebuild(plan)
@@ -337,6 +337,7 @@ class _Turn:
             limit = min(limit, max(room, 0.0))
         kept = set(tail)
         used = 0.0
+        pins.sort(key=lambda at: units[at][2])
         for at in pins:
             if used + units[at][2] <= limit:
                 kept.add(at)
