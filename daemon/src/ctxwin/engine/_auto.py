@@ -230,8 +230,10 @@ def run_auto(
     plan = turn.plan()
     read, write = planner.sheet.cache_read, planner.sheet.cache_write
     memory.rent += read * plan.dropped_tokens
-    multiple = 1.0 if policy.rent_multiple is None else policy.rent_multiple
-    due = plan.dropped_tokens > 0 and memory.rent >= multiple * (write - read) * plan.rewritten
+    due = (
+        plan.dropped_tokens > 0
+        and memory.rent >= policy.rent_multiple * (write - read) * plan.rewritten
+    )
     fits = turn.total <= budget
     if not fits or (due and memory.share_with(turn.head, plan.kept_tokens) >= policy.governor):
         if not fits:
