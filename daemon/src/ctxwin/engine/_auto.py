@@ -9,16 +9,19 @@ where each constant comes from):
    its key argument and the size, except each file's latest read. Only that
    turn is written again, right before the new messages: the cache prefix
    before it stays valid, and a result is never read from the cache again.
+   A mask is made when it pays back by the next request.
 2. **Pinned latest reads.** Each file's latest read is kept, wherever its
-   turn stands, up to ``pin_share`` of the budget (newest first).
+   turn stands, up to ``pin_share`` of the budget (the smallest files first:
+   as many files as fit).
 3. **Rebuilds by a rent rule.** Each turn adds to the rent the cached-read
    price of the tokens a rebuild would drop now; when the rent reaches
    ``rent_multiple`` times what the rebuild would cost to write again
    ((write - read) x tokens rewritten), or when the view does not fit, the
    view is rebuilt to the first pair, the ledger, the pinned turns and the
    last ``tail_turns`` turns. The turns left out join the task's deleted set.
-4. **The governor.** A voluntary edit (1, 3 when the view fits) is made only
-   while the task's cached share, this request included, stays above
+4. **The governor.** A rebuild the budget does not force is made only
+   while the task's cache-hit rate (cache reads over input tokens, as a
+   provider reports it), this request included, stays at or above
    ``governor``.
 5. **The ledger** of what left the view (every instruction, the calls, the
    files) is the summary the view carries after the first pair: it changes
@@ -76,9 +79,8 @@ class AutoMemory:
             history grows; a copy makes its own).
         rent: what not rebuilding has cost since the last rebuild (in input tokens).
         masked_to: the mask has looked at the user messages before this index.
-        seen_input: tokens of the views returned so far that the next request could read
-            from the cache (each view but the last; the governor's).
-        seen_cached: of those, the ones the next request did read from the cache.
+        seen_input: tokens of the views returned so far but the last (the governor's).
+        seen_cached: tokens the views returned so far read from the cache.
         last_tokens: tokens of the last view returned (cached by the next request).
     """
 
@@ -221,7 +223,7 @@ def run_auto(
         before = max(cached - prefix, saved)
         read, write = planner.sheet.cache_read, planner.sheet.cache_write
         pays = write * (before - saved) - read * before <= read * saved
-        if after > budget or (pays and memory.share_with(prefix, after) >= policy.governor):
+        if turn.total > budget or pays:
             rewrite = round(turn.total - prefix)
             outcome.receipts.append(planner.apply(candidates, rewrite))
             turn = _Turn(planner, budget)

@@ -20,7 +20,8 @@ class AutoPolicy:
         ledger_share: the ledger takes at most this share of the budget.
         rent_multiple: a rebuild is due when the rent reaches this many times its rewrite
             cost (1, the order-quantity optimum).
-        governor: voluntary edits only while the cached share stays above this.
+        governor: a rebuild the budget does not force is made only while the task's
+            cache-hit rate (cache reads over input tokens) stays at or above this.
         big_message: a message above this share of the budget is shortened to
             ``shortened`` of the budget before anything is cut for it.
         shortened: see ``big_message``.

@@ -603,7 +603,8 @@ def task_ledger(
 
     Over the budget it shortens, in this order, and says what it shortened
     (how many of each): the conclusions (oldest first); the oldest calls to
-    their key arguments alone; instructions to 500 characters (longest
+    their distinct key arguments, each once (one a later line of the same
+    tool shows left to that line); instructions to 500 characters (longest
     first); the oldest calls to their tool and a count (consecutive groups
     on one line); the files lists to their newest 20 paths; instructions to
     250, then 160 characters (longest first); the oldest calls into one
