@@ -217,7 +217,6 @@ def run_auto(
         at = min(candidate.index for candidate in candidates)
         prefix = turn.prefix(at)
         saved = turn.ratio * sum(candidate.saved for candidate in candidates)
-        after = turn.total - saved
         # What the last view held from the first stub on is written again instead of read:
         # the mask is made when that costs no more than what it saves by the next request.
         before = max(cached - prefix, saved)
