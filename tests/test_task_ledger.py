@@ -16,6 +16,7 @@ from tests._corpus import corpus_file, corpus_param
 from tests._dialect_data import Call, Turn, conversations, render_cline
 from tests._ledger_data import (
     NATIVE,
+    Message,
     assistant,
     cline_task,
     files_listed,
@@ -174,7 +175,7 @@ def test_the_budget_is_kept_and_what_was_shortened_is_said(budget: int) -> None:
     assert count(ledger) <= budget < count(whole)
     note = ledger.splitlines()[-1]
     assert note.startswith(f"Shortened to fit {budget:,} tokens: ")
-    assert re.search(r"\d+ calls (without status and size|counted)", note)
+    assert re.search(r"\d+ calls (as their distinct key arguments|counted)", note)
     said = typed(messages)
     assert [] == [text for text in said if not kept(snippet(text), ledger)]
 
@@ -330,3 +331,56 @@ def test_bracketed_notes_and_attachments_are_typed_as_docs_cost_says() -> None:
     assert f"(said 2 times) {interrupted}" in ledger
     assert attached in ledger
     assert "system-reminder" not in ledger
+
+
+def _bash_turns(commands: list[str]) -> list[Message]:
+    """A task, then one Bash call per command, each answered ok."""
+    messages: list[Message] = [user("Start."), assistant("ok"), user("go on")]
+    for number, command in enumerate(commands):
+        tool_id = f"b{number}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": tool_id,
+                        "name": "Bash",
+                        "input": {"command": command},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": tool_id, "content": "x" * 4000},
+                ],
+            }
+        )
+    return messages
+
+
+def test_shortened_call_lines_name_each_distinct_key_argument_once() -> None:
+    """Over its budget a call line first becomes its distinct key arguments, a repeated one
+    once with how many times; every command still stands in the ledger."""
+    commands = [f"pytest -q tests/test_{n % 3}.py" for n in range(30)]
+    messages = _bash_turns(commands)
+    gone = [range(3, len(messages))]
+    whole = task_ledger(messages, gone, 100_000, count)
+    ledger = task_ledger(messages, gone, count(whole) // 2, count)
+    assert count(ledger) < count(whole) // 2 + 1
+    assert "as their distinct key arguments" in ledger
+    for n in range(3):
+        assert ledger.count(f"pytest -q tests/test_{n}.py") == 1
+    assert "pytest -q tests/test_0.py (x10)" in ledger
+
+
+def test_a_long_command_keeps_the_first_160_characters_that_identify_it() -> None:
+    """A key argument over its cap is shown by its first 160 characters (spaces normalised),
+    what docs/COST.md looks for when it counts a call as visible."""
+    command = "cat   src/app.py && " + " ".join(f"grep -n name{n} src/mod{n}.py" for n in range(20))
+    messages = _bash_turns([command])
+    ledger = task_ledger(messages, [range(3, len(messages))], 10_000, count)
+    assert " ".join(command.split())[:160] + "…" in ledger

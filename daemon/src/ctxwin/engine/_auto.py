@@ -9,16 +9,19 @@ where each constant comes from):
    its key argument and the size, except each file's latest read. Only that
    turn is written again, right before the new messages: the cache prefix
    before it stays valid, and a result is never read from the cache again.
+   A mask is made when it pays back by the next request.
 2. **Pinned latest reads.** Each file's latest read is kept, wherever its
-   turn stands, up to ``pin_share`` of the budget (newest first).
+   turn stands, up to ``pin_share`` of the budget (the smallest files first:
+   as many files as fit).
 3. **Rebuilds by a rent rule.** Each turn adds to the rent the cached-read
    price of the tokens a rebuild would drop now; when the rent reaches
    ``rent_multiple`` times what the rebuild would cost to write again
    ((write - read) x tokens rewritten), or when the view does not fit, the
    view is rebuilt to the first pair, the ledger, the pinned turns and the
    last ``tail_turns`` turns. The turns left out join the task's deleted set.
-4. **The governor.** A voluntary edit (1, 3 when the view fits) is made only
-   while the task's cached share, this request included, stays above
+4. **The governor.** A rebuild the budget does not force is made only
+   while the task's cache-hit rate (cache reads over input tokens, as a
+   provider reports it), this request included, stays at or above
    ``governor``.
 5. **The ledger** of what left the view (every instruction, the calls, the
    files) is the summary the view carries after the first pair: it changes
@@ -76,9 +79,8 @@ class AutoMemory:
             history grows; a copy makes its own).
         rent: what not rebuilding has cost since the last rebuild (in input tokens).
         masked_to: the mask has looked at the user messages before this index.
-        seen_input: tokens of the views returned so far that the next request could read
-            from the cache (each view but the last; the governor's).
-        seen_cached: of those, the ones the next request did read from the cache.
+        seen_input: tokens of the views returned so far but the last (the governor's).
+        seen_cached: tokens the views returned so far read from the cache.
         last_tokens: tokens of the last view returned (cached by the next request).
     """
 
@@ -107,12 +109,12 @@ class AutoMemory:
         window = context_window_info(model).context_window
         return max(window - max(self.policy.reserve, round(self.max_out * 1.25)), 0)
 
-    def share_with(self, cached: float) -> float:
-        """The share of the cache's hits so far, with this request reading ``cached`` tokens of
-        the last view from it: of every view's tokens, those the next request read from the
-        cache (new messages, which no strategy can read from it, are left out)."""
-        seen = self.seen_input + self.last_tokens
-        return (self.seen_cached + min(cached, self.last_tokens)) / seen if seen else 1.0
+    def share_with(self, cached: float, total: float) -> float:
+        """The task's cache-hit rate with this request: of every view's input tokens
+        (``total`` this one's), those read from the cache (``cached`` this one's). This is
+        the rate a provider reports (cache reads over input), new messages included."""
+        sent = self.seen_input + self.last_tokens + total
+        return (self.seen_cached + min(cached, self.last_tokens)) / sent if sent else 1.0
 
 
 class AutoTask(PlannedTask, RequestTask, Protocol):
@@ -215,13 +217,12 @@ def run_auto(
         at = min(candidate.index for candidate in candidates)
         prefix = turn.prefix(at)
         saved = turn.ratio * sum(candidate.saved for candidate in candidates)
-        after = turn.total - saved
         # What the last view held from the first stub on is written again instead of read:
         # the mask is made when that costs no more than what it saves by the next request.
         before = max(cached - prefix, saved)
         read, write = planner.sheet.cache_read, planner.sheet.cache_write
         pays = write * (before - saved) - read * before <= read * saved
-        if after > budget or (pays and memory.share_with(prefix) >= policy.governor):
+        if turn.total > budget or pays:
             rewrite = round(turn.total - prefix)
             outcome.receipts.append(planner.apply(candidates, rewrite))
             turn = _Turn(planner, budget)
@@ -230,10 +231,12 @@ def run_auto(
     plan = turn.plan()
     read, write = planner.sheet.cache_read, planner.sheet.cache_write
     memory.rent += read * plan.dropped_tokens
-    multiple = 1.0 if policy.rent_multiple is None else policy.rent_multiple
-    due = plan.dropped_tokens > 0 and memory.rent >= multiple * (write - read) * plan.rewritten
+    due = (
+        plan.dropped_tokens > 0
+        and memory.rent >= policy.rent_multiple * (write - read) * plan.rewritten
+    )
     fits = turn.total <= budget
-    if not fits or (due and memory.share_with(turn.head) >= policy.governor):
+    if not fits or (due and memory.share_with(turn.head, plan.kept_tokens) >= policy.governor):
         if not fits:
             plan = turn.plan(fit=True)
         receipt = turn.rebuild(plan)
@@ -337,6 +340,7 @@ class _Turn:
             limit = min(limit, max(room, 0.0))
         kept = set(tail)
         used = 0.0
+        pins.sort(key=lambda at: units[at][2])
         for at in pins:
             if used + units[at][2] <= limit:
                 kept.add(at)

@@ -19,8 +19,9 @@ class AutoPolicy:
         pin_share: the latest reads kept by a rebuild take at most this share of the budget.
         ledger_share: the ledger takes at most this share of the budget.
         rent_multiple: a rebuild is due when the rent reaches this many times its rewrite
-            cost (None: 1, the order-quantity optimum).
-        governor: voluntary edits only while the cached share stays above this.
+            cost (1, the order-quantity optimum).
+        governor: a rebuild the budget does not force is made only while the task's
+            cache-hit rate (cache reads over input tokens) stays at or above this.
         big_message: a message above this share of the budget is shortened to
             ``shortened`` of the budget before anything is cut for it.
         shortened: see ``big_message``.
@@ -28,10 +29,10 @@ class AutoPolicy:
 
     reserve: int = 2048
     recent_turns: int = 1
-    tail_turns: int = 2
-    pin_share: float = 0.3
-    ledger_share: float = 0.05
-    rent_multiple: float | None = None
+    tail_turns: int = 1
+    pin_share: float = 0.15
+    ledger_share: float = 0.10
+    rent_multiple: float = 1.0
     governor: float = 0.92
     big_message: float = 0.5
     shortened: float = 0.25

@@ -40,8 +40,10 @@ KEY_CAP = 200
 """Characters of a call's key argument shown whole (a longer one: its beginning)."""
 PROSE_CAP = 60
 """Characters shown of a key argument that is prose (a question, a description)."""
-LONG_KEY_SHOWN = 60
-"""Characters shown of a key argument over its cap (the rest cut, marked)."""
+LONG_KEY_SHOWN = 160
+"""Characters shown of a key argument over its cap (the rest cut, marked): as many as
+identify a call in docs/COST.md's "calls visible" (a key argument's first 160
+characters, spaces normalised), since a long command's beginning is what tells it apart."""
 ERROR_CAP = 80
 """Characters of an error's first line shown on its call."""
 FILES_SHORT = 20
@@ -422,15 +424,11 @@ def _key_text(call: LedgerCall) -> str:
     key = call.key
     if key is None:
         return ""
-    key = key.strip()
-    if "\n" in key:
-        key = " ".join(key.split())
+    key = " ".join(key.split())
     cap = PROSE_CAP if call.prose else KEY_CAP
     if len(key) <= cap:
         return key
-    # A key argument too long to show whole cannot be found in the view anyway: its
-    # beginning says what it was.
-    return key[: LONG_KEY_SHOWN - 1] + "…"
+    return key[: min(LONG_KEY_SHOWN, cap)] + "…"
 
 
 def _call_full(call: LedgerCall) -> str:
@@ -444,11 +442,43 @@ def _call_full(call: LedgerCall) -> str:
     return f"{head}ok {_size(call.size)}"
 
 
-def _call_short(call: LedgerCall) -> str:
-    key = _key_text(call) or "(no argument)"
-    if call.error is not None:
-        return f"{key} error"
-    return key if call.answered else f"{key} no result"
+def _compact_forms(groups: Sequence[tuple[LedgerCall, ...]]) -> list[str]:
+    """Each group's compact line: its distinct key arguments once each (`` (xN)`` when
+    repeated), marked only where they failed or got no result, without sizes.
+
+    A key that a later group of the same tool also shows is left to that line
+    (the oldest lines are shortened first, so the later one still shows it),
+    unless it failed here. Calls without a key argument are counted.
+    """
+    later: dict[str, set[str]] = {}
+    forms: list[str] = []
+    for group in reversed(groups):
+        keys: dict[str, list[LedgerCall]] = {}
+        bare = 0
+        for call in group:
+            key = _key_text(call)
+            if key:
+                keys.setdefault(key, []).append(call)
+            else:
+                bare += 1
+        shown = later.setdefault(group[0].tool, set())
+        parts: list[str] = []
+        for key, same in keys.items():
+            failed = any(call.error is not None for call in same)
+            if key in shown and not failed:
+                continue
+            times = f" (x{len(same)})" if len(same) > 1 else ""
+            mark = " error" if failed else ""
+            if not any(call.answered for call in same):
+                mark = " no result"
+            parts.append(f"{key}{times}{mark}")
+        shown.update(keys)
+        if bare:
+            parts.append(f"{bare} without argument" if parts else str(bare))
+        if not parts:
+            parts.append(f"{len(group)}, arguments on a later line")
+        forms.append(f"- {group[0].tool}: " + "; ".join(parts))
+    return forms[::-1]
 
 
 def _counted(calls: Sequence[LedgerCall]) -> str:
@@ -573,7 +603,8 @@ def task_ledger(
 
     Over the budget it shortens, in this order, and says what it shortened
     (how many of each): the conclusions (oldest first); the oldest calls to
-    their key arguments alone; instructions to 500 characters (longest
+    their distinct key arguments, each once (one a later line of the same
+    tool shows left to that line); instructions to 500 characters (longest
     first); the oldest calls to their tool and a count (consecutive groups
     on one line); the files lists to their newest 20 paths; instructions to
     250, then 160 characters (longest first); the oldest calls into one
@@ -615,12 +646,12 @@ def task_ledger(
             f"- {times}{_capped(texts[0], flat, cap)}" for cap in INSTRUCTION_CAPS
         ]
         items.append(_Item("instruction", order, [*forms, None]))
-    for order, group in enumerate(_group(calls)):
+    groups = _group(calls)
+    for order, (group, compact) in enumerate(zip(groups, _compact_forms(groups), strict=True)):
         tool = group[0].tool
         full = f"- {tool}: " + "; ".join(_call_full(call) for call in group)
-        short = f"- {tool}: " + "; ".join(_call_short(call) for call in group)
         counted = f"{tool} {_counted(group)}"
-        items.append(_Item("calls", order, [full, short, counted, None, None], calls=group))
+        items.append(_Item("calls", order, [full, compact, counted, None, None], calls=group))
     read = _unique(path for call in calls for path in call.reads)
     written = _unique(path for call in calls for path in call.writes)
     if read:
@@ -772,7 +803,7 @@ class _Shortener:
         if self.dropped:
             parts.append(f"the {_plural(self.dropped, 'oldest instruction')} left out")
         for level, what in (
-            (1, "without status and size"),
+            (1, "as their distinct key arguments"),
             (COUNTED, "counted per tool"),
             (MERGED, "counted in one line"),
             (LEFT_OUT, "left out"),
