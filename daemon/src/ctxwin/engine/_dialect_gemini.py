@@ -25,6 +25,7 @@ from ._dialect import (
     block,
     originals,
 )
+from ._dialect_parts import call_block, result_block
 from ._parts import media_or_unread
 
 MODEL = "model"
@@ -120,16 +121,8 @@ class GeminiDialect(Dialect):
                 if not isinstance(call_id, str) or not call_id:
                     call_id = f"{SYNTHETIC}{index}.{place}"
                 blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": call_id,
-                        "name": body["name"],
-                        "input": body.get("args"),
-                        SRC: index,
-                        PART: place,
-                    }
+                    call_block(history, index, place, call_id, body["name"], body.get("args"))
                 )
-                history.calls[call_id] = (body["name"], index)
                 calls = True
             elif response is not None:
                 body = response[1]
@@ -147,14 +140,8 @@ class GeminiDialect(Dialect):
                             break
                     answered.add(result_id)
                 key, inner = _response_text(body.get("response"))
-                result = {
-                    "type": "tool_result",
-                    "tool_use_id": result_id,
-                    "content": inner,
-                    SRC: index,
-                    PART: place,
-                    "_key": key,
-                }
+                result = result_block(index, place, result_id, inner)
+                result["_key"] = key
                 blocks.append(result)
             elif (
                 isinstance(text, str)

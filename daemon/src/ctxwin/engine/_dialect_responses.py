@@ -15,7 +15,6 @@ from ._blocks import Block, Message
 from ._dialect import (
     ASSISTANT,
     KEPT_OUT,
-    PART,
     SRC,
     USER,
     Dialect,
@@ -25,7 +24,14 @@ from ._dialect import (
     block,
     originals,
 )
-from ._dialect_parts import outer_content, parse_arguments, text_parts, written_content
+from ._dialect_parts import (
+    call_block,
+    outer_content,
+    parse_arguments,
+    result_block,
+    text_parts,
+    written_content,
+)
 from ._parts import media_or_unread
 
 TEXT_KINDS = ("input_text", "output_text", "text")
@@ -90,27 +96,13 @@ class ResponsesDialect(Dialect):
         if kind.endswith("_call_output"):
             if not isinstance(call_id, str):
                 raise DialectError(".call_id must be a string")
-            result = {
-                "type": "tool_result",
-                "tool_use_id": call_id,
-                "content": _output_blocks(message.get("output")),
-                SRC: index,
-                PART: ITEM,
-            }
-            return Mapped(USER, [result])
+            content = _output_blocks(message.get("output"))
+            return Mapped(USER, [result_block(index, ITEM, call_id, content)])
         if kind.endswith("_call") and isinstance(call_id, str):
             name = message.get("name")
             name = name if isinstance(name, str) else kind
-            arguments = message.get("arguments", message.get("input"))
-            call = {
-                "type": "tool_use",
-                "id": call_id,
-                "name": name,
-                "input": parse_arguments(arguments),
-                SRC: index,
-                PART: ITEM,
-            }
-            history.calls[call_id] = (name, index)
+            arguments = parse_arguments(message.get("arguments", message.get("input")))
+            call = call_block(history, index, ITEM, call_id, name, arguments)
             return Mapped(ASSISTANT, [call], True)
         if kind == "reasoning":
             fields: dict[str, Any] = {"visible": _visible(message)}
