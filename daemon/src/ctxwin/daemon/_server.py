@@ -65,7 +65,7 @@ _encode_result = proto.result_encoder()
 
 
 @dataclass(frozen=True)
-class DaemonStatistics:
+class DaemonStatistics(proto.WireRecord):
     """The ``stats`` result.
 
     Attributes:
@@ -100,24 +100,6 @@ class DaemonStatistics:
     store: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None
     clients: dict[str, dict[str, int]] | None = None
-
-    def wire(self) -> dict[str, Any]:
-        """The wire result map."""
-        return {
-            "tasks": self.tasks,
-            "actors": self.actors,
-            "requests": self.requests,
-            "flushes": self.flushes,
-            "write_failures": self.write_failures,
-            "uptime_s": self.uptime_s,
-            "histories": self.histories,
-            "history_bytes": self.history_bytes,
-            "calibrated_tasks": self.calibrated_tasks,
-            "calibration_median": self.calibration_median,
-            "store": self.store,
-            "cache": self.cache,
-            "clients": self.clients,
-        }
 
 
 def _error_reply(exc: BaseException, request_id: int | None, op: str) -> bytes:
