@@ -97,9 +97,11 @@ def written_content(original: object, texts: list[Block], mapped: dict[object, B
     return out
 
 
-def inner_blocks(content: object, where: str = ".content") -> list[Block]:
-    """A result's content as internal blocks: text stays text, everything else is opaque
-    (counted as :func:`~._parts.media_or_unread` says).
+def inner_blocks(
+    content: object, where: str = ".content", kinds: tuple[str, ...] = ("text",)
+) -> list[Block]:
+    """A result's content as internal blocks: text (parts of ``kinds``) stays text, everything
+    else is opaque (counted as :func:`~._parts.media_or_unread` says).
 
     Raises:
         DialectError: an item of the content is not a map (named by ``where`` and its index).
@@ -113,7 +115,7 @@ def inner_blocks(content: object, where: str = ".content") -> list[Block]:
         if not isinstance(item, dict):
             raise DialectError(f"{where}[{place}] must be a map")
         kind = item.get("type")
-        if kind == "text" and isinstance(item.get("text"), str):
+        if kind in kinds and isinstance(item.get("text"), str):
             inner.append({"type": "text", "text": item["text"]})
         else:
             inner.append({"type": "opaque", **media_or_unread(item, kind)})

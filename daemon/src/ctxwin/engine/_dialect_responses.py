@@ -26,6 +26,7 @@ from ._dialect import (
 )
 from ._dialect_parts import (
     call_block,
+    inner_blocks,
     outer_content,
     parse_arguments,
     result_block,
@@ -55,22 +56,9 @@ def _output_blocks(output: object) -> list[Block]:
     Raises:
         DialectError: a part of a list ``output`` is not a map.
     """
-    if isinstance(output, str):
-        return [{"type": "text", "text": output}]
-    inner: list[Block] = []
-    if isinstance(output, list):
-        for place, part in enumerate(output):
-            if not isinstance(part, dict):
-                raise DialectError(f".output[{place}] must be a map")
-            kind = part.get("type")
-            text = part.get("text")
-            if kind in TEXT_KINDS and isinstance(text, str):
-                inner.append({"type": "text", "text": text})
-            else:
-                inner.append({"type": "opaque", **media_or_unread(part, kind)})
-    elif output is not None:
-        inner.append({"type": "opaque", **media_or_unread(output, None)})
-    return inner
+    if output is None or isinstance(output, str | list):
+        return inner_blocks(output, ".output", TEXT_KINDS)
+    return [{"type": "opaque", **media_or_unread(output, None)}]
 
 
 class ResponsesDialect(Dialect):
