@@ -43,6 +43,16 @@ def _first(part: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | Non
     return None
 
 
+def _named(found: tuple[str, Any], place: int) -> tuple[dict[str, Any], str | None]:
+    """The body of part ``place``'s function call or response (found under its key), which
+    must name the function, and the id it gives (None: none, or an empty one)."""
+    key, body = found
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        raise DialectError(f".parts[{place}].{key} needs a string name")
+    given = body.get("id")
+    return body, given if isinstance(given, str) and given else None
+
+
 def _answered(history: MappedLike) -> tuple[list[Block], set[str]]:
     """The calls of the last model turn and the ids already answered after it."""
     internal = history.internal
@@ -114,22 +124,16 @@ class GeminiDialect(Dialect):
             call = _first(part, CALL_KEYS)
             response = _first(part, RESPONSE_KEYS)
             if call is not None:
-                body = call[1]
-                if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-                    raise DialectError(f".parts[{place}].{call[0]} needs a string name")
-                call_id = body.get("id")
-                if not isinstance(call_id, str) or not call_id:
+                body, call_id = _named(call, place)
+                if call_id is None:
                     call_id = f"{SYNTHETIC}{index}.{place}"
                 blocks.append(
                     call_block(history, index, place, call_id, body["name"], body.get("args"))
                 )
                 calls = True
             elif response is not None:
-                body = response[1]
-                if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-                    raise DialectError(f".parts[{place}].{response[0]} needs a string name")
-                result_id = body.get("id")
-                if not isinstance(result_id, str) or not result_id:
+                body, result_id = _named(response, place)
+                if result_id is None:
                     if pending is None:
                         pending = _answered(history)
                     turn, answered = pending
