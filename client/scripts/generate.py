@@ -106,6 +106,7 @@ NAMES = {
     "await ": "",
     "AsyncCaller": "Caller",
     "AsyncClient": "Client",
+    "AsyncClosing": "Closing",
     "AsyncIterator": "Iterator",
     "AsyncSocket": "BlockingSocket",
     "AsyncSummarize": "Summarize",

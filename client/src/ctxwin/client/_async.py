@@ -17,7 +17,6 @@ import asyncio
 import os
 import time
 from collections.abc import Sequence
-from types import TracebackType
 from typing import TypeVar
 
 import zmq
@@ -28,12 +27,13 @@ from ctxwin import proto
 from . import _auth, _core, _link, _methods, _ops
 from ._async_socket import AsyncSocket
 from ._async_task import AsyncTask
+from ._closing import AsyncClosing
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy, left
 
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(AsyncClosing):
     """asyncio client of ``ctxwind``: one coroutine method per wire op.
 
     Any number of calls may be in flight at once on its single socket; each
@@ -97,17 +97,6 @@ class AsyncClient:
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
         self._wire = AsyncSocket(self, context or zmq.asyncio.Context.instance())
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the socket (linger 0) and fail calls still waiting; later calls raise."""

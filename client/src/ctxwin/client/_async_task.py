@@ -37,7 +37,7 @@ def _awaiting(
     return method
 
 
-class AsyncTask(TaskBase):
+class AsyncTask(TaskBase[AsyncCaller, AsyncTurns]):
     """A task of an asyncio client; every method is the op of that name for the task.
 
     Args:
@@ -53,21 +53,8 @@ class AsyncTask(TaskBase):
             sent with every op that takes them; native dialects only.
     """
 
-    def __init__(
-        self,
-        client: AsyncCaller,
-        task_id: str,
-        *,
-        ephemeral: bool = False,
-        delta: bool = True,
-        dialect: str | None = None,
-        read_tools: _ops.ReadTools | None = None,
-    ) -> None:
-        super().__init__(
-            task_id, ephemeral=ephemeral, delta=delta, dialect=dialect, read_tools=read_tools
-        )
-        self.client = client
-        self._syncing = AsyncTurns()
+    def _turns(self) -> AsyncTurns:
+        return AsyncTurns()
 
     async def _history(self, call: Call[T], messages: Messages) -> T:
         """Send a history op by delta, resending in full when the daemon asks to.

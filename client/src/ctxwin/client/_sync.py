@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import zmq
@@ -15,6 +14,7 @@ import zmq
 from ctxwin import proto
 
 from . import _auth, _core, _link, _methods, _ops
+from ._closing import Closing
 from ._core import DEFAULT_TIMEOUT, Call, RetryPolicy, left
 from ._sync_socket import BlockingSocket
 from ._sync_task import Task
@@ -22,7 +22,7 @@ from ._sync_task import Task
 T = TypeVar("T")
 
 
-class Client:
+class Client(Closing):
     """Blocking client of ``ctxwind``: one method per wire op.
 
     Safe to share between threads (calls are serialised). Use it as a context
@@ -85,17 +85,6 @@ class Client:
         self.retry = retry or RetryPolicy()
         self.autostart = autostart
         self._wire = BlockingSocket(self, context or zmq.Context.instance())
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the socket (linger 0) after the call in flight; later calls raise."""

@@ -34,7 +34,7 @@ def _blocking(
     return method
 
 
-class Task(TaskBase):
+class Task(TaskBase[Caller, BlockingTurns]):
     """A task of a blocking client; every method is the op of that name for the task.
 
     Args:
@@ -50,21 +50,8 @@ class Task(TaskBase):
             sent with every op that takes them; native dialects only.
     """
 
-    def __init__(
-        self,
-        client: Caller,
-        task_id: str,
-        *,
-        ephemeral: bool = False,
-        delta: bool = True,
-        dialect: str | None = None,
-        read_tools: _ops.ReadTools | None = None,
-    ) -> None:
-        super().__init__(
-            task_id, ephemeral=ephemeral, delta=delta, dialect=dialect, read_tools=read_tools
-        )
-        self.client = client
-        self._syncing = BlockingTurns()
+    def _turns(self) -> BlockingTurns:
+        return BlockingTurns()
 
     def _history(self, call: Call[T], messages: Messages) -> T:
         """Send a history op by delta, resending in full when the daemon asks to.

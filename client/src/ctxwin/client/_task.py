@@ -31,6 +31,8 @@ __all__ = ["HISTORY_OPS", "AsyncTurns", "BlockingTurns", "TaskBase"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+C = TypeVar("C")
+U = TypeVar("U")
 
 NO_FEATURES: frozenset[str] = frozenset()
 """What a handle that does not sync by delta needs of the daemon's features."""
@@ -39,8 +41,9 @@ HISTORY_OPS = frozenset(name for name, spec in OPS.items() if spec.over_history)
 """Ops over a task's history: a handle syncs their ``messages`` by delta."""
 
 
-class TaskBase:
-    """What both handles hold: the task id, whether it is ephemeral, its delta sync.
+class TaskBase(Generic[C, U]):
+    """What both handles hold: the client, the task id, whether it is ephemeral, its delta sync,
+    and the turns its history ops take (``U``, made by :meth:`_turns`).
 
     History ops (those that take ``messages``) sync by delta: after the first
     full list only the messages a turn adds are sent, and views come back as
@@ -53,6 +56,7 @@ class TaskBase:
 
     def __init__(
         self,
+        client: C,
         task_id: str,
         *,
         ephemeral: bool = False,
@@ -71,6 +75,12 @@ class TaskBase:
         self.dialect = dialect
         self.read_tools = _ops.copy_read_tools(read_tools)
         self._delta = _delta.DeltaSync(delta)
+        self.client = client
+        self._syncing = self._turns()
+
+    def _turns(self) -> U:
+        """A new lock for the handle's history ops, of its client's kind."""
+        raise NotImplementedError
 
     @property
     def delta(self) -> bool:
@@ -110,7 +120,7 @@ class Shape(Generic[T]):
         self.opens = "ephemeral" in inspect.signature(build).parameters
 
     def call(
-        self, handle: TaskBase, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, handle: TaskBase[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Call[T], Messages | None]:
         """The call for ``handle``, and for a history op the caller's messages (else None).
 

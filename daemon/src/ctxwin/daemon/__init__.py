@@ -2,7 +2,7 @@
 
 What a user of the daemon needs: run it (:func:`main`, or :func:`run_daemon`
 with a :class:`Config` from :func:`load_config`), read its ``stats``
-(:class:`DaemonStatistics`) and count tokens as it does (:class:`TokenCounter`).
+(:class:`ctxwin.proto.StatsResult`) and count tokens as it does (:class:`TokenCounter`).
 The rest is internal.
 """
 
@@ -14,7 +14,6 @@ from ._errors import StartupError
 from ._lifecycle import run_daemon
 from ._logging import configure_logging
 from ._main import main
-from ._server import DaemonStatistics
 from ._tokens import IMAGE_TOKENS, TokenCounter
 
 __all__ = [
@@ -22,7 +21,6 @@ __all__ = [
     "NOTICE_ENV",
     "Config",
     "ConfigError",
-    "DaemonStatistics",
     "StartupError",
     "TokenCounter",
     "configure_logging",

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import structlog
 import zmq
 
+from ._logging import Throttle
+
 __all__ = ["FD_RESERVE", "MIN_CLIENTS", "AcceptGate", "soft_open_files_limit"]
 
 _log = structlog.get_logger("ctxwin.daemon.accept")
@@ -146,7 +148,7 @@ class AcceptGate:
         self._base = 0  # descriptors open besides the connections
         self.paused = False
         self.pauses = 0
-        self._paused_logged_at = -_PAUSE_LOG_INTERVAL_S
+        self._pause_log = Throttle(_PAUSE_LOG_INTERVAL_S)
         self._timer: asyncio.TimerHandle | None = None
         self._reading = False
         self._closed = False
@@ -276,9 +278,7 @@ class AcceptGate:
         if not self.paused:
             self.paused = True
             self.pauses += 1
-            now = time.monotonic()
-            if now - self._paused_logged_at >= _PAUSE_LOG_INTERVAL_S:
-                self._paused_logged_at = now
+            if self._pause_log.due():
                 _log.warning(
                     "accept_paused",
                     reason="open-files limit",

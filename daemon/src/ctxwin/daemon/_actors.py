@@ -39,7 +39,7 @@ from ctxwin import engine, proto
 
 from ._errors import ActorStoppedError, BusyError
 from ._kept import HistoryCache
-from ._schedule import FlushError
+from ._schedule import FlushError, WriteTiming
 from ._session import TaskServices, TaskSession
 from ._tokens import TokenCounter
 from .store import Spawn, StateStore, StoreUnavailableError
@@ -314,11 +314,13 @@ class ActorSystem:
             tokens=tokens,
             histories=self.histories,
             read_rules=read_rules,
-            loop=self.loop,
-            spawn=spawn,
-            counters=counters,
-            debounce_s=debounce_ms / 1000,
-            debounce_max_s=debounce_max_ms / 1000,
+            writes=WriteTiming(
+                loop=self.loop,
+                spawn=spawn,
+                counters=counters,
+                debounce_s=debounce_ms / 1000,
+                debounce_max_s=debounce_max_ms / 1000,
+            ),
         )
         self.actors: dict[str, Actor] = {}
         self._stopping: dict[str, Actor] = {}

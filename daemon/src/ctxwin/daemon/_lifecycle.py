@@ -183,8 +183,8 @@ async def _tick(server: Server, notifier: Notifier) -> None:
         if now >= next_status:
             stats = server.statistics()
             notifier.status(
-                f"{stats.actors} active tasks, {stats.requests} requests, "
-                f"{stats.write_failures} write failures"
+                f"{stats['actors']} active tasks, {stats['requests']} requests, "
+                f"{stats['write_failures']} write failures"
             )
             next_status = now + _STATUS_INTERVAL_S
         if interval:
@@ -291,9 +291,9 @@ async def run_daemon(
     _log.info(
         "stopped",
         durable=durable,
-        requests=stats.requests,
-        flushes=stats.flushes,
-        write_failures=stats.write_failures,
+        requests=stats["requests"],
+        flushes=stats["flushes"],
+        write_failures=stats["write_failures"],
     )
     return 0 if durable else 1
 

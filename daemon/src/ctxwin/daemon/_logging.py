@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -16,7 +17,7 @@ from structlog.tracebacks import ExceptionDictTransformer
 
 from ._notify import running_under_systemd
 
-__all__ = ["choose_format", "configure_logging"]
+__all__ = ["Throttle", "choose_format", "configure_logging"]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -25,6 +26,25 @@ _LEVELS = {
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
 }
+
+
+class Throttle:
+    """Whether a repeated event is logged this time: at most once every ``seconds`` (the first
+    time always), so that a flood of one event costs one line per interval."""
+
+    __slots__ = ("_last", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last = -seconds
+
+    def due(self) -> bool:
+        """Whether to log now (then the next is due ``seconds`` later)."""
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
 
 
 class LineLogger:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
 from .store import Spawn, StoreError
 
-__all__ = ["FlushError", "WriteCounters", "WriteSchedule"]
+__all__ = ["FlushError", "WriteCounters", "WriteSchedule", "WriteTiming"]
 
 _log = structlog.get_logger("ctxwin.daemon.actors")
 
@@ -39,6 +40,25 @@ class WriteCounters(Protocol):
     write_failures: int
 
 
+@dataclass(frozen=True)
+class WriteTiming:
+    """What the write schedules of all tasks share.
+
+    Attributes:
+        loop: the event loop whose clock and timers are used.
+        spawn: starts a coroutine function in the daemon's task group.
+        counters: counts of writes and failed writes.
+        debounce_s: write delay after the last change.
+        debounce_max_s: latest write after the first unwritten change.
+    """
+
+    loop: asyncio.AbstractEventLoop
+    spawn: Spawn
+    counters: WriteCounters
+    debounce_s: float
+    debounce_max_s: float
+
+
 class WriteSchedule:
     """The debounced writes of one task.
 
@@ -47,11 +67,7 @@ class WriteSchedule:
         write: makes the current state durable unless it is; returns whether
             anything was written; raises :class:`~.store.StoreError`.
         revision: the state's revision now (it grows with every change).
-        loop: the event loop whose clock and timers are used.
-        spawn: starts a coroutine function in the daemon's task group.
-        counters: counts of writes and failed writes.
-        debounce_s: write delay after the last change.
-        debounce_max_s: latest write after the first unwritten change.
+        timing: the loop, spawner, counters and delays the daemon's tasks share.
         stopping: whether the actor is stopping (no retry is scheduled then).
     """
 
@@ -61,21 +77,13 @@ class WriteSchedule:
         task: str,
         write: Callable[[], Awaitable[bool]],
         revision: Callable[[], int],
-        loop: asyncio.AbstractEventLoop,
-        spawn: Spawn,
-        counters: WriteCounters,
-        debounce_s: float,
-        debounce_max_s: float,
+        timing: WriteTiming,
         stopping: Callable[[], bool],
     ) -> None:
         self.task = task
         self.write = write
         self._revision = revision
-        self._loop = loop
-        self._spawn = spawn
-        self._counters = counters
-        self._debounce_s = debounce_s
-        self._debounce_max_s = debounce_max_s
+        self._timing = timing
         self._stopping = stopping
         self.durable_revision = 0
         self._seen_revision = 0
@@ -96,7 +104,7 @@ class WriteSchedule:
         if revision == self._seen_revision:
             return
         self._seen_revision = revision
-        now = self._loop.time()
+        now = self._timing.loop.time()
         if self._first_unwritten is None:
             self._first_unwritten = now
         self._last_change = now
@@ -112,7 +120,7 @@ class WriteSchedule:
     def write_soon(self) -> None:
         """Start a write in the background, unless one is under way or a retry is pending."""
         if not self._lock.locked() and self._failures_in_row == 0:
-            self._spawn(self._write_in_background)
+            self._timing.spawn(self._write_in_background)
 
     async def flush(self) -> bool:
         """Write the current state unless it is durable already.
@@ -125,7 +133,7 @@ class WriteSchedule:
         """
         async with self._lock:
             revision = self._revision()
-            taken_at = self._loop.time()
+            taken_at = self._timing.loop.time()
             try:
                 wrote = await self.write()
             except StoreError as exc:
@@ -143,12 +151,12 @@ class WriteSchedule:
                 if self._failures_in_row:
                     _log.info("write_recovered", task=self.task, failures=self._failures_in_row)
                 self._failures_in_row = 0
-                self._counters.flushes += 1
+                self._timing.counters.flushes += 1
             self._written(revision, taken_at)
             return wrote
 
     def _failed(self, reason: str) -> None:
-        self._counters.write_failures += 1
+        self._timing.counters.write_failures += 1
         self._failures_in_row += 1
         delay = min(_RETRY_MAX_S, _RETRY_FIRST_S * 2 ** (self._failures_in_row - 1))
         _log.error(
@@ -159,7 +167,7 @@ class WriteSchedule:
             retry_in_s=delay,
         )
         if not self._stopping() and self._timer is None:
-            self._timer = self._loop.call_later(delay, self._on_timer)
+            self._timer = self._timing.loop.call_later(delay, self._on_timer)
 
     def _written(self, revision: int, taken_at: float) -> None:
         """Note that ``revision``, snapshot at ``taken_at``, is durable.
@@ -181,25 +189,25 @@ class WriteSchedule:
 
     def _deadline(self) -> float:
         first = self._first_unwritten if self._first_unwritten is not None else self._last_change
-        return min(self._last_change + self._debounce_s, first + self._debounce_max_s)
+        return min(self._last_change + self._timing.debounce_s, first + self._timing.debounce_max_s)
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
             if self._timer.when() <= when:
                 return
             self._timer.cancel()
-        self._timer = self._loop.call_at(when, self._on_timer)
+        self._timer = self._timing.loop.call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         if self._first_unwritten is None and self._failures_in_row == 0:
             return
         when = self._deadline()
-        if self._failures_in_row == 0 and self._loop.time() < when:
-            self._timer = self._loop.call_at(when, self._on_timer)
+        if self._failures_in_row == 0 and self._timing.loop.time() < when:
+            self._timer = self._timing.loop.call_at(when, self._on_timer)
             return
         self._write_queued = True
-        self._spawn(self._write_in_background)
+        self._timing.spawn(self._write_in_background)
 
     async def _write_in_background(self) -> None:
         try:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -51,7 +50,7 @@ from ._socket import RouterSocket, client_of
 from ._tokens import TokenCounter
 from .store import Spawn
 
-__all__ = ["DaemonStatistics", "Server"]
+__all__ = ["Server"]
 
 _log = structlog.get_logger("ctxwin.daemon.server")
 
@@ -62,62 +61,6 @@ larger ones within the limits of ``_decode.py``."""
 # The codec's hot-path twins (one Packer for the event loop's thread).
 _decode_request = proto.decode_request_parts
 _encode_result = proto.result_encoder()
-
-
-@dataclass(frozen=True)
-class DaemonStatistics:
-    """The ``stats`` result.
-
-    Attributes:
-        tasks: distinct task ids served since start.
-        actors: task actors running now.
-        requests: requests received since start.
-        flushes: task writes that reached the disk.
-        write_failures: task writes that failed.
-        uptime_s: seconds since start.
-        histories: task histories kept for delta sync.
-        history_bytes: their estimated resident size (the cap is ``--history-cache-mb``).
-        calibrated_tasks: running tasks whose estimates have been calibrated.
-        calibration_median: the median of their ratios (reported/estimated).
-        store: the state store: ``kind`` (file or redis) and what it shows of itself.
-        cache: the cache ledgers of the running tasks that have one, summed
-            (docs/PRICING.md): ``tasks``, ``requests``, ``cached_tokens``,
-            ``written_tokens``, ``cost``, ``keep_all_cost``.
-        clients: by client name, what it holds: ``tasks``, ``requests`` in
-            flight, ``history_bytes``.
-    """
-
-    tasks: int
-    actors: int
-    requests: int
-    flushes: int
-    write_failures: int
-    uptime_s: float
-    histories: int = 0
-    history_bytes: int = 0
-    calibrated_tasks: int = 0
-    calibration_median: float | None = None
-    store: dict[str, Any] | None = None
-    cache: dict[str, Any] | None = None
-    clients: dict[str, dict[str, int]] | None = None
-
-    def wire(self) -> dict[str, Any]:
-        """The wire result map."""
-        return {
-            "tasks": self.tasks,
-            "actors": self.actors,
-            "requests": self.requests,
-            "flushes": self.flushes,
-            "write_failures": self.write_failures,
-            "uptime_s": self.uptime_s,
-            "histories": self.histories,
-            "history_bytes": self.history_bytes,
-            "calibrated_tasks": self.calibrated_tasks,
-            "calibration_median": self.calibration_median,
-            "store": self.store,
-            "cache": self.cache,
-            "clients": self.clients,
-        }
 
 
 def _error_reply(exc: BaseException, request_id: int | None, op: str) -> bytes:
@@ -484,7 +427,7 @@ class Server:
     def _stats(
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
     ) -> dict[str, Any] | None:
-        return self.statistics().wire()
+        return dict(self.statistics())
 
     def _free(
         self, envelope: list[bytes], request_id: int, op: str, args: dict[str, Any], task: Any
@@ -539,10 +482,10 @@ class Server:
         self.system.flush(task, _WireReply(self, envelope, request_id, op, task))
         return None
 
-    def statistics(self) -> DaemonStatistics:
-        """The daemon's counts now."""
+    def statistics(self) -> proto.StatsResult:
+        """The daemon's counts now: the ``stats`` result."""
         counts = self.system.statistics()
-        return DaemonStatistics(
+        return proto.StatsResult(
             tasks=counts["tasks"],
             actors=counts["actors"],
             requests=self.socket.received,

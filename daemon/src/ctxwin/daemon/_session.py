@@ -40,10 +40,10 @@ from ._errors import ActorStoppedError
 from ._kept import HistoryCache, KeptHistory
 from ._ops import HISTORY_OPS, asks_estimates, run_task_op
 from ._patterns import PatternCompiler
-from ._schedule import FlushError, WriteCounters, WriteSchedule
+from ._schedule import FlushError, WriteSchedule, WriteTiming
 from ._settings import TaskSettings
 from ._tokens import TokenCounter
-from .store import Spawn, StateStore, TaskExtras
+from .store import StateStore, TaskExtras
 
 __all__ = ["TaskServices", "TaskSession"]
 
@@ -61,11 +61,7 @@ class TaskServices:
     tokens: TokenCounter
     histories: HistoryCache
     read_rules: engine.ReadRules
-    loop: asyncio.AbstractEventLoop
-    spawn: Spawn
-    counters: WriteCounters
-    debounce_s: float
-    debounce_max_s: float
+    writes: WriteTiming
     patterns: PatternCompiler = field(default_factory=PatternCompiler)
 
 
@@ -114,11 +110,7 @@ class TaskSession:
             task=task,
             write=self._save,
             revision=self._revision,
-            loop=services.loop,
-            spawn=services.spawn,
-            counters=services.counters,
-            debounce_s=services.debounce_s,
-            debounce_max_s=services.debounce_max_s,
+            timing=services.writes,
             stopping=stopping,
         )
 

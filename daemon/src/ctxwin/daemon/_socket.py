@@ -46,6 +46,7 @@ from ._accept import FD_RESERVE, MIN_CLIENTS, AcceptGate, soft_open_files_limit
 from ._auth import Authenticator, KeysError, ServerKeys, load_server_keys
 from ._config import Config
 from ._errors import StartupError
+from ._logging import Throttle
 
 __all__ = ["OnMessage", "RouterSocket"]
 
@@ -124,7 +125,7 @@ class RouterSocket:
         self.keys: ServerKeys | None = None
         self.authenticator: Authenticator | None = None
         self.refused_ids = 0  # requests refused for a routing id the peer chose
-        self._refused_id_logged = -_REFUSED_ID_LOG_S
+        self._refused_id_log = Throttle(_REFUSED_ID_LOG_S)
         if config.keys_dir is not None and any(e.startswith("tcp://") for e in config.endpoints):
             try:
                 self.keys = load_server_keys(config.keys_dir)
@@ -377,9 +378,7 @@ class RouterSocket:
         """Drop a request from a routing id the peer chose: no reply (it could reach another
         connection that chose the same id), a log line at most every 10 s."""
         self.refused_ids += 1
-        now = time.monotonic()
-        if now - self._refused_id_logged >= _REFUSED_ID_LOG_S:
-            self._refused_id_logged = now
+        if self._refused_id_log.due():
             _log.warning(
                 "request_refused",
                 code="routing_id",

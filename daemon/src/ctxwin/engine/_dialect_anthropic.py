@@ -22,7 +22,7 @@ from ._dialect import (
     MappedLike,
     block,
 )
-from ._dialect_parts import WHOLE, inner_blocks, outer_content
+from ._dialect_parts import WHOLE, call_block, inner_blocks, outer_content, result_block
 from ._parts import media_or_unread
 
 THINKING = ("thinking", "redacted_thinking")
@@ -72,33 +72,14 @@ class AnthropicDialect(Dialect):
                 name = part.get("name")
                 if not isinstance(tool_id, str) or not isinstance(name, str):
                     raise DialectError(f".content[{place}] needs a string id and name")
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": tool_id,
-                        "name": name,
-                        "input": part.get("input"),
-                        SRC: index,
-                        PART: place,
-                    }
-                )
-                history.calls[tool_id] = (name, index)
+                blocks.append(call_block(history, index, place, tool_id, name, part.get("input")))
                 calls = True
             elif kind == "tool_result":
                 tool_use_id = part.get("tool_use_id")
                 if not isinstance(tool_use_id, str):
                     raise DialectError(f".content[{place}].tool_use_id must be a string")
-                blocks.append(
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": tool_use_id,
-                        "content": inner_blocks(
-                            part.get("content", ""), f".content[{place}].content"
-                        ),
-                        SRC: index,
-                        PART: place,
-                    }
-                )
+                inner = inner_blocks(part.get("content", ""), f".content[{place}].content")
+                blocks.append(result_block(index, place, tool_use_id, inner))
             elif kind == "image":
                 blocks.append(block("image", index, place, source=part.get("source")))
             else:

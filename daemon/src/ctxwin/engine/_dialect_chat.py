@@ -27,9 +27,11 @@ from ._dialect import (
 )
 from ._dialect_parts import (
     WHOLE,
+    call_block,
     inner_blocks,
     outer_content,
     parse_arguments,
+    result_block,
     text_parts,
     written_content,
 )
@@ -65,14 +67,7 @@ class ChatDialect(Dialect):
                 inner = inner_blocks(content)
             else:
                 raise DialectError(".content must be a string or a list of parts")
-            result = {
-                "type": "tool_result",
-                "tool_use_id": call_id,
-                "content": inner,
-                SRC: index,
-                PART: WHOLE,
-            }
-            return Mapped(USER, [result])
+            return Mapped(USER, [result_block(index, WHOLE, call_id, inner)])
         if role != ASSISTANT:
             raise DialectError(
                 ".role must be 'system', 'developer', 'user', 'assistant' or 'tool' "
@@ -98,19 +93,9 @@ class ChatDialect(Dialect):
                 raise DialectError(
                     f".tool_calls[{place}].function must be a map with a string name"
                 )
-            arguments = function.get("arguments", function.get("input"))
-            name = function["name"]
-            blocks.append(
-                {
-                    "type": "tool_use",
-                    "id": call["id"],
-                    "name": name,
-                    "input": parse_arguments(arguments),
-                    SRC: index,
-                    PART: ("tool_calls", place),
-                }
-            )
-            history.calls[call["id"]] = (name, index)
+            arguments = parse_arguments(function.get("arguments", function.get("input")))
+            part = ("tool_calls", place)
+            blocks.append(call_block(history, index, part, call["id"], function["name"], arguments))
         return Mapped(ASSISTANT, blocks, bool(calls))
 
     def holds_results(self, message: Message) -> bool:

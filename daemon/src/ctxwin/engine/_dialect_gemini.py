@@ -25,6 +25,7 @@ from ._dialect import (
     block,
     originals,
 )
+from ._dialect_parts import call_block, result_block
 from ._parts import media_or_unread
 
 MODEL = "model"
@@ -40,6 +41,16 @@ def _first(part: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | Non
         if key in part:
             return key, part[key]
     return None
+
+
+def _named(found: tuple[str, Any], place: int) -> tuple[dict[str, Any], str | None]:
+    """The body of part ``place``'s function call or response (found under its key), which
+    must name the function, and the id it gives (None: none, or an empty one)."""
+    key, body = found
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        raise DialectError(f".parts[{place}].{key} needs a string name")
+    given = body.get("id")
+    return body, given if isinstance(given, str) and given else None
 
 
 def _answered(history: MappedLike) -> tuple[list[Block], set[str]]:
@@ -113,30 +124,16 @@ class GeminiDialect(Dialect):
             call = _first(part, CALL_KEYS)
             response = _first(part, RESPONSE_KEYS)
             if call is not None:
-                body = call[1]
-                if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-                    raise DialectError(f".parts[{place}].{call[0]} needs a string name")
-                call_id = body.get("id")
-                if not isinstance(call_id, str) or not call_id:
+                body, call_id = _named(call, place)
+                if call_id is None:
                     call_id = f"{SYNTHETIC}{index}.{place}"
                 blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": call_id,
-                        "name": body["name"],
-                        "input": body.get("args"),
-                        SRC: index,
-                        PART: place,
-                    }
+                    call_block(history, index, place, call_id, body["name"], body.get("args"))
                 )
-                history.calls[call_id] = (body["name"], index)
                 calls = True
             elif response is not None:
-                body = response[1]
-                if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-                    raise DialectError(f".parts[{place}].{response[0]} needs a string name")
-                result_id = body.get("id")
-                if not isinstance(result_id, str) or not result_id:
+                body, result_id = _named(response, place)
+                if result_id is None:
                     if pending is None:
                         pending = _answered(history)
                     turn, answered = pending
@@ -147,14 +144,8 @@ class GeminiDialect(Dialect):
                             break
                     answered.add(result_id)
                 key, inner = _response_text(body.get("response"))
-                result = {
-                    "type": "tool_result",
-                    "tool_use_id": result_id,
-                    "content": inner,
-                    SRC: index,
-                    PART: place,
-                    "_key": key,
-                }
+                result = result_block(index, place, result_id, inner)
+                result["_key"] = key
                 blocks.append(result)
             elif (
                 isinstance(text, str)

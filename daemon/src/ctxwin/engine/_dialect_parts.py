@@ -1,4 +1,5 @@
-"""Helpers the native dialects share: text and content parts in and out of the internal form.
+"""Helpers the native dialects share: text and content parts in and out of the internal form,
+the blocks of calls and their results.
 
 Each dialect module (``_dialect_<name>.py``) imports only :mod:`._dialect`
 (the interface and the block helpers) and this module.
@@ -10,7 +11,7 @@ import json
 from collections.abc import Callable
 
 from ._blocks import Block
-from ._dialect import PART, SRC, DialectError, block
+from ._dialect import PART, SRC, DialectError, MappedLike, block
 from ._parts import media_or_unread
 
 WHOLE = "content"
@@ -19,6 +20,20 @@ WHOLE = "content"
 
 # (value, end) of the JSON value at a position; typeshed does not declare it.
 _SCAN: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def call_block(
+    history: MappedLike, index: int, part: object, call_id: str, name: str, arguments: object
+) -> Block:
+    """The ``tool_use`` block of a call in history message ``index``, the call recorded in
+    ``history.calls`` (by id: its name and that index)."""
+    history.calls[call_id] = (name, index)
+    return block("tool_use", index, part, id=call_id, name=name, input=arguments)
+
+
+def result_block(index: int, part: object, call_id: str, content: list[Block]) -> Block:
+    """The ``tool_result`` block answering call ``call_id`` in history message ``index``."""
+    return block("tool_result", index, part, tool_use_id=call_id, content=content)
 
 
 def parse_arguments(arguments: object) -> object:
@@ -82,9 +97,11 @@ def written_content(original: object, texts: list[Block], mapped: dict[object, B
     return out
 
 
-def inner_blocks(content: object, where: str = ".content") -> list[Block]:
-    """A result's content as internal blocks: text stays text, everything else is opaque
-    (counted as :func:`~._parts.media_or_unread` says).
+def inner_blocks(
+    content: object, where: str = ".content", kinds: tuple[str, ...] = ("text",)
+) -> list[Block]:
+    """A result's content as internal blocks: text (parts of ``kinds``) stays text, everything
+    else is opaque (counted as :func:`~._parts.media_or_unread` says).
 
     Raises:
         DialectError: an item of the content is not a map (named by ``where`` and its index).
@@ -98,7 +115,7 @@ def inner_blocks(content: object, where: str = ".content") -> list[Block]:
         if not isinstance(item, dict):
             raise DialectError(f"{where}[{place}] must be a map")
         kind = item.get("type")
-        if kind == "text" and isinstance(item.get("text"), str):
+        if kind in kinds and isinstance(item.get("text"), str):
             inner.append({"type": "text", "text": item["text"]})
         else:
             inner.append({"type": "opaque", **media_or_unread(item, kind)})

@@ -15,7 +15,6 @@ from ._blocks import Block, Message
 from ._dialect import (
     ASSISTANT,
     KEPT_OUT,
-    PART,
     SRC,
     USER,
     Dialect,
@@ -25,7 +24,15 @@ from ._dialect import (
     block,
     originals,
 )
-from ._dialect_parts import outer_content, parse_arguments, text_parts, written_content
+from ._dialect_parts import (
+    call_block,
+    inner_blocks,
+    outer_content,
+    parse_arguments,
+    result_block,
+    text_parts,
+    written_content,
+)
 from ._parts import media_or_unread
 
 TEXT_KINDS = ("input_text", "output_text", "text")
@@ -49,22 +56,9 @@ def _output_blocks(output: object) -> list[Block]:
     Raises:
         DialectError: a part of a list ``output`` is not a map.
     """
-    if isinstance(output, str):
-        return [{"type": "text", "text": output}]
-    inner: list[Block] = []
-    if isinstance(output, list):
-        for place, part in enumerate(output):
-            if not isinstance(part, dict):
-                raise DialectError(f".output[{place}] must be a map")
-            kind = part.get("type")
-            text = part.get("text")
-            if kind in TEXT_KINDS and isinstance(text, str):
-                inner.append({"type": "text", "text": text})
-            else:
-                inner.append({"type": "opaque", **media_or_unread(part, kind)})
-    elif output is not None:
-        inner.append({"type": "opaque", **media_or_unread(output, None)})
-    return inner
+    if output is None or isinstance(output, str | list):
+        return inner_blocks(output, ".output", TEXT_KINDS)
+    return [{"type": "opaque", **media_or_unread(output, None)}]
 
 
 class ResponsesDialect(Dialect):
@@ -90,27 +84,13 @@ class ResponsesDialect(Dialect):
         if kind.endswith("_call_output"):
             if not isinstance(call_id, str):
                 raise DialectError(".call_id must be a string")
-            result = {
-                "type": "tool_result",
-                "tool_use_id": call_id,
-                "content": _output_blocks(message.get("output")),
-                SRC: index,
-                PART: ITEM,
-            }
-            return Mapped(USER, [result])
+            content = _output_blocks(message.get("output"))
+            return Mapped(USER, [result_block(index, ITEM, call_id, content)])
         if kind.endswith("_call") and isinstance(call_id, str):
             name = message.get("name")
             name = name if isinstance(name, str) else kind
-            arguments = message.get("arguments", message.get("input"))
-            call = {
-                "type": "tool_use",
-                "id": call_id,
-                "name": name,
-                "input": parse_arguments(arguments),
-                SRC: index,
-                PART: ITEM,
-            }
-            history.calls[call_id] = (name, index)
+            arguments = parse_arguments(message.get("arguments", message.get("input")))
+            call = call_block(history, index, ITEM, call_id, name, arguments)
             return Mapped(ASSISTANT, [call], True)
         if kind == "reasoning":
             fields: dict[str, Any] = {"visible": _visible(message)}

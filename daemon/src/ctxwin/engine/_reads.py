@@ -241,13 +241,22 @@ def shell_command(value: object) -> str | None:
     return shlex.join(value)
 
 
+def _sed_or_head(match: _Match, prefix: str) -> str | None:
+    """The lines a ``sed -n FROM,TOp`` or a ``head`` keeps, from the groups named with
+    ``prefix`` (None: neither matched)."""
+    start = match.group(f"{prefix}from")
+    if start is not None:
+        return f"lines={int(start)}-{int(match.group(f'{prefix}to') or start)}"
+    if match.group(f"{prefix}head") is not None:
+        return f"lines=1-{int(match.group(f'{prefix}first') or DEFAULT_LINES)}"
+    return None
+
+
 def _own_range(match: _Match) -> str | None:
     """The lines the command itself prints (None: the whole file)."""
-    start = match.group("from")
-    if start is not None:
-        return f"lines={int(start)}-{int(match.group('to') or start)}"
-    if match.group("head") is not None:
-        return f"lines=1-{int(match.group('first') or DEFAULT_LINES)}"
+    kept = _sed_or_head(match, "")
+    if kept is not None:
+        return kept
     if match.group("tail") is not None:
         since = match.group("since")
         return (
@@ -258,12 +267,7 @@ def _own_range(match: _Match) -> str | None:
 
 def _piped_range(match: _Match) -> str | None:
     """The lines a pipe into ``head`` or ``sed -n`` keeps (None: no such pipe)."""
-    start = match.group("then_from")
-    if start is not None:
-        return f"lines={int(start)}-{int(match.group('then_to') or start)}"
-    if match.group("then_head") is not None:
-        return f"lines=1-{int(match.group('then_first') or DEFAULT_LINES)}"
-    return None
+    return _sed_or_head(match, "then_")
 
 
 def shell_read_key(

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwin.proto import WireRecord
+
 DEFAULT_CONTEXT_WINDOW = 128_000
 _KNOWN_LIMITS = {64_000: 37_000, 128_000: 98_000, 200_000: 160_000}
 USAGE_FIELDS = ("tokens_in", "tokens_out", "cache_writes", "cache_reads")
@@ -20,30 +22,20 @@ def _number(value: float) -> int | float:
 
 
 @dataclass(frozen=True, slots=True)
-class WindowInfo:
+class WindowInfo(WireRecord):
     """A model's context window and the most of it a request may use."""
 
     context_window: int | float
     max_allowed_size: int | float
 
-    def wire(self) -> dict[str, Any]:
-        return {"context_window": self.context_window, "max_allowed_size": self.max_allowed_size}
-
 
 @dataclass(frozen=True, slots=True)
-class CompactDecision:
+class CompactDecision(WireRecord):
     """Whether to compact now, with the numbers behind the answer."""
 
     compact: bool
     total_tokens: int
     threshold_tokens: int | float
-
-    def wire(self) -> dict[str, Any]:
-        return {
-            "compact": self.compact,
-            "total_tokens": self.total_tokens,
-            "threshold_tokens": self.threshold_tokens,
-        }
 
 
 def context_window_info(model: Mapping[str, Any]) -> WindowInfo:

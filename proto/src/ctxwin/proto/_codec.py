@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 
@@ -32,6 +32,17 @@ class Limits:
     max_frame_bytes: int = DEFAULT_MAX_BYTES
     max_frames: int = 8
     max_total_bytes: int = DEFAULT_MAX_BYTES
+
+
+class WireRecord:
+    """A dataclass whose wire map is each of its fields by name, in order (mixed in)."""
+
+    __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def wire(self) -> dict[str, Any]:
+        """The wire map: ``{field: value}`` for every field (values as they are, not copied)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)

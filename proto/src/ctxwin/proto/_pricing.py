@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._codec import WireRecord
+
 __all__ = [
     "PRICE_SHEETS",
     "PriceSheet",
@@ -24,7 +26,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class PriceSheet:
+class PriceSheet(WireRecord):
     """Multipliers of the base input price for sent, written and cached input tokens."""
 
     name: str
@@ -35,14 +37,6 @@ class PriceSheet:
     def cost(self, written: float, cached: float) -> float:
         """The cost, in base input tokens, of a request with these written and cached tokens."""
         return written * self.cache_write + cached * self.cache_read
-
-    def wire(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "input": self.input,
-            "cache_write": self.cache_write,
-            "cache_read": self.cache_read,
-        }
 
 
 def _sheet(name: str, cache_write: float, cache_read: float) -> PriceSheet:

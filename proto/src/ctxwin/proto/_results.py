@@ -53,11 +53,21 @@ class StatsResult(TypedDict):
     """``stats``: counters of the running daemon.
 
     ``tasks``: the task ids used since the daemon started (closed ones too);
-    ``actors``: the tasks loaded now, which ``--max-tasks`` caps.
+    ``actors``: the tasks loaded now, which ``--max-tasks`` caps;
+    ``requests``: the requests received since the start; ``flushes`` and
+    ``write_failures``: the task writes that were made durable and that failed;
+    ``uptime_s``: seconds since the start.
 
     ``histories`` and ``history_bytes``: the histories kept for delta sync and
     the memory they are counted as holding (their estimated resident size,
     which ``--history-cache-mb`` caps), not their encoded size.
+
+    ``calibrated_tasks``: the running tasks whose estimates have been
+    calibrated, and ``calibration_median`` the median of their ratios
+    (reported/estimated). ``store``: the state store, ``kind`` (file or redis)
+    and what it shows of itself. ``cache``: the cache ledgers of the running
+    tasks that have one, summed (docs/PRICING.md): ``tasks``, ``requests``,
+    ``cached_tokens``, ``written_tokens``, ``cost``, ``keep_all_cost``.
 
     ``clients``: by client (the name the daemon gives a connection:
     ``key:NAME`` for an allowed CURVE key, ``uid:N`` for an ipc peer,

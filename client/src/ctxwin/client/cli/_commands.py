@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from ctxwin import proto
 
@@ -56,11 +56,20 @@ _MAX_COUNT = 2**53 - 1
 """The largest count, time or index the daemon takes (JSON's exact integers)."""
 
 
-def _non_negative_int(value: str) -> int:
+N = TypeVar("N", int, float)
+
+
+def _number(value: str, kind: type[N]) -> N:
+    """``value`` as an int or a float, or the argument's error."""
     try:
-        number = int(value)
+        return kind(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"not {what}: {value!r}") from None
+
+
+def _non_negative_int(value: str) -> int:
+    number = _number(value, int)
     if number < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value!r}")
     if number > _MAX_COUNT:
@@ -69,20 +78,14 @@ def _non_negative_int(value: str) -> int:
 
 
 def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    number = _number(value, int)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
     return number
 
 
 def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    number = _number(value, float)
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
     return number

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 import anthropic
@@ -99,17 +98,12 @@ class _StreamManager:
         self._stream = self._window.send(self._request, enter)
         return self._stream
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         try:
             _finish(self._window, self._request, _snapshot_usage(self._stream))
         finally:
             if self._manager is not None:
-                self._manager.__exit__(exc_type, exc, tb)
+                self._manager.__exit__(*exc_info)  # what left the block, as it came
 
 
 class _AsyncStreamManager:
@@ -140,18 +134,13 @@ class _AsyncStreamManager:
         self._stream = await self._window.send(request, enter)
         return self._stream
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         try:
             if self._request is not None:
                 _finish(self._window, self._request, _snapshot_usage(self._stream))
         finally:
             if self._manager is not None:
-                await self._manager.__aexit__(exc_type, exc, tb)
+                await self._manager.__aexit__(*exc_info)
 
 
 _NOT_FOR_SUMMARY = ("messages", "model", "stream", "tool_choice")

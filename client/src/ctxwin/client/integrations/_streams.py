@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
-from types import TracebackType
 from typing import Any
+
+from .._closing import AsyncClosing, Closing
 
 __all__ = ["AsyncWatchedStream", "WatchedStream"]
 
@@ -26,7 +27,7 @@ class _Watched:
         return getattr(self._stream, name)
 
 
-class WatchedStream(_Watched):
+class WatchedStream(_Watched, Closing):
     """Iterates an SDK stream as it is, shows each item to ``see``, calls ``end`` once.
 
     ``see(item)`` returns whether the caller gets the item (a usage chunk the
@@ -53,17 +54,6 @@ class WatchedStream(_Watched):
     def __next__(self) -> Any:
         return next(self._items)
 
-    def __enter__(self) -> WatchedStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def close(self) -> None:
         """Close the SDK stream (its connection) and report what was seen."""
         try:
@@ -72,7 +62,7 @@ class WatchedStream(_Watched):
             self._done()
 
 
-class AsyncWatchedStream(_Watched):
+class AsyncWatchedStream(_Watched, AsyncClosing):
     """The asyncio twin of :class:`WatchedStream`."""
 
     def __init__(self, stream: Any, see: Callable[[Any], bool], end: Callable[[], object]) -> None:
@@ -93,20 +83,13 @@ class AsyncWatchedStream(_Watched):
     async def __anext__(self) -> Any:
         return await self._items.__anext__()
 
-    async def __aenter__(self) -> AsyncWatchedStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
     async def close(self) -> None:
         """Close the SDK stream (its connection) and report what was seen."""
         try:
             await self._stream.close()
         finally:
             self._done()
+
+    aclose = close
+    """The same, under the name :class:`~ctxwin.client._closing.AsyncClosing` awaits on
+    leaving ``async with`` (and :func:`contextlib.aclosing`)."""
