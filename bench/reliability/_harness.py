@@ -6,6 +6,7 @@ wait is bounded by a deadline.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -305,6 +306,19 @@ def machine() -> dict[str, Any]:
         "kernel": os.uname().release,
         "zmq": zmq.zmq_version(),
     }
+
+
+def arguments(doc: str | None) -> argparse.ArgumentParser:
+    """A script's argument parser: the first line of its docstring, and ``--json``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def finish(name: str, summary: dict[str, Any], as_json: bool) -> int:
+    """Print a script's summary (see :func:`emit`); its exit code, 0 when it ``passed``."""
+    emit(name, summary, as_json)
+    return 0 if summary["passed"] else 1
 
 
 def emit(name: str, summary: dict[str, Any], as_json: bool) -> None:

@@ -24,7 +24,6 @@ Checks:
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
@@ -36,14 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from bench.reliability._harness import (
     NOBODY,
     REPO,
     Client,
     Daemon,
+    arguments,
     as_uid,
     emit,
     free_port,
@@ -357,9 +354,8 @@ def check_tcp(root: Path) -> TcpOutcome:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="same checks (they are short)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("access.py needs root (setpriv to another uid)", file=sys.stderr)

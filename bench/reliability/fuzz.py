@@ -22,7 +22,6 @@ state dir's task directories, and every task directory name is a valid task id.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -36,17 +35,7 @@ import zmq
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.reliability._harness import (
-    MODEL,
-    Client,
-    Daemon,
-    emit,
-    machine,
-    scratch,
-)
+from bench.reliability._harness import MODEL, Client, Daemon, arguments, finish, machine, scratch
 from ctxwin import proto
 
 MAX_BYTES = 65536
@@ -316,15 +305,13 @@ def run(examples: int, seed_value: int) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="300 examples")
     parser.add_argument("--examples", type=int, default=3000, help="hypothesis examples (3000)")
     parser.add_argument("--seed", type=int, default=8, help="hypothesis seed (8)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     summary = run(300 if args.quick else args.examples, args.seed)
-    emit("fuzz", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("fuzz", summary, args.json)
 
 
 if __name__ == "__main__":
