@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from ctxwin.client.cli._dialects import message_chars, user_side
 from ctxwin.client.cli.replay import ReplayOptions, ReplayReport, ViewState, replay
 from tests import _daemon
 from tests._corpus import corpus_param
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._rules import CHECKS, check_origins
 from tests._shapes import conversation_file
@@ -39,17 +38,6 @@ CHAT: list[dict[str, Any]] = [
     },
     {"role": "tool", "tool_call_id": "c1", "content": "print(1)\n" * 50},
 ]
-
-
-@pytest.fixture(scope="module")
-def dialect_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return daemon_factory()
-
-
-@pytest.fixture(scope="module")
-def client(dialect_daemon: DaemonProcess) -> Iterator[Client]:
-    with Client(dialect_daemon.endpoint, timeout=60) as connected:
-        yield connected
 
 
 def test_ping_lists_every_dialect_the_engine_serves(client: Client) -> None:
@@ -208,7 +196,7 @@ def _ping_while(endpoint: str, op: str, args: dict[str, Any]) -> float:
 
 
 def test_a_hostile_pattern_does_not_hold_up_another_clients_ping(
-    dialect_daemon: DaemonProcess,
+    shared_daemon: DaemonProcess,
 ) -> None:
     """A task's pattern that makes a backtracking engine run for seconds: ping answers at once.
 
@@ -222,7 +210,7 @@ def test_a_hostile_pattern_does_not_hold_up_another_clients_ping(
         "messages": _bash_reads("a" * 24 + "!", 8),
         "ts": 1,
     }
-    latency = _ping_while(dialect_daemon.endpoint, "optimize_file_reads", args)
+    latency = _ping_while(shared_daemon.endpoint, "optimize_file_reads", args)
     assert latency < 1.0, f"ping waited {latency:.2f}s behind a hostile pattern"
 
 
@@ -271,14 +259,14 @@ def test_read_tools_that_cannot_be_used_are_refused_by_name(client: Client) -> N
 
 
 def test_an_inspected_task_becomes_ephemeral_with_a_dialect_and_read_tools(
-    dialect_daemon: DaemonProcess, client: Client
+    shared_daemon: DaemonProcess, client: Client
 ) -> None:
     """Looked at first, then opened ephemeral in a native dialect with tools: nothing is written."""
     client.task("reads-ephemeral").inspect()
     task = client.task("reads-ephemeral", ephemeral=True, dialect="anthropic", read_tools=OPEN_FILE)
     assert task.optimize_file_reads(_open_file_reads())["changed"]
     client.flush()
-    assert not (dialect_daemon.task_dir("reads-ephemeral") / "ctxwin.json").exists()
+    assert not (shared_daemon.task_dir("reads-ephemeral") / "ctxwin.json").exists()
 
 
 def test_inspect_names_the_history_message_and_text_of_each_edited_block(client: Client) -> None:
