@@ -1,18 +1,19 @@
-"""What the integration tests check in what the fake provider received."""
+"""The integration tests' agent (its tool, its Anthropic turn) and what they check in what the
+fake provider received."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
 
 from ctxwin.proto import SUMMARY_MARK
-from tests._daemon import DaemonFactory, DaemonProcess
 from tests._fake_provider import FakeProvider, Recorded
 
 NOTICE = "[ctxwin-test] an earlier copy of this file was dropped; a later read holds it."
+"""The daemon's duplicate-read notice in these tests, to find it in what the provider got."""
 STUB = "was removed to save context"
 """In the stub ``auto`` leaves of a masked tool result."""
-"""The daemon's duplicate-read notice in these tests, to find it in what the provider got."""
 
 PATHS = tuple("src/app.py" if turn % 4 == 0 else f"src/mod{turn}.py" for turn in range(60))
 """What the fake model reads in the long conversations: ``src/app.py`` every fourth turn (each
@@ -25,9 +26,53 @@ def read_file(path: str) -> str:
     return f"# {path}\n" + "def compute(n):\n    return n * 2\n" * 50
 
 
-def notice_daemon(factory: DaemonFactory) -> DaemonProcess:
-    """The shared daemon whose duplicate-read notice is :data:`NOTICE`."""
-    return factory(env={"CTXWIN_DUPLICATE_FILE_READ_NOTICE": NOTICE})
+CHAT_TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+"""The agent's tool as an OpenAI Chat request declares it."""
+ANTHROPIC_TOOLS: Any = [{"name": "read_file", "input_schema": {"type": "object", "properties": {}}}]
+"""The agent's tool as an Anthropic request declares it."""
+
+
+def tool_results(content: Any) -> list[Any]:
+    """The ``tool_result`` blocks answering the ``tool_use`` blocks of an Anthropic answer."""
+    return [
+        {"type": "tool_result", "tool_use_id": b.id, "content": read_file(b.input["path"])}
+        for b in content
+        if b.type == "tool_use"
+    ]
+
+
+def anthropic_turn(client: Any, history: list[Any], options: Any, stream: bool = False) -> None:
+    """One turn of the agent on a (wrapped) ``Anthropic`` client: ``messages.stream`` or
+    ``messages.create``, then its answer (the SDK's blocks as they are) and the tool results
+    appended to ``history``."""
+    if stream:
+        with client.messages.stream(messages=history, **options) as streamed:
+            content = streamed.get_final_message().content
+    else:
+        content = client.messages.create(messages=history, **options).content
+    history.append({"role": "assistant", "content": content})
+    history.append({"role": "user", "content": tool_results(content)})
+
+
+async def anthropic_turn_async(
+    client: Any, history: list[Any], options: Any, stream: bool = False
+) -> None:
+    """:func:`anthropic_turn` on a (wrapped) ``AsyncAnthropic`` client."""
+    if stream:
+        async with client.messages.stream(messages=history, **options) as streamed:
+            content = (await streamed.get_final_message()).content
+    else:
+        content = (await client.messages.create(messages=history, **options)).content
+    history.append({"role": "assistant", "content": content})
+    history.append({"role": "user", "content": tool_results(content)})
 
 
 def answered(provider: FakeProvider, path: str) -> list[Recorded]:

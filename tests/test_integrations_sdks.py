@@ -14,24 +14,18 @@ from ctxwin.client.integrations import Turn, window_of
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
 from tests._conversation import (
+    ANTHROPIC_TOOLS,
+    CHAT_TOOLS,
     PATHS,
     answered,
+    anthropic_turn,
+    anthropic_turn_async,
     assert_valid_and_shrinking,
-    notice_daemon,
     read_file,
 )
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, FakeProvider
 
-CHAT_TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    }
-]
 RESPONSES_TOOLS: Any = [
     {
         "type": "function",
@@ -39,15 +33,6 @@ RESPONSES_TOOLS: Any = [
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
     }
 ]
-ANTHROPIC_TOOLS: Any = [
-    {"name": "read_file", "input_schema": {"type": "object", "properties": {}}},
-]
-
-
-@pytest.fixture(scope="module")
-def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
-    """The shared daemon with the test notice (each test uses its own tasks)."""
-    return notice_daemon(daemon_factory)
 
 
 def _openai(provider: FakeProvider) -> openai.OpenAI:
@@ -239,18 +224,6 @@ async def test_responses_with_a_server_held_history_pass_through(ctxwind: Daemon
     assert [] == turns
 
 
-def _anthropic_results(content: Any) -> list[Any]:
-    return [
-        {
-            "type": "tool_result",
-            "tool_use_id": block.id,
-            "content": read_file(block.input["path"]),
-        }
-        for block in content
-        if block.type == "tool_use"
-    ]
-
-
 def test_a_60_turn_anthropic_conversation_with_create_and_stream(ctxwind: DaemonProcess) -> None:
     """messages.create and messages.stream in turn: system kept, views valid and cut, notices."""
     turns: list[Turn] = []
@@ -269,13 +242,7 @@ def test_a_60_turn_anthropic_conversation_with_create_and_stream(ctxwind: Daemon
             "tools": ANTHROPIC_TOOLS,
         }
         for turn in range(60):
-            if turn % 2:
-                with client.messages.stream(messages=history, **options) as stream:
-                    content = stream.get_final_message().content
-            else:
-                content = client.messages.create(messages=history, **options).content
-            history.append({"role": "assistant", "content": content})  # SDK blocks as they are
-            history.append({"role": "user", "content": _anthropic_results(content)})
+            anthropic_turn(client, history, options, stream=turn % 2 == 1)
         client.close()
         sent = assert_valid_and_shrinking(provider, MESSAGES, 60)
     assert all("You fix bugs." == r.body["system"] for r in sent)
@@ -300,13 +267,7 @@ async def test_async_anthropic_retries_once_after_prompt_is_too_long(
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         options: Any = {"model": "claude-sonnet-4-5", "max_tokens": 100, "tools": ANTHROPIC_TOOLS}
         while not (turns and turns[-1].retried):
-            if len(turns) % 2:
-                async with client.messages.stream(messages=history, **options) as stream:
-                    content = (await stream.get_final_message()).content
-            else:
-                content = (await client.messages.create(messages=history, **options)).content
-            history.append({"role": "assistant", "content": content})
-            history.append({"role": "user", "content": _anthropic_results(content)})
+            await anthropic_turn_async(client, history, options, stream=len(turns) % 2 == 1)
         await client.close()
         sent = answered(provider, MESSAGES)
         statuses = [r.status for r in provider.sent(MESSAGES)]
