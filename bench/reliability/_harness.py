@@ -321,6 +321,15 @@ def finish(name: str, summary: dict[str, Any], as_json: bool) -> int:
     return 0 if summary["passed"] else 1
 
 
+def role_argv(module: str, role: str, endpoint: str, **flags: object) -> list[str]:
+    """The command that runs the script ``module`` again in a child, as its hidden ``--role``
+    on ``endpoint``, each of ``flags`` given as ``--name value`` (``think_ms``: ``--think-ms``)."""
+    argv = [sys.executable, "-m", module, "--role", role, "--endpoint", endpoint]
+    for name, value in flags.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
+
+
 def emit(name: str, summary: dict[str, Any], as_json: bool) -> None:
     """Print a script's summary as readable lines or as one JSON document."""
     if as_json:

@@ -59,6 +59,7 @@ from bench.reliability._harness import (
     finish,
     latency_summary,
     machine,
+    role_argv,
     scratch,
     temp_files,
     tmpfs,
@@ -277,26 +278,16 @@ def check_after_kill(
 def _spawn_writer(
     endpoint: str, task: str, records: Path, seconds: float, flush_every: int
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.reliability.crash",
-            "--role",
-            "writer",
-            "--endpoint",
-            endpoint,
-            "--task",
-            task,
-            "--records",
-            str(records),
-            "--seconds",
-            str(seconds),
-            "--flush-every",
-            str(flush_every),
-        ],
-        cwd=REPO,
+    argv = role_argv(
+        "bench.reliability.crash",
+        "writer",
+        endpoint,
+        task=task,
+        records=records,
+        seconds=seconds,
+        flush_every=flush_every,
     )
+    return subprocess.Popen(argv, cwd=REPO)
 
 
 def run(

@@ -49,6 +49,7 @@ from bench.reliability._harness import (
     finish,
     latency_summary,
     machine,
+    role_argv,
     scratch,
 )
 from ctxwin import proto
@@ -120,24 +121,10 @@ def flooder(endpoint: str, seconds: float, max_bytes: int) -> dict[str, Any]:
 
 
 def _spawn(role: str, endpoint: str, seconds: float, max_bytes: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.reliability.flood",
-            "--role",
-            role,
-            "--endpoint",
-            endpoint,
-            "--seconds",
-            str(seconds),
-            "--max-bytes",
-            str(max_bytes),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
+    argv = role_argv(
+        "bench.reliability.flood", role, endpoint, seconds=seconds, max_bytes=max_bytes
     )
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
 
 
 def _collect(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:

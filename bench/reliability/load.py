@@ -52,6 +52,7 @@ from bench.reliability._harness import (
     latency_summary,
     machine,
     proc_status_kb,
+    role_argv,
     scratch,
 )
 from ctxwin import proto
@@ -157,30 +158,16 @@ def mixed(root: Path, clients: int, tasks: int, seconds: float, think_ms: float)
         procs = []
         for index in range(clients):
             share = names[index::clients]
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.reliability.load",
-                        "--role",
-                        "client",
-                        "--endpoint",
-                        daemon.endpoint,
-                        "--task-list",
-                        ",".join(share),
-                        "--seconds",
-                        str(seconds),
-                        "--think-ms",
-                        str(think_ms),
-                        "--seed",
-                        str(index),
-                    ],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                    cwd=REPO,
-                )
+            argv = role_argv(
+                "bench.reliability.load",
+                "client",
+                daemon.endpoint,
+                task_list=",".join(share),
+                seconds=seconds,
+                think_ms=think_ms,
+                seed=index,
             )
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO))
         latencies: dict[str, list[float]] = {op: [] for op in WEIGHTS}
         errors: dict[str, int] = {}
         crashed = 0
