@@ -40,6 +40,31 @@ ANTHROPIC_TOOLS: Any = [{"name": "read_file", "input_schema": {"type": "object",
 """The agent's tool as an Anthropic request declares it."""
 
 
+def chat_results(calls: Any) -> list[Any]:
+    """The tool messages answering ``calls`` (SDK objects or maps of the same shape)."""
+
+    def field(value: Any, name: str) -> Any:
+        return value[name] if isinstance(value, dict) else getattr(value, name)
+
+    return [
+        {
+            "role": "tool",
+            "tool_call_id": field(call, "id"),
+            "content": read_file(json.loads(field(field(call, "function"), "arguments"))["path"]),
+        }
+        for call in calls or []
+    ]
+
+
+def chat_turn(client: Any, history: list[Any], tools: Any = CHAT_TOOLS) -> None:
+    """One turn of the agent on a (wrapped) ``OpenAI`` client's ``chat.completions.create``:
+    its message (the SDK's object, as callers append it) and the tool messages answering its
+    calls appended to ``history``."""
+    response = client.chat.completions.create(model="gpt-4o", messages=history, tools=tools)
+    history.append(response.choices[0].message)
+    history += chat_results(response.choices[0].message.tool_calls)
+
+
 def tool_results(content: Any) -> list[Any]:
     """The ``tool_result`` blocks answering the ``tool_use`` blocks of an Anthropic answer."""
     return [
@@ -60,6 +85,23 @@ def anthropic_turn(client: Any, history: list[Any], options: Any, stream: bool =
         content = client.messages.create(messages=history, **options).content
     history.append({"role": "assistant", "content": content})
     history.append({"role": "user", "content": tool_results(content)})
+
+
+def anthropic_agent(
+    client: Any, turns: int, system: Any = "You fix bugs.", stream: bool = True
+) -> list[Any]:
+    """The agent's run on a (wrapped) ``Anthropic`` client: the task, then ``turns`` turns of
+    :func:`anthropic_turn` (every other one streamed, with ``stream``); the history."""
+    history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
+    options: Any = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "system": system,
+        "tools": ANTHROPIC_TOOLS,
+    }
+    for turn in range(turns):
+        anthropic_turn(client, history, options, stream=stream and turn % 2 == 1)
+    return history
 
 
 async def anthropic_turn_async(

@@ -19,11 +19,11 @@ from ctxwin.client.integrations._cache_hints import (
 )
 from tests._conversation import (
     ANTHROPIC_TOOLS,
-    CHAT_TOOLS,
     PATHS,
     answered,
-    anthropic_turn,
+    anthropic_agent,
     anthropic_turn_async,
+    chat_turn,
     read_file,
 )
 from tests._daemon import DaemonProcess
@@ -60,15 +60,7 @@ def test_anthropic_requests_carry_breakpoints_where_the_cost_model_caches(
             task="cache-anthropic",
             endpoint=ctxwind.endpoint,
         )
-        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
-        options: Any = {
-            "model": "claude-sonnet-4-5",
-            "max_tokens": 100,
-            "system": "You fix bugs.",
-            "tools": ANTHROPIC_TOOLS,
-        }
-        for turn in range(8):
-            anthropic_turn(client, history, options, stream=turn % 2 == 1)
+        history = anthropic_agent(client, 8)
         client.close()
         sent = answered(provider, MESSAGES)
     assert len(sent) == 8
@@ -99,15 +91,7 @@ def test_the_callers_own_breakpoints_count_toward_the_four(ctxwind: DaemonProces
         system: Any = [
             {"type": "text", "text": "You fix bugs.", "cache_control": {"type": "ephemeral"}}
         ]
-        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
-        options: Any = {
-            "model": "claude-sonnet-4-5",
-            "max_tokens": 100,
-            "system": system,
-            "tools": ANTHROPIC_TOOLS,
-        }
-        for _ in range(4):
-            anthropic_turn(client, history, options)
+        anthropic_agent(client, 4, system, stream=False)
         client.close()
         counts = [
             count_breakpoints([r.body["system"], r.body["messages"]])
@@ -190,16 +174,7 @@ def test_openai_requests_carry_one_prompt_cache_key_per_task(ctxwind: DaemonProc
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         for _ in range(2):
-            message = (
-                client.chat.completions.create(model="gpt-4o", messages=history, tools=CHAT_TOOLS)
-                .choices[0]
-                .message
-            )
-            history.append(message)
-            history += [
-                {"role": "tool", "tool_call_id": c.id, "content": read_file("src/app.py")}
-                for c in message.tool_calls or []
-            ]
+            chat_turn(client, history)
         client.responses.create(model="gpt-4o", input=[{"role": "user", "content": "hi"}])
         client.chat.completions.create(
             model="gpt-4o", messages=[{"role": "user", "content": "x"}], prompt_cache_key="mine"

@@ -18,9 +18,11 @@ from tests._conversation import (
     CHAT_TOOLS,
     PATHS,
     answered,
-    anthropic_turn,
+    anthropic_agent,
     anthropic_turn_async,
     assert_valid_and_shrinking,
+    chat_results,
+    chat_turn,
     read_file,
 )
 from tests._daemon import DaemonProcess
@@ -41,22 +43,6 @@ def _openai(provider: FakeProvider) -> openai.OpenAI:
 
 def _anthropic(provider: FakeProvider) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=provider.url, api_key="k", max_retries=0)
-
-
-def _chat_results(calls: Any) -> list[Any]:
-    """The tool messages answering ``calls`` (SDK objects or maps of the same shape)."""
-
-    def field(value: Any, name: str) -> Any:
-        return value[name] if isinstance(value, dict) else getattr(value, name)
-
-    return [
-        {
-            "role": "tool",
-            "tool_call_id": field(call, "id"),
-            "content": read_file(json.loads(field(field(call, "function"), "arguments"))["path"]),
-        }
-        for call in calls or []
-    ]
 
 
 def test_a_60_turn_chat_conversation_sends_shrinking_valid_views_with_notices(
@@ -96,13 +82,9 @@ def test_a_60_turn_chat_conversation_sends_shrinking_valid_views_with_notices(
                     for call in chunk.choices[0].delta.tool_calls or []
                 ]
                 history.append({"role": "assistant", "content": None, "tool_calls": calls})
+                history += chat_results(calls)
             else:
-                response = client.chat.completions.create(
-                    model="gpt-4o", messages=history, tools=CHAT_TOOLS
-                )
-                calls = response.choices[0].message.tool_calls
-                history.append(response.choices[0].message)  # the SDK object, as callers do
-            history += _chat_results(calls)
+                chat_turn(client, history)
         client.close()
         assert_valid_and_shrinking(provider, CHAT, 60)
     assert 60 == len(turns)
@@ -121,11 +103,7 @@ def test_a_context_length_error_compacts_and_retries_once(ctxwind: DaemonProcess
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         while not (turns and turns[-1].retried):
-            response = client.chat.completions.create(
-                model="gpt-4o", messages=history, tools=CHAT_TOOLS
-            )
-            history.append(response.choices[0].message)
-            history += _chat_results(response.choices[0].message.tool_calls)
+            chat_turn(client, history)
         client.close()
         sent = provider.sent(CHAT)
     assert [200] * (len(sent) - 2) + [400, 200] == [r.status for r in sent]
@@ -234,15 +212,7 @@ def test_a_60_turn_anthropic_conversation_with_create_and_stream(ctxwind: Daemon
             endpoint=ctxwind.endpoint,
             on_turn=turns.append,
         )
-        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
-        options: Any = {
-            "model": "claude-sonnet-4-5",
-            "max_tokens": 100,
-            "system": "You fix bugs.",
-            "tools": ANTHROPIC_TOOLS,
-        }
-        for turn in range(60):
-            anthropic_turn(client, history, options, stream=turn % 2 == 1)
+        anthropic_agent(client, 60)
         client.close()
         sent = assert_valid_and_shrinking(provider, MESSAGES, 60)
     assert all("You fix bugs." == r.body["system"] for r in sent)
@@ -291,12 +261,7 @@ def test_adapters_use_auto_with_the_wrapped_providers_sheet(ctxwind: DaemonProce
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         for _ in range(3):
-            response = chat.chat.completions.create(
-                model="gpt-4o", messages=history, tools=CHAT_TOOLS
-            )
-            calls = response.choices[0].message.tool_calls
-            history.append(response.choices[0].message)
-            history += _chat_results(calls)
+            chat_turn(chat, history)
         chat.close()
         messages = ctxwin_anthropic.wrap(
             _anthropic(provider), task="auto-messages", endpoint=ctxwind.endpoint

@@ -28,7 +28,7 @@ from ctxwin.client.integrations import openai as ctxwin_openai
 from ctxwin.client.integrations.agents import ContextWindowFilter
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 from ctxwin.client.integrations.pydantic_ai import ContextWindow
-from tests._conversation import anthropic_turn, read_file
+from tests._conversation import CHAT_TOOLS, anthropic_turn, chat_turn, read_file
 from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, SUMMARY_ASK, FakeProvider, Recorded
 
@@ -92,20 +92,12 @@ def test_openai_chat_asks_the_model_for_a_summary_and_sends_it_next(
             openai.OpenAI(base_url=provider.openai_url, api_key="k", max_retries=0),
             **_window(ctxwind, "summary-chat", turns),
         )
-        tools: Any = [{"type": "function", "function": {"name": "read_file", "parameters": TOOL}}]
         history: list[Any] = [
             {"role": "system", "content": "You fix bugs."},
             {"role": "user", "content": "main() is wrong; fix it. Keep LIMIT=77."},
         ]
         for _ in range(40):
-            response = client.chat.completions.create(model="gpt-4o", messages=history, tools=tools)
-            message = response.choices[0].message
-            history.append(message)
-            for call in message.tool_calls or []:
-                path = json.loads(call.function.arguments)["path"]  # type: ignore[union-attr]
-                history.append(
-                    {"role": "tool", "tool_call_id": call.id, "content": read_file(path)}
-                )
+            chat_turn(client, history)
         client.close()
         sent = provider.sent(CHAT)
     check_summaries(sent, turns, "FAKE SUMMARY")
@@ -116,7 +108,7 @@ def test_openai_chat_asks_the_model_for_a_summary_and_sends_it_next(
     assert len(summary_requests) == ledger["summary_requests"]
     assert ledger["summary_cost"] > 0  # priced under the openai sheet
     assert all("none" == r.body["tool_choice"] for r in summary_requests)
-    assert all(r.body["tools"] == tools for r in summary_requests)  # the cached prefix
+    assert all(r.body["tools"] == CHAT_TOOLS for r in summary_requests)  # the cached prefix
 
 
 def test_a_failing_anthropic_summary_falls_back_to_the_basic_one(ctxwind: DaemonProcess) -> None:
