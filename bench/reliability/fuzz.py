@@ -37,25 +37,12 @@ from hypothesis import strategies as st
 
 from bench.reliability._harness import MODEL, Client, Daemon, arguments, finish, machine, scratch
 from ctxwin import proto
+from tests._strategies import msgpack_values
 
 MAX_BYTES = 65536
 MAX_FRAMES = 8
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=True)
-    | st.text(max_size=40)
-    | st.binary(max_size=40)
-)
-values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
-    ),
-    max_leaves=30,
-)
+values = msgpack_values(text=40, items=5, leaves=30)
 task_ids = st.sampled_from(
     [
         "../x",
