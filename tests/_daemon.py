@@ -186,6 +186,19 @@ class DaemonProcess(Service):
                 self.kill()  # a daemon that never answered is not left running
                 raise TimeoutError(f"ctxwind did not answer ping:\n{self.log()}")
 
+    def run_to_exit(self, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run the daemon in the foreground until it exits, as one that refuses to start does;
+        its exit code and output."""
+        return subprocess.run(
+            self.argv,
+            env=self.env,
+            preexec_fn=self.preexec_fn,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -111,14 +111,7 @@ def test_open_files_limit_64_and_128_clients_do_not_abort(tmp_path: Path, transp
 def test_an_open_files_limit_too_low_for_any_client_is_refused_at_start(tmp_path: Path) -> None:
     """A hard open-files limit of 24 stops the daemon at start with the limit it needs."""
     daemon, _ = descriptors.limited_daemon(tmp_path, 24, "ipc")
-    proc = subprocess.run(
-        daemon.argv,
-        env=daemon.env,
-        preexec_fn=daemon.preexec_fn,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = daemon.run_to_exit()
     assert 1 == proc.returncode
     assert "ctxwind: the open-files limit (24) is too low" in proc.stderr
     assert "ctxwind needs a limit of at least" in proc.stderr

@@ -47,6 +47,7 @@ from bench.reliability._harness import (
     machine,
     scratch,
 )
+from tests._daemon import DaemonProcess
 
 # Run as the other uid: connect(2) to the socket, then a ZeroMQ ping with a short timeout.
 _PROBE = r"""
@@ -333,22 +334,8 @@ def check_tcp(root: Path) -> TcpOutcome:
         daemon.stop()
     refused = {}
     for wildcard in (f"tcp://*:{free_port()}", f"tcp://0.0.0.0:{free_port()}", "tcp://[::]:0"):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ctxwin.daemon",
-                "--endpoint",
-                wildcard,
-                "--state-dir",
-                str(root / "wild"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-            env={**os.environ, "XDG_CONFIG_HOME": str(root)},
-        )
+        config = {"XDG_CONFIG_HOME": str(root)}
+        result = DaemonProcess(root / "wild", endpoint=wildcard, env=config).run_to_exit()
         refused[wildcard] = f"exit {result.returncode}: {result.stderr.strip()[-160:]}"
     return TcpOutcome(endpoints, listening, refused)
 
