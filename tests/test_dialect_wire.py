@@ -20,7 +20,7 @@ from tests._corpus import corpus_param
 from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._rules import CHECKS, check_origins
-from tests._shapes import conversation_file
+from tests._shapes import LOGS, conversation_file
 
 CHAT: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
@@ -570,15 +570,7 @@ def _replay(client: Client, path: Path, window: int) -> tuple[int, int, list[Any
 
 
 @pytest.mark.parametrize("window", [32_000, 64_000])
-@pytest.mark.parametrize(
-    "name",
-    [
-        "chat_log.json",
-        "claude_code_log.jsonl",
-        corpus_param("openai_richh_claude_code_develop1.json"),
-        corpus_param("anthropic_claude_code_campusops_session2.jsonl"),
-    ],
-)
+@pytest.mark.parametrize("name", LOGS)
 def test_a_logged_conversation_replays_in_its_own_dialect(
     client: Client, name: str, window: int, tmp_path: Path
 ) -> None:
