@@ -471,26 +471,24 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=check)
 
 
-def refused(*argv: str) -> str | None:
-    """Run a privileged system command; the reason when the kernel or tool refuses, else None."""
+def require(*argv: str) -> None:
+    """Run a privileged system command; PermissionError with the reason when the kernel or
+    the tool refuses it (or it is not installed)."""
     if shutil.which(argv[0]) is None:
-        return f"{argv[0]} is not installed"
+        raise PermissionError(f"{argv[0]} is not installed")
     result = run(*argv, check=False)
     if result.returncode != 0:
-        return f"`{' '.join(argv)}` failed: {result.stderr.strip() or result.returncode}"
-    return None
+        raise PermissionError(
+            f"`{' '.join(argv)}` failed: {result.stderr.strip() or result.returncode}"
+        )
 
 
 @contextlib.contextmanager
 def read_only_bind(directory: Path) -> Iterator[None]:
     """Make ``directory`` a read-only bind mount of itself for the duration (EROFS)."""
-    reason = refused("mount", "--bind", str(directory), str(directory))
-    if reason:
-        raise PermissionError(reason)
+    require("mount", "--bind", str(directory), str(directory))
     try:
-        reason = refused("mount", "-o", "remount,bind,ro", str(directory))
-        if reason:
-            raise PermissionError(reason)
+        require("mount", "-o", "remount,bind,ro", str(directory))
         yield
     finally:
         run("umount", "-l", str(directory), check=False)
@@ -499,9 +497,7 @@ def read_only_bind(directory: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def immutable(path: Path) -> Iterator[None]:
     """``chattr +i`` on ``path`` for the duration (EPERM even for root)."""
-    reason = refused("chattr", "+i", str(path))
-    if reason:
-        raise PermissionError(reason)
+    require("chattr", "+i", str(path))
     try:
         yield
     finally:
@@ -512,11 +508,7 @@ def immutable(path: Path) -> Iterator[None]:
 def tmpfs(directory: Path, size: str) -> Iterator[None]:
     """A tmpfs of ``size`` mounted on ``directory`` for the duration."""
     directory.mkdir(parents=True, exist_ok=True)
-    reason = refused(
-        "mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)
-    )
-    if reason:
-        raise PermissionError(reason)
+    require("mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory))
     try:
         yield
     finally:
