@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -62,7 +61,7 @@ import zmq
 
 from bench.wire import PING
 from ctxwin import proto
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonProcess, free_port
 from tests._pinger import hostile_tools, pinging
 
 ONE_PIECE = str(2**62)
@@ -265,9 +264,7 @@ def slots(flood_tasks: int, max_tasks: int, other_tasks: int) -> dict[str, Any]:
             assert pair.secret is not None
             pairs[name] = (pair.public, pair.secret)
         server_public = proto.read_key_file(server / "server.key").public
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         endpoint = f"tcp://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "ctxwin.daemon", "--endpoint", endpoint]
         argv += ["--keys-dir", str(server), "--max-tasks", str(max_tasks)]

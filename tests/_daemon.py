@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -104,6 +105,14 @@ def _count_start() -> None:
     if path:
         with open(path, "a") as out:  # a line under PIPE_BUF: appends never interleave
             out.write(os.environ.get("PYTEST_CURRENT_TEST", "?") + "\n")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 class DaemonProcess(Service):

@@ -14,7 +14,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -203,14 +202,6 @@ class Client:
 
 
 # -- task files -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def temp_files(directory: Path, suffix: str = TEMP_SUFFIX) -> list[str]:

@@ -43,11 +43,10 @@ from bench.reliability._harness import (
     arguments,
     as_uid,
     emit,
-    free_port,
     machine,
     scratch,
 )
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonProcess, free_port
 
 # Run as the other uid: connect(2) to the socket, then a ZeroMQ ping with a short timeout.
 _PROBE = r"""

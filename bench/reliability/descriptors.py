@@ -33,13 +33,13 @@ from bench.reliability._harness import (
     arguments,
     conversation,
     emit,
-    free_port,
     limit_preexec,
     machine,
     open_fds,
     scratch,
 )
 from ctxwin import proto
+from tests._daemon import free_port
 
 
 @dataclass
