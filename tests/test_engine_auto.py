@@ -14,6 +14,7 @@ from ctxwin import proto
 from ctxwin.engine import (
     DEFAULT_POLICY,
     DEFAULT_READ_RULES,
+    AutoPolicy,
     Budgeting,
     TaskState,
     get_dialect,
@@ -60,8 +61,11 @@ def conversation(
     return messages
 
 
-def native() -> TaskState:
-    return TaskState(reads=DEFAULT_READ_RULES, dialect=get_dialect("anthropic"))
+def native(policy: AutoPolicy = DEFAULT_POLICY) -> TaskState:
+    """A task state of the Anthropic dialect whose ``auto`` follows ``policy``."""
+    state = TaskState(reads=DEFAULT_READ_RULES, dialect=get_dialect("anthropic"))
+    state.auto.policy = policy
+    return state
 
 
 def auto(pricing: str | None = "anthropic") -> Budgeting:
@@ -127,8 +131,7 @@ def test_the_rolling_mask_stubs_the_turn_that_just_left_and_keeps_the_prefix() -
     last view held before it is sent again unchanged (read from the cache)."""
     steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(6)]
     messages = conversation(steps)
-    state = native()
-    state.auto.policy = UNGOVERNED  # a short conversation: its hit share starts low
+    state = native(UNGOVERNED)  # a short conversation: its hit share starts low
     replies = turn_by_turn(state, messages, auto(), first=5)
     for (before, last), (sent, now) in itertools.pairwise(replies):
         previous: list[Any] = last["messages"]
@@ -172,8 +175,7 @@ def test_a_result_its_stub_does_not_pay_for_is_not_masked() -> None:
     """A stub written at the write price must cost less than reading the result it replaces."""
     steps = [("Bash", {"command": f"ls {n}"}, 300) for n in range(8)]
     messages = conversation(steps)
-    state = native()
-    state.auto.policy = UNGOVERNED
+    state = native(UNGOVERNED)
     turn_by_turn(state, messages, auto())
     assert not state.overlay
     assert not state.dropped
@@ -187,8 +189,7 @@ def test_the_governor_holds_back_masks_while_the_cache_hit_share_is_low() -> Non
     state = native()
     turn_by_turn(state, messages, auto())
     assert not state.overlay
-    free = native()
-    free.auto.policy = UNGOVERNED
+    free = native(UNGOVERNED)
     turn_by_turn(free, messages, auto())
     assert free.overlay
 
@@ -264,12 +265,10 @@ def test_a_rebuild_waits_for_the_rent_to_reach_its_rewrite_cost() -> None:
             out.append((rent, plan.rewritten if plan.dropped_tokens else math.inf, result))
         return out
 
-    never = native()
-    never.auto.policy = replace(UNGOVERNED, rent_multiple=1e9)
+    never = native(replace(UNGOVERNED, rent_multiple=1e9))
     assert not any("receipts" in result for _, _, result in replay(never))
     assert not never.dropped
-    state = native()
-    state.auto.policy = UNGOVERNED  # the rule alone decides
+    state = native(UNGOVERNED)  # the rule alone decides
     steps = replay(state)
     rebuilt = [n for n, (_, _, r) in enumerate(steps) if r.get("receipts")]
     assert rebuilt
@@ -305,8 +304,7 @@ def test_a_message_larger_than_the_budget_is_shortened_with_a_notice_before_it_i
 def test_rollback_removes_autos_edits() -> None:
     steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(40)]
     messages = conversation(steps)
-    state = native()
-    state.auto.policy = UNGOVERNED
+    state = native(UNGOVERNED)
     turn_by_turn(state, messages, auto())
     assert state.overlay
     assert state.dropped
