@@ -316,6 +316,15 @@ def test_rollback_removes_autos_edits() -> None:
     assert state.truncated_messages(messages) == messages
 
 
+def first_result_masked(messages: list[Message]) -> str:
+    """A Cline conversation sent turn by turn under ungoverned ``auto``: the text of its first
+    result (message 4) in the last view."""
+    state = TaskState()
+    state.auto.policy = UNGOVERNED
+    view: list[Any] = turn_by_turn(state, messages, auto())[-1][1]["messages"]
+    return text_of(view[4]["content"][0]) or ""
+
+
 def test_the_cline_dialect_masks_after_the_result_header() -> None:
     messages: list[Message] = [
         user("task"),
@@ -325,11 +334,7 @@ def test_the_cline_dialect_masks_after_the_result_header() -> None:
     for number in range(6):
         messages.append({"role": "assistant", "content": [{"type": "text", "text": "run it"}]})
         messages.append(user(f"[execute_command for 'make {number}'] Result:\n" + "z" * 3000))
-    state = TaskState()
-    state.auto.policy = UNGOVERNED
-    replies = turn_by_turn(state, messages, auto())
-    view: list[Any] = replies[-1][1]["messages"]
-    masked = text_of(view[4]["content"][0]) or ""
+    masked = first_result_masked(messages)
     assert masked.startswith("[execute_command for 'make 0'] Result:\n[ctxwin] The result of ")
 
 
@@ -346,11 +351,7 @@ def test_a_cline_stub_keeps_what_a_person_typed_in_the_result() -> None:
         answer = f"<answer>\nuse port {number}\n</answer>"
         body = f"[ask_followup_question for 'port?'] Result:\n{'z' * 3000}\n{answer}"
         messages.append(user(body))
-    state = TaskState()
-    state.auto.policy = UNGOVERNED
-    replies = turn_by_turn(state, messages, auto())
-    view: list[Any] = replies[-1][1]["messages"]
-    masked = text_of(view[4]["content"][0]) or ""
+    masked = first_result_masked(messages)
     assert "[ctxwin] The result of " in masked
     assert "z" * 100 not in masked
     assert masked.endswith("<answer>\nuse port 0\n</answer>")
