@@ -36,6 +36,8 @@ READING: dict[str, Any] = {
 """The openai-chat form of each framework's answer that reads ``a.py``."""
 RESULT = {"role": "tool", "tool_call_id": "c1", "content": "print(1)"}
 """The openai-chat form of that read's result."""
+SPLIT = {"tokens_in": 600, "tokens_out": 20, "cache_writes": 100, "cache_reads": 300}
+"""ctxwin's usage of 1,000 input tokens (300 read from the cache, 100 written to it), 20 out."""
 
 
 def _langchain_history() -> list[Any]:
@@ -93,12 +95,7 @@ def test_langchain_usage_splits_the_cached_part_out() -> None:
             "input_token_details": {"cache_read": 300, "cache_creation": 100},
         },
     )
-    assert {
-        "tokens_in": 600,
-        "tokens_out": 20,
-        "cache_writes": 100,
-        "cache_reads": 300,
-    } == lc.usage_from_langchain(message)
+    assert SPLIT == lc.usage_from_langchain(message)
     assert lc.usage_from_langchain(HumanMessage("x")) is None
 
 
@@ -163,12 +160,7 @@ def test_usage_from_pydantic_ai_and_responses_split_the_cached_part_out() -> Non
     usage = RequestUsage(
         input_tokens=1000, output_tokens=20, cache_read_tokens=300, cache_write_tokens=100
     )
-    assert {
-        "tokens_in": 600,
-        "tokens_out": 20,
-        "cache_writes": 100,
-        "cache_reads": 300,
-    } == pa.usage_from_pydantic_ai(usage)
+    assert SPLIT == pa.usage_from_pydantic_ai(usage)
     assert pa.usage_from_pydantic_ai(RequestUsage()) is None
     responses = {
         "input_tokens": 1000,
