@@ -300,6 +300,18 @@ READ_RESULT = re.compile(r"c\d+\\nx = 1")
 """A result of one of ``_growing``'s read_file calls, as it stands in a message's JSON."""
 
 
+def _replaced_reads(
+    client: Client, messages: list[Any], window: int, task: str, dialect: str
+) -> list[Any]:
+    """The optimisation events of a replay of ``messages`` in a ``window``-token model; at
+    least one."""
+    model: proto.Model = {"id": "m", "context_window": window}
+    report = replay(client, messages, model, ReplayOptions(task_id=task, dialect=dialect))
+    events = [event for event in report.events if event.kind == "optimisation"]
+    assert events, "no duplicate read replaced"
+    return events
+
+
 @pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "openai-responses", "gemini"])
 def test_a_replay_names_the_history_messages_whose_reads_were_replaced(
     client: Client, dialect: str
@@ -307,12 +319,7 @@ def test_a_replay_names_the_history_messages_whose_reads_were_replaced(
     """An optimisation event of a native replay names the history index of each replaced read's
     result, and counts the characters and tokens its notice saved."""
     messages = RENDER[dialect](_growing(30))
-    model: proto.Model = {"id": "m", "context_window": 6_000}
-    report = replay(
-        client, messages, model, ReplayOptions(task_id=f"replay-reads-{dialect}", dialect=dialect)
-    )
-    events = [event for event in report.events if event.kind == "optimisation"]
-    assert events, "no duplicate read replaced"
+    events = _replaced_reads(client, messages, 6_000, f"replay-reads-{dialect}", dialect)
     for event in events:
         for index in event.messages:
             assert READ_RESULT.search(json.dumps(messages[index])), f"{index}: no read result"
@@ -433,12 +440,7 @@ def test_a_log_replay_names_the_results_of_reads_read_again(
     hold the result of a Read of a path read again later, and the replacements save."""
     messages, dialect = load_conversation(conversation_file(name, tmp_path))
     calls = _read_calls(messages)
-    model: proto.Model = {"id": "corpus", "context_window": 48_000}
-    report = replay(
-        client, messages, model, ReplayOptions(task_id=f"replay-reads-{name}", dialect=dialect)
-    )
-    events = [event for event in report.events if event.kind == "optimisation"]
-    assert events, "no duplicate read replaced"
+    events = _replaced_reads(client, messages, 48_000, f"replay-reads-{name}", dialect)
     for event in events:
         for index in event.messages:
             message = messages[index]
