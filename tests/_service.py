@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import signal
 import subprocess
-from types import TracebackType
 from typing import Self
 
 
@@ -28,13 +27,8 @@ class Service(abc.ABC):
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.leave(failing=exc_type is not None)
+    def __exit__(self, *exc_info: object) -> None:
+        self.leave(failing=exc_info[0] is not None)
 
 
 def terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
