@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,15 +34,9 @@ import zmq
 from bench._conversation import build_conversation
 from ctxwin import proto
 from ctxwin.client.cli import main as cli
+from tests._daemon import free_port
 
 _SLICES = 20
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def make_keys(root: Path) -> tuple[Path, Path]:

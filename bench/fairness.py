@@ -47,15 +47,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,52 +61,10 @@ import zmq
 
 from bench.wire import PING
 from ctxwin import proto
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonProcess, free_port
+from tests._pinger import hostile_tools, pinging
 
 ONE_PIECE = str(2**62)
-HOSTILE_PATTERN = r"(?P<path>(?:\pL|\pN|\pP){1,200}\pS{1,200})!"
-
-
-class Pinger:
-    """Another client pinging back to back in a thread: its round trips (seconds)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.times: list[float] = []
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        # A context of its own: the sender's (a 60 MiB body) would queue the pings.
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint)
-        while not self.done.is_set():
-            started = time.perf_counter()
-            sock.send(PING)
-            if not sock.poll(600_000):
-                raise TimeoutError("a ping was not answered")
-            sock.recv()
-            self.times.append(time.perf_counter() - started)
-            self.done.wait(0.001)
-        sock.close(linger=0)
-        context.term()
-
-
-@contextmanager
-def pinging(endpoint: str) -> Iterator[Pinger]:
-    """Ping from another client while the block runs (after one warm-up ping)."""
-    pinger = Pinger(endpoint)
-    pinger.thread.start()
-    while not pinger.times:
-        time.sleep(0.001)
-    pinger.times.clear()
-    try:
-        yield pinger
-    finally:
-        pinger.done.set()
-        pinger.thread.join()
 
 
 def send_all(endpoint: str, bodies: list[bytes]) -> tuple[list[proto.Reply], float]:
@@ -134,10 +90,7 @@ def patterns_case() -> list[bytes]:
     """16 inspect requests, each naming 16 tools of the hostile pattern (distinct texts)."""
     bodies = []
     for task in range(16):
-        tools = [
-            {"name": f"sh{n}", "arg": "command", "pattern": f"{HOSTILE_PATTERN}{task}-{n}"}
-            for n in range(16)
-        ]
+        tools = hostile_tools(f"{task}-", 16)
         args = {"task": f"flood-{task}", "dialect": "anthropic", "read_tools": tools}
         bodies.append(proto.encode_request(task + 1, "inspect", args))
     return bodies
@@ -200,7 +153,7 @@ def peak_rss_mib(daemon: DaemonProcess) -> float:
 
 def measure(daemon: DaemonProcess, bodies: list[bytes]) -> dict[str, Any]:
     """Send ``bodies`` while another client pings: the figures of one run."""
-    with pinging(daemon.endpoint) as pinger:
+    with pinging(daemon.endpoint, interval=0.001, patience=600.0) as pinger:
         if bodies:
             replies, took = send_all(daemon.endpoint, bodies)
         else:
@@ -210,7 +163,7 @@ def measure(daemon: DaemonProcess, bodies: list[bytes]) -> dict[str, Any]:
     return {
         "code": ",".join(codes),
         "request_s": took,
-        "worst_ping_ms": max(pinger.times) * 1000,
+        "worst_ping_ms": pinger.worst * 1000,
         "median_ping_ms": statistics.median(pinger.times) * 1000,
         "pings": len(pinger.times),
         "peak_rss_mib": peak_rss_mib(daemon),
@@ -311,9 +264,7 @@ def slots(flood_tasks: int, max_tasks: int, other_tasks: int) -> dict[str, Any]:
             assert pair.secret is not None
             pairs[name] = (pair.public, pair.secret)
         server_public = proto.read_key_file(server / "server.key").public
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         endpoint = f"tcp://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "ctxwin.daemon", "--endpoint", endpoint]
         argv += ["--keys-dir", str(server), "--max-tasks", str(max_tasks)]

@@ -31,9 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench._conversation import build_conversation
 from bench.reliability._harness import machine
 from bench.turns import MODEL, UsageModel

@@ -33,9 +33,7 @@ import cProfile
 import itertools
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,7 @@ from bench._conversation import build_conversation, size_of
 from bench._corpus import CLINE_TASK, add_corpus_option, corpus_file
 from ctxwin import proto
 from ctxwin.client import Client, Task
+from tests._daemon import DaemonProcess
 
 Message = dict[str, Any]
 MODEL: proto.Model = {"id": "claude-sonnet-4-5", "context_window": 200_000}
@@ -64,34 +63,24 @@ TARGET_P99_RATIO = 3.0
 CHARS_PER_TOKEN = 4
 
 
-class Daemon:
-    """A ctxwind subprocess on a private endpoint, for the length of the benchmark."""
+class Daemon(DaemonProcess):
+    """ctxwind on a private endpoint for the length of the benchmark; under cProfile with
+    ``profile`` (the stats are written when the daemon exits, as it does on SIGTERM)."""
 
     def __init__(self, root: Path, profile: str | None = None) -> None:
-        self.endpoint = f"ipc://{root / 'run' / 'ctxwind.sock'}"
-        # Under cProfile the stats are written when the daemon exits (it does on SIGTERM).
-        profiler = ["-m", "cProfile", "-o", profile] if profile else []
-        argv = [
-            sys.executable,
-            *profiler,
-            "-m",
-            "ctxwin.daemon",
-            "--endpoint",
-            self.endpoint,
-            "--state-dir",
-            str(root / "state"),
-            "--log-format",
-            "json",
-            "--log-level",
-            "warning",
-        ]
-        self.log = (root / "ctxwind.log").open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        super().__init__(root, "--log-level", "warning")
+        self.profiler = ["-m", "cProfile", "-o", profile] if profile else []
 
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
-        self.log.close()
+    @property
+    def argv(self) -> list[str]:
+        python, *rest = super().argv
+        return [python, *self.profiler, *rest]
+
+    @property
+    def pid(self) -> int:
+        """The daemon's process id (it must be running)."""
+        assert self.proc is not None, "daemon not running"
+        return self.proc.pid
 
 
 class Connection:
@@ -106,25 +95,12 @@ class Connection:
     def call(self, op: str, args: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         request_id = next(self.ids)
         self.socket.send(proto.encode_request(request_id, op, args))
-        while True:  # a late reply to an earlier ping (wait_ready) is skipped
-            if not self.socket.poll(int(timeout * 1000)):
-                raise TimeoutError(f"no reply to {op}")
-            reply = proto.decode_reply(self.socket.recv())
-            if reply.id == request_id:
-                break
-        if not reply.ok or reply.result is None:
+        if not self.socket.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no reply to {op}")
+        reply = proto.decode_reply(self.socket.recv())
+        if reply.id != request_id or not reply.ok or reply.result is None:
             raise RuntimeError(f"{op} failed: {reply.code}: {reply.message}")
         return reply.result
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.call("ping", {}, timeout=0.5)
-                return
-            except TimeoutError:
-                if time.monotonic() > deadline:
-                    raise
 
 
 class UsageModel:
@@ -393,12 +369,12 @@ def floor_main(options: argparse.Namespace) -> int:
         profiler = cProfile.Profile() if options.profile_client else None
         try:
             wire.wait_ready(echo)
-            Connection(daemon.endpoint).wait_ready()
-            wait_idle(daemon.proc.pid)
+            daemon.start()
+            wait_idle(daemon.pid)
             if profiler is not None:
                 profiler.enable()
             for serial in range(options.repeat):
-                pids = (daemon.proc.pid, echo_server.pid)
+                pids = (daemon.pid, echo_server.pid)
                 runs.append(
                     floor_run(
                         daemon.endpoint, echo, corpus, options.replays, options.pings, serial, pids
@@ -408,7 +384,7 @@ def floor_main(options: argparse.Namespace) -> int:
                 profiler.disable()
                 profiler.dump_stats(options.profile_client)
             if big is not None:
-                big_figures = big_run(daemon.endpoint, daemon.proc.pid, big)
+                big_figures = big_run(daemon.endpoint, daemon.pid, big)
         finally:
             daemon.stop()
             echo_server.terminate()
@@ -504,8 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ctxwin-turns-") as temp:
         daemon = Daemon(Path(temp))
         try:
+            daemon.start()
             connection = Connection(daemon.endpoint)
-            connection.wait_ready()
             with Client(daemon.endpoint, timeout=60) as client:
                 senders: dict[str, Sender] = {
                     "full": RawFull(connection, "turns-full"),

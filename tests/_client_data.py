@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxwin import proto
 from ctxwin.proto import Model
 
 MODEL: Model = {"id": "test-model", "context_window": 64000}
+PONG: dict[str, Any] = {
+    "pong": True,
+    "version": "0.1.0",
+    "proto": 1,
+    "features": list(proto.FEATURES),
+    "dialects": list(proto.DIALECTS),
+}
+"""What the daemon's ping answers, as both clients return it."""
 
 
 def conversation(turns: int = 10, prefix: str = "") -> list[dict[str, Any]]:

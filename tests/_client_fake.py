@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import zmq
 
 from ctxwin import proto
+from tests._service import Service
 
 Handler = Callable[[proto.Request], list[bytes]]
 """Maps a request to the reply bodies to send back (none, one or several)."""
@@ -26,7 +26,7 @@ def error(request: proto.Request, code: str, message: str = "refused") -> list[b
     return [proto.encode_error(request.id, code, message)]
 
 
-class FakeRouter:
+class FakeRouter(Service):
     """A ROUTER on an ipc endpoint under ``root`` answering through ``handler`` in a thread."""
 
     def __init__(self, root: Path, handler: Handler, name: str = "fake.sock") -> None:
@@ -37,18 +37,12 @@ class FakeRouter:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> FakeRouter:
+    def start(self) -> None:
         self._thread.start()
         if not self._ready.wait(5):
             raise TimeoutError("fake router did not bind")
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
 

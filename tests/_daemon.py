@@ -5,18 +5,18 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol
 
 import zmq
 
 from ctxwin import proto
+from tests._service import Service, terminate
 
 _ids = itertools.count(1)
 
@@ -107,7 +107,15 @@ def _count_start() -> None:
             out.write(os.environ.get("PYTEST_CURRENT_TEST", "?") + "\n")
 
 
-class DaemonProcess:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class DaemonProcess(Service):
     """A ctxwind subprocess with its own ipc endpoint and state dir under ``root``."""
 
     def __init__(
@@ -131,19 +139,10 @@ class DaemonProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.preexec_fn = preexec_fn
 
-    def __enter__(self) -> DaemonProcess:
-        """Start (see :meth:`start`); on leaving, stop and require exit 0 unless already failing."""
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def leave(self, failing: bool) -> None:
+        """Stop; unless the block raised already, require exit 0."""
         code = self.stop()
-        if exc_type is None:
+        if not failing:
             assert code == 0, f"ctxwind exited with {code}:\n{self.log()}"
 
     @property
@@ -196,6 +195,19 @@ class DaemonProcess:
                 self.kill()  # a daemon that never answered is not left running
                 raise TimeoutError(f"ctxwind did not answer ping:\n{self.log()}")
 
+    def run_to_exit(self, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run the daemon in the foreground until it exits, as one that refuses to start does;
+        its exit code and output."""
+        return subprocess.run(
+            self.argv,
+            env=self.env,
+            preexec_fn=self.preexec_fn,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -203,14 +215,7 @@ class DaemonProcess:
         """SIGTERM, wait, and return the exit code (kills after ``timeout``)."""
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        code = self.proc.returncode
+        code = terminate(self.proc, timeout)
         self.proc = None
         return code
 

@@ -25,10 +25,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 
 from tests import _rules as rules
+from tests._service import Service
 
 __all__ = ["FakeProvider", "Recorded", "violations"]
 
@@ -77,7 +77,7 @@ class Recorded:
 
 
 @dataclass
-class FakeProvider:
+class FakeProvider(Service):
     """The server; use as a context manager. ``url`` is its base (``.../v1`` for OpenAI)."""
 
     limit: int = 100_000
@@ -91,7 +91,7 @@ class FakeProvider:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
-    def __enter__(self) -> FakeProvider:
+    def start(self) -> None:
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -116,14 +116,8 @@ class FakeProvider:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

@@ -15,9 +15,10 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from types import TracebackType
 
 import pytest
+
+from tests._service import Service, terminate
 
 __all__ = ["REDIS_SERVER", "RedisServer", "require_redis_server"]
 
@@ -36,7 +37,7 @@ def require_redis_server() -> str:
     return REDIS_SERVER
 
 
-class RedisServer:
+class RedisServer(Service):
     """A redis-server in ``root`` on ``root/redis.sock``; start, kill -9, restart, stop.
 
     Args:
@@ -77,18 +78,6 @@ class RedisServer:
             "",
             *self.extra,
         ]
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self, timeout: float = 20.0) -> None:
         """Start the server and return once its log says it accepts connections."""
@@ -134,15 +123,9 @@ class RedisServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (the server finishes its AOF), wait; kill after ``timeout``."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self._reap()
+        if self.proc is not None:
+            terminate(self.proc, timeout)
+            self._reap()
 
     def kill(self) -> None:
         """SIGKILL: what the AOF holds is what survives."""

@@ -34,7 +34,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests._corpus import corpus_file
+from tests._corpus import corpus_file, corpus_param
 from tests._dialect_data import Call, Turn, render_anthropic, render_chat
 
 __all__ = ["SHAPES", "conversation_file", "shape_text"]
@@ -264,6 +264,15 @@ SHAPES: dict[str, Any] = {
     "claude_code_log.jsonl": claude_code_log,
 }
 """The synthetic conversations by file name, each made by its function."""
+
+LOGS = [
+    "chat_log.json",
+    "claude_code_log.jsonl",
+    corpus_param("openai_richh_claude_code_develop1.json"),
+    corpus_param("anthropic_claude_code_campusops_session2.jsonl"),
+]
+"""The logged agent conversations in a provider's own dialect: the synthetic OpenAI Chat and
+Claude Code logs, and one real log of each kind (skipped without the corpus)."""
 
 
 def conversation_file(name: str, folder: Path) -> Path:

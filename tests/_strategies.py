@@ -1,4 +1,4 @@
-"""Hypothesis strategies for generated conversations and engine operations."""
+"""Hypothesis strategies for generated conversations, engine operations and wire values."""
 
 from __future__ import annotations
 
@@ -10,6 +10,29 @@ from ctxwin.engine import TaskState, apply_truncation_notice, compact, condensed
 
 PATHS = ["src/app.py", "src/ü.ts", "README.md", "a b/c.txt"]
 MODEL = {"id": "test-model", "context_window": 64_000}
+
+
+def msgpack_values(text: int, items: int, leaves: int) -> st.SearchStrategy[Any]:
+    """Any value msgpack encodes: None, booleans, 64-bit integers, floats (NaN too), strings
+    and bytes of up to ``text``, nested in lists and maps of up to ``items`` entries (keys of
+    up to ``2 * items`` characters), ``leaves`` scalars at most."""
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+        | st.floats()
+        | st.text(max_size=text)
+        | st.binary(max_size=text)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=items)
+            | st.dictionaries(st.text(max_size=2 * items), inner, max_size=items)
+        ),
+        max_leaves=leaves,
+    )
+
 
 words = st.text(alphabet="abc xyz\n😀é", max_size=40)
 paths = st.sampled_from(PATHS)

@@ -10,6 +10,8 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, settings
 
+from ctxwin.client import Client
+from tests._conversation import NOTICE
 from tests._daemon import Connect, DaemonFactory, DaemonProcess, WirePeer
 from tests._redis import RedisServer, require_redis_server
 
@@ -81,6 +83,21 @@ def _own_tasks(request: pytest.FixtureRequest, daemon_factory: DaemonFactory) ->
 def shared_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
     """The worker's daemon of the default configuration (use task ids of the test's own)."""
     return daemon_factory()
+
+
+@pytest.fixture(scope="module")
+def client(daemon_factory: DaemonFactory) -> Iterator[Client]:
+    """A blocking client of the worker's default daemon, shared by one module's tests (use task
+    ids of the test's own); a module that needs another client defines its own ``client``."""
+    with Client(daemon_factory().endpoint, timeout=60) as connected:
+        yield connected
+
+
+@pytest.fixture(scope="module")
+def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
+    """The worker's daemon whose duplicate-read notice is the integration tests' NOTICE
+    (tests/_conversation.py), to find it in what the fake provider got (own task ids)."""
+    return daemon_factory(env={"CTXWIN_DUPLICATE_FILE_READ_NOTICE": NOTICE})
 
 
 @pytest.fixture

@@ -36,18 +36,11 @@ from ctxwin.client.cli import main as cli
 from ctxwin.daemon._auth import KeysError, load_server_keys
 from ctxwin.proto import Usage
 from tests._client_data import MODEL, conversation
-from tests._daemon import DaemonProcess, call
+from tests._daemon import DaemonProcess, call, free_port
 from tests._redis import RedisServer
 
 MESSAGES = conversation(3)
 USAGE: Usage = {"ts": 1, "tokens_in": 100, "tokens_out": 10}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def keys(*argv: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,7 @@ import pytest
 
 from ctxwin import proto
 from ctxwin.client import BadRequestError, Client
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline
 from tests._rules import CHECKS
 
@@ -52,17 +51,6 @@ def prepare(
     if dialect != "cline":
         args["dialect"] = dialect
     return client.task(task).prepare_request(messages, MODEL, **args)
-
-
-@pytest.fixture(scope="module")
-def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return daemon_factory()
-
-
-@pytest.fixture(scope="module")
-def client(daemon: DaemonProcess) -> Iterator[Client]:
-    with Client(daemon.endpoint, timeout=60) as connected:
-        yield connected
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ from ctxwin import proto
 from ctxwin.client import Client
 from ctxwin.daemon import TokenCounter
 from tests._corpus import corpus_param
-from tests._daemon import DaemonFactory
 from tests._shapes import conversation_file
 
 MODEL: proto.Model = {"id": "small-model", "context_window": 64_000}  # max_allowed_size 37000
@@ -38,12 +36,6 @@ def conversation(sizes: list[int]) -> list[dict[str, Any]]:
         }
         for index, size in enumerate(sizes)
     ]
-
-
-@pytest.fixture(scope="module")
-def client(daemon_factory: DaemonFactory) -> Iterator[Client]:
-    with Client(daemon_factory().endpoint, timeout=60) as connected:
-        yield connected
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import socket
@@ -13,21 +12,15 @@ import pytest
 
 from ctxwin import proto
 from ctxwin.client import Client
-from ctxwin.client.cli import main
 from ctxwin.engine._auto_edits import _stub
 from tests._client_data import conversation, read_file_result
 from tests._daemon import DaemonFactory, DaemonProcess
+from tests.test_cli import run
 
 
 @pytest.fixture(scope="module")
 def exact(daemon_factory: DaemonFactory) -> DaemonProcess:
     return daemon_factory()
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def write(tmp_path: Path, name: str, data: Any) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,18 +16,11 @@ import zmq
 
 from ctxwin.client import AsyncClient, Client, DaemonUnavailableError
 from ctxwin.client._link import SAFE_TO_REPEAT, close_dealer, open_dealer
-from tests._daemon import DaemonProcess, wait_until
+from tests._daemon import DaemonProcess, free_port, wait_until
 
 KINDS = ("sync", "async")
 MODEL = {"id": "m", "context_window": 100_000}
 MESSAGES = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "ok"}]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _unread_bytes(port: int) -> int:
@@ -113,7 +105,7 @@ class InFlight:
 
 @pytest.fixture
 def tcp_daemon(tmp_path: Path) -> Any:
-    port = _free_port()
+    port = free_port()
     with DaemonProcess(tmp_path, endpoint=f"tcp://127.0.0.1:{port}") as daemon:
         yield daemon, port
 
@@ -147,7 +139,7 @@ def test_a_call_with_no_daemon_fails_at_once_saying_how_to_start_one(
     endpoint = (
         f"ipc://{tmp_path / 'nobody.sock'}"
         if where == "no socket file"
-        else f"tcp://127.0.0.1:{_free_port()}"
+        else f"tcp://127.0.0.1:{free_port()}"
     )
     error, took = _call_with_no_daemon(kind, endpoint)
     assert took < 1.0
@@ -218,9 +210,7 @@ def test_unread_monitor_events_do_not_stop_the_context() -> None:
     events) is full within a few seconds.
     """
     context = _FastRetries()
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     dealer, monitor, _ = open_dealer(context, f"tcp://127.0.0.1:{port}", None)
     moved = threading.Event()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +11,9 @@ import pytest
 from ctxwin import engine
 from ctxwin.client import Client
 from tests._corpus import corpus_param
-from tests._daemon import DaemonFactory
 from tests._shapes import conversation_file
 
 NOTICES = engine.DEFAULT_NOTICES
-
-
-@pytest.fixture(scope="module")
-def client(daemon_factory: DaemonFactory) -> Iterator[Client]:
-    with Client(daemon_factory().endpoint, timeout=30) as connected:
-        yield connected
 
 
 def _text(text: str) -> dict[str, Any]:

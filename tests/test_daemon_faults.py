@@ -82,6 +82,13 @@ def mount_works() -> str | None:
         os.rmdir(probe)
 
 
+def skip_unless_mounting(purpose: str) -> None:
+    """Skip the test, saying what it could not do, when mounts cannot be made here."""
+    reason = mount_works()
+    if reason is not None:
+        pytest.skip(f"cannot {purpose}: {reason}")
+
+
 def run(*argv: str) -> None:
     """Run a command that must succeed."""
     subprocess.run(list(argv), check=True, capture_output=True)
@@ -184,9 +191,7 @@ def test_an_idle_task_that_cannot_be_written_retries_at_its_back_off(tmp_path: P
 @pytest.fixture
 def read_only_task_dir(tmp_path: Path) -> Iterator[Path]:
     """The task directory path; the test makes it a read-only bind mount (undone after)."""
-    reason = mount_works()
-    if reason is not None:
-        pytest.skip(f"cannot make a read-only directory for root: {reason}")
+    skip_unless_mounting("make a read-only directory for root")
     task_dir = tmp_path / "state" / "tasks" / TASK
     try:
         yield task_dir
@@ -218,9 +223,7 @@ def test_an_unwritable_directory_fails_the_write_then_recovers(
 @pytest.fixture
 def small_state_fs(tmp_path: Path) -> Iterator[Path]:
     """A 512 KiB tmpfs as the daemon's state dir (unmounted after)."""
-    reason = mount_works()
-    if reason is not None:
-        pytest.skip(f"cannot mount a small tmpfs for a full disk: {reason}")
+    skip_unless_mounting("mount a small tmpfs for a full disk")
     state = tmp_path / "state"
     state.mkdir()
     run("mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(state))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ctxwin import proto
 from tests._daemon import DaemonProcess, WirePeer
+from tests._strategies import msgpack_values
 
 CI = bool(os.environ.get("CI") or os.environ.get("CTXWIN_CI"))
 MAX_BYTES = 65536
@@ -21,21 +22,7 @@ CODES = {code.value for code in proto.ErrorCode}
 FIELDS = sorted({name for spec in proto.OPS.values() for name in spec.fields})
 BAD_TASK_IDS = ["../x", "..", ".", "", "a/b", "/etc/passwd", "x" * 129, "-x", "a\x00b", "Ω", "a b"]
 
-leaves = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats()
-    | st.text(max_size=12)
-    | st.binary(max_size=12)
-)
-values = st.recursive(
-    leaves,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=16,
-)
+values = msgpack_values(text=12, items=4, leaves=16)
 task_ids = st.sampled_from(BAD_TASK_IDS) | st.from_regex(
     r"[A-Za-z0-9][A-Za-z0-9._-]{0,8}", fullmatch=True
 )

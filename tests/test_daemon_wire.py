@@ -543,22 +543,10 @@ def test_a_stale_socket_file_is_replaced(tmp_path: Path) -> None:
 
 def test_non_loopback_tcp_needs_allow_remote(tmp_path: Path) -> None:
     """A TCP endpoint on a non-loopback address is refused unless allowed."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctxwin.daemon",
-            "--endpoint",
-            "tcp://0.0.0.0:0",
-            "--state-dir",
-            str(tmp_path / "s"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
+    wildcard = DaemonProcess(
+        tmp_path, endpoint="tcp://0.0.0.0:0", env={"XDG_CONFIG_HOME": str(tmp_path)}
     )
+    result = wildcard.run_to_exit()
     assert result.returncode == 2
     assert "allow_remote" in result.stderr
 

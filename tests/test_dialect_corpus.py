@@ -13,9 +13,8 @@ from ctxwin.client.cli._corpus import load_conversation
 from ctxwin.client.cli._dialects import request_points
 from ctxwin.engine._mapped import MappedHistory
 from ctxwin.engine._reads import DEFAULT_READ_RULES
-from tests._corpus import corpus_param
 from tests._rules import CHECKS
-from tests._shapes import conversation_file
+from tests._shapes import LOGS, conversation_file
 
 MISSING = engine.DEFAULT_NOTICES.missing_result
 
@@ -34,15 +33,7 @@ def _results(message: Any) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "chat_log.json",
-        "claude_code_log.jsonl",
-        corpus_param("openai_richh_claude_code_develop1.json"),
-        corpus_param("anthropic_claude_code_campusops_session2.jsonl"),
-    ],
-)
+@pytest.mark.parametrize("name", LOGS)
 @pytest.mark.parametrize("cut_every", [0, 15])
 def test_every_request_of_a_logged_conversation_keeps_its_real_results(
     name: str, cut_every: int, tmp_path: Path

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,10 @@ from ctxwin.client.cli._dialects import message_chars, user_side
 from ctxwin.client.cli.replay import ReplayOptions, ReplayReport, ViewState, replay
 from tests import _daemon
 from tests._corpus import corpus_param
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn, sdk_validator
 from tests._rules import CHECKS, check_origins
-from tests._shapes import conversation_file
+from tests._shapes import LOGS, conversation_file
 
 CHAT: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
@@ -39,17 +38,6 @@ CHAT: list[dict[str, Any]] = [
     },
     {"role": "tool", "tool_call_id": "c1", "content": "print(1)\n" * 50},
 ]
-
-
-@pytest.fixture(scope="module")
-def dialect_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return daemon_factory()
-
-
-@pytest.fixture(scope="module")
-def client(dialect_daemon: DaemonProcess) -> Iterator[Client]:
-    with Client(dialect_daemon.endpoint, timeout=60) as connected:
-        yield connected
 
 
 def test_ping_lists_every_dialect_the_engine_serves(client: Client) -> None:
@@ -208,7 +196,7 @@ def _ping_while(endpoint: str, op: str, args: dict[str, Any]) -> float:
 
 
 def test_a_hostile_pattern_does_not_hold_up_another_clients_ping(
-    dialect_daemon: DaemonProcess,
+    shared_daemon: DaemonProcess,
 ) -> None:
     """A task's pattern that makes a backtracking engine run for seconds: ping answers at once.
 
@@ -222,7 +210,7 @@ def test_a_hostile_pattern_does_not_hold_up_another_clients_ping(
         "messages": _bash_reads("a" * 24 + "!", 8),
         "ts": 1,
     }
-    latency = _ping_while(dialect_daemon.endpoint, "optimize_file_reads", args)
+    latency = _ping_while(shared_daemon.endpoint, "optimize_file_reads", args)
     assert latency < 1.0, f"ping waited {latency:.2f}s behind a hostile pattern"
 
 
@@ -271,14 +259,14 @@ def test_read_tools_that_cannot_be_used_are_refused_by_name(client: Client) -> N
 
 
 def test_an_inspected_task_becomes_ephemeral_with_a_dialect_and_read_tools(
-    dialect_daemon: DaemonProcess, client: Client
+    shared_daemon: DaemonProcess, client: Client
 ) -> None:
     """Looked at first, then opened ephemeral in a native dialect with tools: nothing is written."""
     client.task("reads-ephemeral").inspect()
     task = client.task("reads-ephemeral", ephemeral=True, dialect="anthropic", read_tools=OPEN_FILE)
     assert task.optimize_file_reads(_open_file_reads())["changed"]
     client.flush()
-    assert not (dialect_daemon.task_dir("reads-ephemeral") / "ctxwin.json").exists()
+    assert not (shared_daemon.task_dir("reads-ephemeral") / "ctxwin.json").exists()
 
 
 def test_inspect_names_the_history_message_and_text_of_each_edited_block(client: Client) -> None:
@@ -312,6 +300,18 @@ READ_RESULT = re.compile(r"c\d+\\nx = 1")
 """A result of one of ``_growing``'s read_file calls, as it stands in a message's JSON."""
 
 
+def _replaced_reads(
+    client: Client, messages: list[Any], window: int, task: str, dialect: str
+) -> list[Any]:
+    """The optimisation events of a replay of ``messages`` in a ``window``-token model; at
+    least one."""
+    model: proto.Model = {"id": "m", "context_window": window}
+    report = replay(client, messages, model, ReplayOptions(task_id=task, dialect=dialect))
+    events = [event for event in report.events if event.kind == "optimisation"]
+    assert events, "no duplicate read replaced"
+    return events
+
+
 @pytest.mark.parametrize("dialect", ["openai-chat", "anthropic", "openai-responses", "gemini"])
 def test_a_replay_names_the_history_messages_whose_reads_were_replaced(
     client: Client, dialect: str
@@ -319,12 +319,7 @@ def test_a_replay_names_the_history_messages_whose_reads_were_replaced(
     """An optimisation event of a native replay names the history index of each replaced read's
     result, and counts the characters and tokens its notice saved."""
     messages = RENDER[dialect](_growing(30))
-    model: proto.Model = {"id": "m", "context_window": 6_000}
-    report = replay(
-        client, messages, model, ReplayOptions(task_id=f"replay-reads-{dialect}", dialect=dialect)
-    )
-    events = [event for event in report.events if event.kind == "optimisation"]
-    assert events, "no duplicate read replaced"
+    events = _replaced_reads(client, messages, 6_000, f"replay-reads-{dialect}", dialect)
     for event in events:
         for index in event.messages:
             assert READ_RESULT.search(json.dumps(messages[index])), f"{index}: no read result"
@@ -445,12 +440,7 @@ def test_a_log_replay_names_the_results_of_reads_read_again(
     hold the result of a Read of a path read again later, and the replacements save."""
     messages, dialect = load_conversation(conversation_file(name, tmp_path))
     calls = _read_calls(messages)
-    model: proto.Model = {"id": "corpus", "context_window": 48_000}
-    report = replay(
-        client, messages, model, ReplayOptions(task_id=f"replay-reads-{name}", dialect=dialect)
-    )
-    events = [event for event in report.events if event.kind == "optimisation"]
-    assert events, "no duplicate read replaced"
+    events = _replaced_reads(client, messages, 48_000, f"replay-reads-{name}", dialect)
     for event in events:
         for index in event.messages:
             message = messages[index]
@@ -582,15 +572,7 @@ def _replay(client: Client, path: Path, window: int) -> tuple[int, int, list[Any
 
 
 @pytest.mark.parametrize("window", [32_000, 64_000])
-@pytest.mark.parametrize(
-    "name",
-    [
-        "chat_log.json",
-        "claude_code_log.jsonl",
-        corpus_param("openai_richh_claude_code_develop1.json"),
-        corpus_param("anthropic_claude_code_campusops_session2.jsonl"),
-    ],
-)
+@pytest.mark.parametrize("name", LOGS)
 def test_a_logged_conversation_replays_in_its_own_dialect(
     client: Client, name: str, window: int, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ from ctxwin import proto
 from ctxwin.engine import (
     DEFAULT_POLICY,
     DEFAULT_READ_RULES,
+    AutoPolicy,
     Budgeting,
     TaskState,
     get_dialect,
@@ -60,8 +61,11 @@ def conversation(
     return messages
 
 
-def native() -> TaskState:
-    return TaskState(reads=DEFAULT_READ_RULES, dialect=get_dialect("anthropic"))
+def native(policy: AutoPolicy = DEFAULT_POLICY) -> TaskState:
+    """A task state of the Anthropic dialect whose ``auto`` follows ``policy``."""
+    state = TaskState(reads=DEFAULT_READ_RULES, dialect=get_dialect("anthropic"))
+    state.auto.policy = policy
+    return state
 
 
 def auto(pricing: str | None = "anthropic") -> Budgeting:
@@ -170,8 +174,7 @@ def test_a_result_its_stub_does_not_pay_for_is_not_masked() -> None:
     """A stub written at the write price must cost less than reading the result it replaces."""
     steps = [("Bash", {"command": f"ls {n}"}, 300) for n in range(8)]
     messages = conversation(steps)
-    state = native()
-    state.auto.policy = replace(UNGOVERNED, rent_multiple=1e9)  # no rebuild: masks alone
+    state = native(replace(UNGOVERNED, rent_multiple=1e9))  # no rebuild: masks alone
     turn_by_turn(state, messages, auto())
     assert not state.overlay
     assert not state.dropped
@@ -183,8 +186,7 @@ def test_masks_are_not_held_back_by_the_governor() -> None:
     governor; the governor holds back rebuilds alone."""
     steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(4)]
     messages = conversation(steps)
-    state = native()
-    state.auto.policy = replace(DEFAULT_POLICY, governor=1.0)  # no rate is ever enough
+    state = native(replace(DEFAULT_POLICY, governor=1.0))  # no rate is ever enough
     turn_by_turn(state, messages, auto())
     assert state.overlay
     assert not state.dropped
@@ -269,10 +271,8 @@ def test_the_governor_counts_new_messages_as_the_provider_does() -> None:
     messages.append(user("last"))
     big = {"id": "m", "context_window": 1_000_000}
     eager = replace(DEFAULT_POLICY, rent_multiple=0.05)  # the rent rule alone: soon due
-    ungoverned = native()
-    ungoverned.auto.policy = replace(eager, governor=0.0)
-    governed = native()
-    governed.auto.policy = replace(eager, governor=0.97)
+    ungoverned = native(replace(eager, governor=0.0))
+    governed = native(replace(eager, governor=0.97))
     for end in range(3, len(messages) + 1, 2):
         for state in (ungoverned, governed):
             state.prepare_request(messages[:end], None, big, budgeting=auto(), ts=end)
@@ -306,12 +306,10 @@ def test_a_rebuild_waits_for_the_rent_to_reach_its_rewrite_cost() -> None:
             out.append((rent, plan.rewritten if plan.dropped_tokens else math.inf, result))
         return out
 
-    never = native()
-    never.auto.policy = replace(UNGOVERNED, rent_multiple=1e9)
+    never = native(replace(UNGOVERNED, rent_multiple=1e9))
     assert not any("receipts" in result for _, _, result in replay(never))
     assert not never.dropped
-    state = native()
-    state.auto.policy = UNGOVERNED  # the rule alone decides
+    state = native(UNGOVERNED)  # the rule alone decides
     steps = replay(state)
     rebuilt = [n for n, (_, _, r) in enumerate(steps) if r.get("receipts")]
     assert rebuilt
@@ -347,8 +345,7 @@ def test_a_message_larger_than_the_budget_is_shortened_with_a_notice_before_it_i
 def test_rollback_removes_autos_edits() -> None:
     steps = [("Bash", {"command": f"make test{n}"}, 3000) for n in range(40)]
     messages = conversation(steps)
-    state = native()
-    state.auto.policy = UNGOVERNED
+    state = native(UNGOVERNED)
     turn_by_turn(state, messages, auto())
     assert state.overlay
     assert state.dropped
@@ -360,6 +357,15 @@ def test_rollback_removes_autos_edits() -> None:
     assert state.truncated_messages(messages) == messages
 
 
+def first_result_masked(messages: list[Message]) -> str:
+    """A Cline conversation sent turn by turn under ungoverned ``auto``: the text of its first
+    result (message 4) in the last view."""
+    state = TaskState()
+    state.auto.policy = UNGOVERNED
+    view: list[Any] = turn_by_turn(state, messages, auto())[-1][1]["messages"]
+    return text_of(view[4]["content"][0]) or ""
+
+
 def test_the_cline_dialect_masks_after_the_result_header() -> None:
     messages: list[Message] = [
         user("task"),
@@ -369,11 +375,7 @@ def test_the_cline_dialect_masks_after_the_result_header() -> None:
     for number in range(6):
         messages.append({"role": "assistant", "content": [{"type": "text", "text": "run it"}]})
         messages.append(user(f"[execute_command for 'make {number}'] Result:\n" + "z" * 3000))
-    state = TaskState()
-    state.auto.policy = UNGOVERNED
-    replies = turn_by_turn(state, messages, auto())
-    view: list[Any] = replies[-1][1]["messages"]
-    masked = text_of(view[4]["content"][0]) or ""
+    masked = first_result_masked(messages)
     assert masked.startswith("[execute_command for 'make 0'] Result:\n[ctxwin] The result of ")
 
 
@@ -390,11 +392,7 @@ def test_a_cline_stub_keeps_what_a_person_typed_in_the_result() -> None:
         answer = f"<answer>\nuse port {number}\n</answer>"
         body = f"[ask_followup_question for 'port?'] Result:\n{'z' * 3000}\n{answer}"
         messages.append(user(body))
-    state = TaskState()
-    state.auto.policy = UNGOVERNED
-    replies = turn_by_turn(state, messages, auto())
-    view: list[Any] = replies[-1][1]["messages"]
-    masked = text_of(view[4]["content"][0]) or ""
+    masked = first_result_masked(messages)
     assert "[ctxwin] The result of " in masked
     assert "z" * 100 not in masked
     assert masked.endswith("<answer>\nuse port 0\n</answer>")

@@ -58,14 +58,21 @@ def test_a_delta_on_another_prefix_requires_a_resync(base: int, digest_of: int) 
     assert messages(6) == history.messages
 
 
-def test_token_counts_are_cached_until_the_message_changes() -> None:
-    """A turn counts only its new messages; a rewritten message is counted again."""
-    counted: list[str] = []
+class RecordingCount:
+    """A token count (a message's content length) that records what it counted."""
 
-    def count(message: dict[str, Any]) -> int:
-        counted.append(message["content"])
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, message: dict[str, Any]) -> int:
+        self.seen.append(message["content"])
         return len(message["content"])
 
+
+def test_token_counts_are_cached_until_the_message_changes() -> None:
+    """A turn counts only its new messages; a rewritten message is counted again."""
+    count = RecordingCount()
+    counted = count.seen
     history = History(messages(4))
     assert [1, 1, 1, 1] == [history.tokens(index, count) for index in range(4)]
     history.apply(4, history.digest, messages(6)[4:])
@@ -79,12 +86,8 @@ def test_token_counts_are_cached_until_the_message_changes() -> None:
 
 def test_view_copies_are_counted_once_per_object() -> None:
     """The counter counts history messages by index and a view's copies once each."""
-    counted: list[str] = []
-
-    def count(message: dict[str, Any]) -> int:
-        counted.append(message["content"])
-        return len(message["content"])
-
+    count = RecordingCount()
+    counted = count.seen
     history = History(messages(3))
     copy = {"role": "user", "content": "an overlaid copy"}
     counter = history.counter(count)

@@ -10,85 +10,15 @@ stalls lasted from seconds to minutes.
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
 from ctxwin import proto
 from ctxwin.daemon._decode import SLICED_DECODE_BYTES, TooManyMessages, decode_in_slices
 from tests._daemon import DaemonProcess, WirePeer
-
-HOSTILE_PATTERN = r"(?P<path>(?:\pL|\pN|\pP){1,200}\pS{1,200})!"
-"""43 characters of counted Unicode classes: RE2 took 1-2 s to compile each (8 MiB program)."""
-
-PING = proto.encode_request(1, "ping", {})
-
-
-class Pinger:
-    """Another client pinging back to back in a thread; the round trips it saw."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.times: list[float] = []
-        self.unanswered = False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        # A context of its own: the sender's (a 60 MiB body) would queue the pings.
-        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint)
-        try:
-            while not self._done.is_set():
-                started = time.monotonic()
-                sock.send(PING)
-                if not sock.poll(120_000):
-                    self.unanswered = True
-                    return
-                sock.recv()
-                self.times.append(time.monotonic() - started)
-                self._done.wait(0.002)
-        finally:
-            sock.close(linger=0)
-            context.term()
-
-    @property
-    def worst(self) -> float:
-        """The longest round trip seen (seconds)."""
-        assert not self.unanswered, "the other client's pings went unanswered"
-        assert self.times, "the other client sent no ping"
-        return max(self.times)
-
-
-@contextmanager
-def pinging(endpoint: str) -> Iterator[Pinger]:
-    """Ping ``endpoint`` from another client while the block runs (one warm-up ping first)."""
-    pinger = Pinger(endpoint)
-    pinger._thread.start()
-    while not pinger.times and not pinger.unanswered:
-        time.sleep(0.001)
-    pinger.times.clear()
-    try:
-        yield pinger
-    finally:
-        pinger._done.set()
-        pinger._thread.join()
-
-
-def _flood_tools(salt: str, count: int = proto.MAX_READ_PATTERNS) -> list[dict[str, Any]]:
-    """Read tools of the hostile pattern, each with a suffix of its own (no cache helps)."""
-    return [
-        {"name": f"sh{number}", "arg": "command", "pattern": f"{HOSTILE_PATTERN}{salt}{number}"}
-        for number in range(count)
-    ]
+from tests._pinger import hostile_tools, pinging
 
 
 def test_costly_read_tool_patterns_do_not_stall_other_clients(tmp_path: Path) -> None:
@@ -100,7 +30,7 @@ def test_costly_read_tool_patterns_do_not_stall_other_clients(tmp_path: Path) ->
     with DaemonProcess(tmp_path) as daemon, WirePeer(daemon.endpoint, timeout=300) as sender:
         with pinging(daemon.endpoint) as pinger:
             for number in range(16):
-                tools = _flood_tools(f"t{number}-")
+                tools = hostile_tools(f"t{number}-")
                 args = {"task": f"flood-{number}", "dialect": "anthropic", "read_tools": tools}
                 sender.send(number + 1, "inspect", args)
             replies = [sender.recv() for _ in range(16)]
@@ -115,7 +45,7 @@ def test_more_patterns_than_allowed_are_refused_before_any_is_compiled(
 ) -> None:
     """17 tools with a pattern: bad_request naming the cap (64 tools without one are fine)."""
     with DaemonProcess(tmp_path) as daemon, WirePeer(daemon.endpoint, timeout=60) as sender:
-        tools = _flood_tools("cap", proto.MAX_READ_PATTERNS + 1)
+        tools = hostile_tools("cap", proto.MAX_READ_PATTERNS + 1)
         reply = sender.call("inspect", {"task": "cap", "dialect": "anthropic", "read_tools": tools})
         assert (reply.ok, reply.code) == (False, "bad_request")
         assert "holds 17 tools with a pattern; at most 16" in (reply.message or "")
@@ -154,7 +84,7 @@ def test_stored_costly_patterns_do_not_stall_the_restart(tmp_path: Path) -> None
         assert peer.call("flush", {"task": "kept"}).ok
     meta_path = daemon.task_dir("kept") / "ctxwin.json"
     meta = json.loads(meta_path.read_text())
-    meta["read_tools"] = _flood_tools("s")
+    meta["read_tools"] = hostile_tools("s")
     meta_path.write_text(json.dumps(meta))
     with DaemonProcess(tmp_path) as daemon, WirePeer(daemon.endpoint, timeout=120) as peer:
         with pinging(daemon.endpoint) as pinger:

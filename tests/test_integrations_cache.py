@@ -17,34 +17,17 @@ from ctxwin.client.integrations._cache_hints import (
     count_breakpoints,
     prompt_cache_key,
 )
-from tests._conversation import PATHS, answered, notice_daemon, read_file
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._conversation import (
+    ANTHROPIC_TOOLS,
+    PATHS,
+    answered,
+    anthropic_agent,
+    anthropic_turn_async,
+    chat_turn,
+    read_file,
+)
+from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, FakeProvider
-
-TOOLS: Any = [{"name": "read_file", "input_schema": {"type": "object", "properties": {}}}]
-CHAT_TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    }
-]
-
-
-@pytest.fixture(scope="module")
-def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
-    """The shared daemon with the test notice (each test uses its own tasks)."""
-    return notice_daemon(daemon_factory)
-
-
-def _results(content: Any) -> list[Any]:
-    return [
-        {"type": "tool_result", "tool_use_id": b.id, "content": read_file(b.input["path"])}
-        for b in content
-        if b.type == "tool_use"
-    ]
 
 
 def _marks(message: Any) -> list[int]:
@@ -77,21 +60,7 @@ def test_anthropic_requests_carry_breakpoints_where_the_cost_model_caches(
             task="cache-anthropic",
             endpoint=ctxwind.endpoint,
         )
-        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
-        options: Any = {
-            "model": "claude-sonnet-4-5",
-            "max_tokens": 100,
-            "system": "You fix bugs.",
-            "tools": TOOLS,
-        }
-        for turn in range(8):
-            if turn % 2:
-                with client.messages.stream(messages=history, **options) as stream:
-                    content = stream.get_final_message().content
-            else:
-                content = client.messages.create(messages=history, **options).content
-            history.append({"role": "assistant", "content": content})
-            history.append({"role": "user", "content": _results(content)})
+        history = anthropic_agent(client, 8)
         client.close()
         sent = answered(provider, MESSAGES)
     assert len(sent) == 8
@@ -122,17 +91,7 @@ def test_the_callers_own_breakpoints_count_toward_the_four(ctxwind: DaemonProces
         system: Any = [
             {"type": "text", "text": "You fix bugs.", "cache_control": {"type": "ephemeral"}}
         ]
-        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
-        for _ in range(4):
-            content = client.messages.create(
-                messages=history,
-                model="claude-sonnet-4-5",
-                max_tokens=100,
-                system=system,
-                tools=TOOLS,
-            ).content
-            history.append({"role": "assistant", "content": content})
-            history.append({"role": "user", "content": _results(content)})
+        anthropic_agent(client, 4, system, stream=False)
         client.close()
         counts = [
             count_breakpoints([r.body["system"], r.body["messages"]])
@@ -154,15 +113,9 @@ async def test_async_anthropic_create_and_stream_mark_the_last_block(
             endpoint=ctxwind.endpoint,
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
-        options: Any = {"model": "claude-sonnet-4-5", "max_tokens": 100, "tools": TOOLS}
+        options: Any = {"model": "claude-sonnet-4-5", "max_tokens": 100, "tools": ANTHROPIC_TOOLS}
         for turn in range(4):
-            if turn % 2:
-                async with client.messages.stream(messages=history, **options) as stream:
-                    content = (await stream.get_final_message()).content
-            else:
-                content = (await client.messages.create(messages=history, **options)).content
-            history.append({"role": "assistant", "content": content})
-            history.append({"role": "user", "content": _results(content)})
+            await anthropic_turn_async(client, history, options, stream=turn % 2 == 1)
         await client.close()
         sent = answered(provider, MESSAGES)
     assert len(sent) == 4
@@ -221,16 +174,7 @@ def test_openai_requests_carry_one_prompt_cache_key_per_task(ctxwind: DaemonProc
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         for _ in range(2):
-            message = (
-                client.chat.completions.create(model="gpt-4o", messages=history, tools=CHAT_TOOLS)
-                .choices[0]
-                .message
-            )
-            history.append(message)
-            history += [
-                {"role": "tool", "tool_call_id": c.id, "content": read_file("src/app.py")}
-                for c in message.tool_calls or []
-            ]
+            chat_turn(client, history)
         client.responses.create(model="gpt-4o", input=[{"role": "user", "content": "hi"}])
         client.chat.completions.create(
             model="gpt-4o", messages=[{"role": "user", "content": "x"}], prompt_cache_key="mine"

@@ -10,7 +10,6 @@ import asyncio
 from typing import Any
 
 import openai
-import pytest
 from agents import Agent as AgentsAgent
 from agents import OpenAIResponsesModel, RunConfig, Runner, function_tool, set_tracing_disabled
 from agents.run_config import CallModelData, ModelInputData
@@ -26,17 +25,11 @@ from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations.agents import ContextWindowFilter
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 from ctxwin.client.integrations.pydantic_ai import ContextWindow
-from tests._conversation import PATHS, assert_valid_and_shrinking, notice_daemon, read_file
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._conversation import PATHS, assert_valid_and_shrinking, read_file
+from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, RESPONSES, FakeProvider
 
 TASK = "main() is wrong; fix it."
-
-
-@pytest.fixture(scope="module")
-def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
-    """The shared daemon with the test notice (each test uses its own tasks)."""
-    return notice_daemon(daemon_factory)
 
 
 def _retried_once_each_time(statuses: list[int]) -> None:

@@ -22,6 +22,23 @@ from ctxwin.client.integrations import pydantic_ai as pa
 from ctxwin.client.integrations._mapping import convert
 from ctxwin.client.integrations.openai import usage_from_responses
 
+READING: dict[str, Any] = {
+    "role": "assistant",
+    "content": "Reading.",
+    "tool_calls": [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path":"a.py"}'},
+        }
+    ],
+}
+"""The openai-chat form of each framework's answer that reads ``a.py``."""
+RESULT = {"role": "tool", "tool_call_id": "c1", "content": "print(1)"}
+"""The openai-chat form of that read's result."""
+SPLIT = {"tokens_in": 600, "tokens_out": 20, "cache_writes": 100, "cache_reads": 300}
+"""ctxwin's usage of 1,000 input tokens (300 read from the cache, 100 written to it), 20 out."""
+
 
 def _langchain_history() -> list[Any]:
     return [
@@ -40,20 +57,8 @@ def test_langchain_messages_map_to_chat_completions_messages() -> None:
     """Human, AI with tool calls, tool and system messages take the Chat Completions shapes."""
     history = _langchain_history()
     assert {"role": "user", "content": "Fix the bug"} == lc.to_openai_chat(history[0])
-    assert {
-        "role": "assistant",
-        "content": "Reading.",
-        "tool_calls": [
-            {
-                "id": "c1",
-                "type": "function",
-                "function": {"name": "read_file", "arguments": '{"path":"a.py"}'},
-            }
-        ],
-    } == lc.to_openai_chat(history[1])
-    assert {"role": "tool", "tool_call_id": "c1", "content": "print(1)"} == lc.to_openai_chat(
-        history[2]
-    )
+    assert READING == lc.to_openai_chat(history[1])
+    assert RESULT == lc.to_openai_chat(history[2])
     assert {"role": "system", "content": "terse"} == lc.to_openai_chat(SystemMessage("terse"))
 
 
@@ -90,12 +95,7 @@ def test_langchain_usage_splits_the_cached_part_out() -> None:
             "input_token_details": {"cache_read": 300, "cache_creation": 100},
         },
     )
-    assert {
-        "tokens_in": 600,
-        "tokens_out": 20,
-        "cache_writes": 100,
-        "cache_reads": 300,
-    } == lc.usage_from_langchain(message)
+    assert SPLIT == lc.usage_from_langchain(message)
     assert lc.usage_from_langchain(HumanMessage("x")) is None
 
 
@@ -120,25 +120,8 @@ def test_pydantic_ai_messages_map_part_by_part() -> None:
         (0, {"role": "system", "content": "terse"}),
         (1, {"role": "user", "content": "Fix the bug"}),
     ] == pa.to_openai_chat(history[0])
-    assert [
-        (
-            -1,
-            {
-                "role": "assistant",
-                "content": "Reading.",
-                "tool_calls": [
-                    {
-                        "id": "c1",
-                        "type": "function",
-                        "function": {"name": "read_file", "arguments": '{"path":"a.py"}'},
-                    }
-                ],
-            },
-        )
-    ] == pa.to_openai_chat(history[1])
-    assert [(0, {"role": "tool", "tool_call_id": "c1", "content": "print(1)"})] == (
-        pa.to_openai_chat(history[2])
-    )
+    assert [(-1, READING)] == pa.to_openai_chat(history[1])
+    assert [(0, RESULT)] == pa.to_openai_chat(history[2])
 
 
 def test_a_pydantic_ai_view_keeps_untouched_messages_and_rebuilds_changed_ones() -> None:
@@ -177,12 +160,7 @@ def test_usage_from_pydantic_ai_and_responses_split_the_cached_part_out() -> Non
     usage = RequestUsage(
         input_tokens=1000, output_tokens=20, cache_read_tokens=300, cache_write_tokens=100
     )
-    assert {
-        "tokens_in": 600,
-        "tokens_out": 20,
-        "cache_writes": 100,
-        "cache_reads": 300,
-    } == pa.usage_from_pydantic_ai(usage)
+    assert SPLIT == pa.usage_from_pydantic_ai(usage)
     assert pa.usage_from_pydantic_ai(RequestUsage()) is None
     responses = {
         "input_tokens": 1000,

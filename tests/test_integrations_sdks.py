@@ -14,24 +14,20 @@ from ctxwin.client.integrations import Turn, window_of
 from ctxwin.client.integrations import anthropic as ctxwin_anthropic
 from ctxwin.client.integrations import openai as ctxwin_openai
 from tests._conversation import (
+    ANTHROPIC_TOOLS,
+    CHAT_TOOLS,
     PATHS,
     answered,
+    anthropic_agent,
+    anthropic_turn_async,
     assert_valid_and_shrinking,
-    notice_daemon,
+    chat_results,
+    chat_turn,
     read_file,
 )
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, FakeProvider
 
-CHAT_TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    }
-]
 RESPONSES_TOOLS: Any = [
     {
         "type": "function",
@@ -39,15 +35,6 @@ RESPONSES_TOOLS: Any = [
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
     }
 ]
-ANTHROPIC_TOOLS: Any = [
-    {"name": "read_file", "input_schema": {"type": "object", "properties": {}}},
-]
-
-
-@pytest.fixture(scope="module")
-def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
-    """The shared daemon with the test notice (each test uses its own tasks)."""
-    return notice_daemon(daemon_factory)
 
 
 def _openai(provider: FakeProvider) -> openai.OpenAI:
@@ -56,22 +43,6 @@ def _openai(provider: FakeProvider) -> openai.OpenAI:
 
 def _anthropic(provider: FakeProvider) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=provider.url, api_key="k", max_retries=0)
-
-
-def _chat_results(calls: Any) -> list[Any]:
-    """The tool messages answering ``calls`` (SDK objects or maps of the same shape)."""
-
-    def field(value: Any, name: str) -> Any:
-        return value[name] if isinstance(value, dict) else getattr(value, name)
-
-    return [
-        {
-            "role": "tool",
-            "tool_call_id": field(call, "id"),
-            "content": read_file(json.loads(field(field(call, "function"), "arguments"))["path"]),
-        }
-        for call in calls or []
-    ]
 
 
 def test_a_60_turn_chat_conversation_sends_shrinking_valid_views_with_notices(
@@ -111,13 +82,9 @@ def test_a_60_turn_chat_conversation_sends_shrinking_valid_views_with_notices(
                     for call in chunk.choices[0].delta.tool_calls or []
                 ]
                 history.append({"role": "assistant", "content": None, "tool_calls": calls})
+                history += chat_results(calls)
             else:
-                response = client.chat.completions.create(
-                    model="gpt-4o", messages=history, tools=CHAT_TOOLS
-                )
-                calls = response.choices[0].message.tool_calls
-                history.append(response.choices[0].message)  # the SDK object, as callers do
-            history += _chat_results(calls)
+                chat_turn(client, history)
         client.close()
         assert_valid_and_shrinking(provider, CHAT, 60)
     assert 60 == len(turns)
@@ -136,11 +103,7 @@ def test_a_context_length_error_compacts_and_retries_once(ctxwind: DaemonProcess
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         while not (turns and turns[-1].retried):
-            response = client.chat.completions.create(
-                model="gpt-4o", messages=history, tools=CHAT_TOOLS
-            )
-            history.append(response.choices[0].message)
-            history += _chat_results(response.choices[0].message.tool_calls)
+            chat_turn(client, history)
         client.close()
         sent = provider.sent(CHAT)
     assert [200] * (len(sent) - 2) + [400, 200] == [r.status for r in sent]
@@ -239,18 +202,6 @@ async def test_responses_with_a_server_held_history_pass_through(ctxwind: Daemon
     assert [] == turns
 
 
-def _anthropic_results(content: Any) -> list[Any]:
-    return [
-        {
-            "type": "tool_result",
-            "tool_use_id": block.id,
-            "content": read_file(block.input["path"]),
-        }
-        for block in content
-        if block.type == "tool_use"
-    ]
-
-
 def test_a_60_turn_anthropic_conversation_with_create_and_stream(ctxwind: DaemonProcess) -> None:
     """messages.create and messages.stream in turn: system kept, views valid and cut, notices."""
     turns: list[Turn] = []
@@ -261,21 +212,7 @@ def test_a_60_turn_anthropic_conversation_with_create_and_stream(ctxwind: Daemon
             endpoint=ctxwind.endpoint,
             on_turn=turns.append,
         )
-        history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
-        options: Any = {
-            "model": "claude-sonnet-4-5",
-            "max_tokens": 100,
-            "system": "You fix bugs.",
-            "tools": ANTHROPIC_TOOLS,
-        }
-        for turn in range(60):
-            if turn % 2:
-                with client.messages.stream(messages=history, **options) as stream:
-                    content = stream.get_final_message().content
-            else:
-                content = client.messages.create(messages=history, **options).content
-            history.append({"role": "assistant", "content": content})  # SDK blocks as they are
-            history.append({"role": "user", "content": _anthropic_results(content)})
+        anthropic_agent(client, 60)
         client.close()
         sent = assert_valid_and_shrinking(provider, MESSAGES, 60)
     assert all("You fix bugs." == r.body["system"] for r in sent)
@@ -300,13 +237,7 @@ async def test_async_anthropic_retries_once_after_prompt_is_too_long(
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         options: Any = {"model": "claude-sonnet-4-5", "max_tokens": 100, "tools": ANTHROPIC_TOOLS}
         while not (turns and turns[-1].retried):
-            if len(turns) % 2:
-                async with client.messages.stream(messages=history, **options) as stream:
-                    content = (await stream.get_final_message()).content
-            else:
-                content = (await client.messages.create(messages=history, **options)).content
-            history.append({"role": "assistant", "content": content})
-            history.append({"role": "user", "content": _anthropic_results(content)})
+            await anthropic_turn_async(client, history, options, stream=len(turns) % 2 == 1)
         await client.close()
         sent = answered(provider, MESSAGES)
         statuses = [r.status for r in provider.sent(MESSAGES)]
@@ -330,12 +261,7 @@ def test_adapters_use_auto_with_the_wrapped_providers_sheet(ctxwind: DaemonProce
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
         for _ in range(3):
-            response = chat.chat.completions.create(
-                model="gpt-4o", messages=history, tools=CHAT_TOOLS
-            )
-            calls = response.choices[0].message.tool_calls
-            history.append(response.choices[0].message)
-            history += _chat_results(calls)
+            chat_turn(chat, history)
         chat.close()
         messages = ctxwin_anthropic.wrap(
             _anthropic(provider), task="auto-messages", endpoint=ctxwind.endpoint

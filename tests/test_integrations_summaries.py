@@ -28,8 +28,8 @@ from ctxwin.client.integrations import openai as ctxwin_openai
 from ctxwin.client.integrations.agents import ContextWindowFilter
 from ctxwin.client.integrations.langchain import ContextWindowMiddleware
 from ctxwin.client.integrations.pydantic_ai import ContextWindow
-from tests._conversation import notice_daemon, read_file
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._conversation import CHAT_TOOLS, anthropic_turn, chat_turn, read_file
+from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, MESSAGES, RESPONSES, SUMMARY_ASK, FakeProvider, Recorded
 
 PATHS = tuple(f"src/mod{turn}.py" for turn in range(80))
@@ -38,9 +38,19 @@ WINDOW = 8_000
 TOOL: Any = {"type": "object", "properties": {"path": {"type": "string"}}}
 
 
-@pytest.fixture(scope="module")
-def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return notice_daemon(daemon_factory)
+def _window(
+    ctxwind: DaemonProcess, task: str, turns: list[Turn], summaries: str = "model"
+) -> dict[str, Any]:
+    """The options every adapter here is given: an ephemeral ``task`` of a ``WINDOW``-token
+    window on ``ctxwind`` whose turns are appended to ``turns``, with ``summaries``."""
+    return {
+        "task": task,
+        "context_window": WINDOW,
+        "endpoint": ctxwind.endpoint,
+        "on_turn": turns.append,
+        "ephemeral": True,
+        "summaries": summaries,
+    }
 
 
 def asks_summary(record: Recorded) -> bool:
@@ -80,27 +90,14 @@ def test_openai_chat_asks_the_model_for_a_summary_and_sends_it_next(
     with FakeProvider(limit=WINDOW, tool_turns=60, paths=PATHS) as provider:
         client = ctxwin_openai.wrap(
             openai.OpenAI(base_url=provider.openai_url, api_key="k", max_retries=0),
-            task="summary-chat",
-            context_window=WINDOW,
-            endpoint=ctxwind.endpoint,
-            on_turn=turns.append,
-            ephemeral=True,
-            summaries="model",
+            **_window(ctxwind, "summary-chat", turns),
         )
-        tools: Any = [{"type": "function", "function": {"name": "read_file", "parameters": TOOL}}]
         history: list[Any] = [
             {"role": "system", "content": "You fix bugs."},
             {"role": "user", "content": "main() is wrong; fix it. Keep LIMIT=77."},
         ]
         for _ in range(40):
-            response = client.chat.completions.create(model="gpt-4o", messages=history, tools=tools)
-            message = response.choices[0].message
-            history.append(message)
-            for call in message.tool_calls or []:
-                path = json.loads(call.function.arguments)["path"]  # type: ignore[union-attr]
-                history.append(
-                    {"role": "tool", "tool_call_id": call.id, "content": read_file(path)}
-                )
+            chat_turn(client, history)
         client.close()
         sent = provider.sent(CHAT)
     check_summaries(sent, turns, "FAKE SUMMARY")
@@ -111,7 +108,7 @@ def test_openai_chat_asks_the_model_for_a_summary_and_sends_it_next(
     assert len(summary_requests) == ledger["summary_requests"]
     assert ledger["summary_cost"] > 0  # priced under the openai sheet
     assert all("none" == r.body["tool_choice"] for r in summary_requests)
-    assert all(r.body["tools"] == tools for r in summary_requests)  # the cached prefix
+    assert all(r.body["tools"] == CHAT_TOOLS for r in summary_requests)  # the cached prefix
 
 
 def test_a_failing_anthropic_summary_falls_back_to_the_basic_one(ctxwind: DaemonProcess) -> None:
@@ -121,12 +118,7 @@ def test_a_failing_anthropic_summary_falls_back_to_the_basic_one(ctxwind: Daemon
     with FakeProvider(limit=WINDOW, tool_turns=60, paths=PATHS, summary_error=True) as provider:
         client = ctxwin_anthropic.wrap(
             anthropic.Anthropic(base_url=provider.url, api_key="k", max_retries=0),
-            task="summary-fails",
-            context_window=WINDOW,
-            endpoint=ctxwind.endpoint,
-            on_turn=turns.append,
-            ephemeral=True,
-            summaries="model",
+            **_window(ctxwind, "summary-fails", turns),
         )
         history: list[Any] = [{"role": "user", "content": "main() is wrong; fix it. LIMIT=77."}]
         options: Any = {
@@ -136,14 +128,7 @@ def test_a_failing_anthropic_summary_falls_back_to_the_basic_one(ctxwind: Daemon
             "tools": [{"name": "read_file", "input_schema": TOOL}],
         }
         for _ in range(30):
-            content = client.messages.create(messages=history, **options).content
-            history.append({"role": "assistant", "content": content})
-            results = [
-                {"type": "tool_result", "tool_use_id": b.id, "content": read_file(b.input["path"])}
-                for b in content
-                if b.type == "tool_use"
-            ]
-            history.append({"role": "user", "content": results})
+            anthropic_turn(client, history, options)
         client.close()
         sent = provider.sent(MESSAGES)
     refused = [r for r in sent if asks_summary(r)]
@@ -171,12 +156,7 @@ async def test_async_responses_asks_the_model_for_a_summary(ctxwind: DaemonProce
     with FakeProvider(limit=WINDOW, tool_turns=60, paths=PATHS) as provider:
         client = ctxwin_openai.wrap(
             openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0),
-            task="summary-responses",
-            context_window=WINDOW,
-            endpoint=ctxwind.endpoint,
-            on_turn=turns.append,
-            ephemeral=True,
-            summaries="model",
+            **_window(ctxwind, "summary-responses", turns),
         )
         tools: Any = [{"type": "function", "name": "read_file", "parameters": TOOL}]
         items: list[Any] = [{"role": "user", "content": "main() is wrong; fix it."}]
@@ -217,14 +197,7 @@ def test_the_langchain_middleware_asks_the_agents_model_for_a_summary(
             api_key="k",  # type: ignore[arg-type]
             max_retries=0,
         )
-        middleware = ContextWindowMiddleware(
-            task="summary-langchain",
-            context_window=WINDOW,
-            endpoint=ctxwind.endpoint,
-            on_turn=turns.append,
-            ephemeral=True,
-            summaries="model",
-        )
+        middleware = ContextWindowMiddleware(**_window(ctxwind, "summary-langchain", turns))
         agent = create_agent(
             model, tools=[lc_read_file], system_prompt="You fix bugs.", middleware=[middleware]
         )
@@ -246,14 +219,7 @@ def _run_pydantic_ai_agent(
     with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
         client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
         model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
-        capability = ContextWindow(
-            task=task,
-            context_window=WINDOW,
-            endpoint=ctxwind.endpoint,
-            on_turn=turns.append,
-            ephemeral=True,
-            summaries=summaries,
-        )
+        capability = ContextWindow(**_window(ctxwind, task, turns, summaries))
         agent = Agent(model, system_prompt="You fix bugs.", capabilities=[capability])
 
         @agent.tool_plain(name="read_file")
@@ -319,14 +285,7 @@ def test_the_agents_filter_asks_the_agents_model_for_a_summary(
     turns: list[Turn] = []
     with FakeProvider(limit=WINDOW, tool_turns=40, paths=PATHS) as provider:
         client = openai.AsyncOpenAI(base_url=provider.openai_url, api_key="k", max_retries=0)
-        ctxwin_filter = ContextWindowFilter(
-            task=f"summary-agents-{by_name}",
-            context_window=WINDOW,
-            endpoint=ctxwind.endpoint,
-            on_turn=turns.append,
-            ephemeral=True,
-            summaries="model",
-        )
+        ctxwin_filter = ContextWindowFilter(**_window(ctxwind, f"summary-agents-{by_name}", turns))
         agent = AgentsAgent(
             name="fixer",
             instructions="You fix bugs.",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from html import unescape
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from ctxwin.client.cli.replay import (
     replay,
 )
 from tests._corpus import corpus_param
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._dialect_data import PATHS, RENDER, Call, Turn
 from tests._shapes import conversation_file
 from tests.test_cli import run
@@ -38,17 +37,6 @@ KEYS = {"openai-chat": "messages", "anthropic": "messages", "openai-responses": 
 TRUNCATION = "Earlier turns of this conversation were removed"
 REPLACED_READ = "This copy of the file's content was removed"
 MISSING = "The result of this tool call is missing"
-
-
-@pytest.fixture(scope="module")
-def page_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return daemon_factory()
-
-
-@pytest.fixture(scope="module")
-def client(page_daemon: DaemonProcess) -> Iterator[Client]:
-    with Client(page_daemon.endpoint, timeout=60) as connected:
-        yield connected
 
 
 def _reading(count: int) -> list[Turn]:
@@ -189,7 +177,7 @@ def test_a_native_message_body_is_drawn_in_its_dialect(client: Client, dialect: 
     "name", ["chat_log.json", corpus_param("openai_richh_claude_code_develop1.json")]
 )
 def test_the_replay_command_writes_the_page_of_a_logged_chat_conversation(
-    page_daemon: DaemonProcess, tmp_path: Path, name: str
+    shared_daemon: DaemonProcess, tmp_path: Path, name: str
 ) -> None:
     """``ctxwin replay --html`` of an OpenAI Chat log: no refusal, every system message of
     the history in the last view, and the cut folded."""
@@ -198,7 +186,7 @@ def test_the_replay_command_writes_the_page_of_a_logged_chat_conversation(
     assert "openai-chat" == dialect
     page = tmp_path / "chat.html"
     code, out, err = run(
-        "--endpoint", page_daemon.endpoint, "replay", str(source), "--model-window", "32000",
+        "--endpoint", shared_daemon.endpoint, "replay", str(source), "--model-window", "32000",
         "--json", "--html", str(page),
     )  # fmt: skip
     assert 0 == code, err
@@ -214,7 +202,7 @@ def test_the_replay_command_writes_the_page_of_a_logged_chat_conversation(
 
 
 def test_inspect_writes_the_page_of_a_native_task(
-    page_daemon: DaemonProcess, client: Client, tmp_path: Path
+    shared_daemon: DaemonProcess, client: Client, tmp_path: Path
 ) -> None:
     """``ctxwin inspect --messages --html`` of a Gemini task: its replaced reads are marked,
     and the summary counts what the view removed."""
@@ -224,7 +212,7 @@ def test_inspect_writes_the_page_of_a_native_task(
     saved = tmp_path / "contents.json"
     saved.write_text(json.dumps({"contents": history}), encoding="utf-8")
     page = tmp_path / "task.html"
-    base = ("--endpoint", page_daemon.endpoint, "--json", "inspect", "page-inspect")
+    base = ("--endpoint", shared_daemon.endpoint, "--json", "inspect", "page-inspect")
     code, out, err = run(*base, "--messages", str(saved), "--html", str(page))
     assert 0 == code, err
     result = json.loads(out)
@@ -329,19 +317,19 @@ def _inspect_page(endpoint: str, client: Client, tmp_path: Path, name: str) -> P
 
 
 def test_inspect_labels_each_message_by_its_own_index_not_an_equal_one(
-    page_daemon: DaemonProcess, client: Client, tmp_path: Path
+    shared_daemon: DaemonProcess, client: Client, tmp_path: Path
 ) -> None:
     """The inspect page of a message equal to an older one, and of a rebuilt one (see
     :func:`_inspect_page`)."""
-    _inspect_page(page_daemon.endpoint, client, tmp_path, "page-equal")
+    _inspect_page(shared_daemon.endpoint, client, tmp_path, "page-equal")
 
 
 def test_chromium_shows_a_rebuilt_message_and_an_equal_one_under_their_own_indices(
-    browser: str, page_daemon: DaemonProcess, client: Client, tmp_path: Path
+    browser: str, shared_daemon: DaemonProcess, client: Client, tmp_path: Path
 ) -> None:
     """The inspect page in a real browser: each message of the view under its own history
     index (the rebuilt one as a variant), the fold line hidden: nothing was dropped."""
-    page = _inspect_page(page_daemon.endpoint, client, tmp_path, "page-equal-browser")
+    page = _inspect_page(shared_daemon.endpoint, client, tmp_path, "page-equal-browser")
     dom = _dom(_browse(browser, tmp_path / "profile", page.as_uri(), "--dump-dom"))
     assert list(range(7)) == [index for index, _ in dom.shown]
     assert [4] == [index for index, variant in dom.shown if variant is not None]
@@ -382,7 +370,7 @@ def _nested(depth: int) -> dict[str, Any]:
     ],
 )
 def test_a_page_of_deeply_nested_arguments_is_written_private_and_shown_in_chromium(
-    browser: str, page_daemon: DaemonProcess, tmp_path: Path, name: str, call: dict[str, Any]
+    browser: str, shared_daemon: DaemonProcess, tmp_path: Path, name: str, call: dict[str, Any]
 ) -> None:
     """Arguments nested 5,000 deep (a Chat call's JSON string) or 900 deep (an Anthropic
     input, about as deep as the file's JSON can be read): the replay writes its page, which
@@ -411,7 +399,7 @@ def test_a_page_of_deeply_nested_arguments_is_written_private_and_shown_in_chrom
     page.write_text("an older page", encoding="utf-8")
     page.chmod(0o644)
     code, _, err = run(
-        "--endpoint", page_daemon.endpoint, "replay", str(source), "--dialect",
+        "--endpoint", shared_daemon.endpoint, "replay", str(source), "--dialect",
         "openai-chat" if name == "chat" else "anthropic", "--html", str(page),
     )  # fmt: skip
     assert 0 == code, err

@@ -45,15 +45,29 @@ def test_the_quick_start_has_sync_and_async_code() -> None:
     assert "task.plan(" in blocks[2]
 
 
-def _run_block(code: str, daemon: DaemonProcess) -> subprocess.CompletedProcess[str]:
-    """Run a README block in a fresh interpreter, pointed at ``daemon`` by $CTXWIN_ENDPOINT."""
+def _run_block(
+    code: str,
+    daemon: DaemonProcess,
+    provider: FakeProvider | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """Run a doc's block in a fresh interpreter, pointed at ``daemon`` by $CTXWIN_ENDPOINT and,
+    with ``provider``, the SDKs at it by their own variables (offline: no tracing upload)."""
     env = {**os.environ, proto.ENDPOINT_ENV: daemon.endpoint}
+    if provider is not None:
+        env |= {
+            "OPENAI_BASE_URL": provider.openai_url,
+            "OPENAI_API_KEY": "test-key",
+            "ANTHROPIC_BASE_URL": provider.url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "OPENAI_AGENTS_DISABLE_TRACING": "1",
+        }
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 
@@ -115,22 +129,7 @@ def test_the_one_line_adoption_sends_a_request_through_the_daemon(
         + "print(window_of(client).last().task)\n"
     )
     with FakeProvider(tool_turns=0) as provider:
-        env = {
-            **os.environ,
-            proto.ENDPOINT_ENV: daemon.endpoint,
-            "OPENAI_BASE_URL": provider.openai_url,
-            "OPENAI_API_KEY": "test-key",
-            "ANTHROPIC_BASE_URL": provider.url,
-            "ANTHROPIC_API_KEY": "test-key",
-        }
-        run = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
+        run = _run_block(code, daemon, provider)
         sent = provider.sent()
     assert 0 == run.returncode, run.stderr
     assert run.stdout.startswith(f"{sdk}-")  # the conversation's derived task id
@@ -167,23 +166,7 @@ def test_integration_block_runs_against_the_daemon_and_a_fake_provider(
     """Each block runs as written, the SDK pointed at the fake provider by its own variables."""
     code = python_blocks(INTEGRATIONS.read_text(), None)[index]
     with FakeProvider(tool_turns=3) as provider:
-        env = {
-            **os.environ,
-            proto.ENDPOINT_ENV: daemon.endpoint,
-            "OPENAI_BASE_URL": provider.openai_url,
-            "OPENAI_API_KEY": "test-key",
-            "ANTHROPIC_BASE_URL": provider.url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "OPENAI_AGENTS_DISABLE_TRACING": "1",
-        }
-        run = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        run = _run_block(code, daemon, provider, timeout=120)
         sent = provider.sent()
     assert 0 == run.returncode, run.stderr
     assert run.stdout

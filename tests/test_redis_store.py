@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -23,6 +23,9 @@ from tests._redis import RedisServer
 
 pytestmark = pytest.mark.anyio
 
+Stores = tuple[RedisStore, RedisStore]
+"""Two daemons' stores on one server (the ``stores`` fixture)."""
+
 
 def store(server: RedisServer, name: str, **options: object) -> RedisStore:
     """A store for a daemon advertised as ``name``."""
@@ -41,6 +44,17 @@ async def take(redis: RedisStore, task: str) -> Taken:
     return taken
 
 
+@pytest.fixture
+async def stores(redis_server: RedisServer) -> AsyncIterator[Stores]:
+    """The stores of two daemons on one server, advertised as ``a`` and ``b`` (closed after)."""
+    first, second = store(redis_server, "a"), store(redis_server, "b")
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_keys_share_one_hash_tag_under_the_prefix(redis_server: RedisServer) -> None:
     """Every key of a task carries ``{task}`` and the configured prefix."""
     redis = store(redis_server, "a", prefix="team7")
@@ -55,44 +69,36 @@ async def test_keys_share_one_hash_tag_under_the_prefix(redis_server: RedisServe
         await redis.close()
 
 
-async def test_a_lease_excludes_others_until_released(redis_server: RedisServer) -> None:
+async def test_a_lease_excludes_others_until_released(stores: Stores) -> None:
     """A second daemon sees the owner's endpoint; after release it takes the next fence."""
-    first, second = store(redis_server, "a"), store(redis_server, "b")
-    try:
-        taken = await take(first, "t")
-        assert (taken.lease.fence, taken.state) == (1, None)
-        assert await second.take("t") == OwnedElsewhere("tcp://a:7878")
-        assert await second.owner_of("t") == "tcp://a:7878"
-        assert await second.release(Lease("t", 1, b"tcp://b:7878 x\n1")) is False
-        assert await first.release(taken.lease) is True
-        assert await second.owner_of("t") is None
-        again = await take(second, "t")
-        assert again.lease.fence == 2
-    finally:
-        await first.close()
-        await second.close()
+    first, second = stores
+    taken = await take(first, "t")
+    assert (taken.lease.fence, taken.state) == (1, None)
+    assert await second.take("t") == OwnedElsewhere("tcp://a:7878")
+    assert await second.owner_of("t") == "tcp://a:7878"
+    assert await second.release(Lease("t", 1, b"tcp://b:7878 x\n1")) is False
+    assert await first.release(taken.lease) is True
+    assert await second.owner_of("t") is None
+    again = await take(second, "t")
+    assert again.lease.fence == 2
 
 
-async def test_writes_are_fenced(redis_server: RedisServer) -> None:
+async def test_writes_are_fenced(stores: Stores) -> None:
     """Once another daemon took the task, the earlier owner's write is refused, changing nothing."""
-    first, second = store(redis_server, "a"), store(redis_server, "b")
-    try:
-        old = await take(first, "t")
-        state = encode_task(TaskRecord([], [2, 5]), fence=old.lease.fence).authority
-        await first.write(old.lease, state)
-        await expire(second, "t")
-        new = await take(second, "t")
-        assert new.state == state  # the state is read after the fence moved
-        with pytest.raises(Fenced, match="fence 1 refused"):
-            await first.write(old.lease, b"stale")
-        assert await second.read_state("t") == state
-        newer = encode_task(TaskRecord([], [2, 9]), fence=new.lease.fence).authority
-        await second.write(new.lease, newer)
-        record, fence = decode_record(json.loads(await second.read_state("t") or b""))
-        assert (record.deleted_range, fence) == ([2, 9], 2)
-    finally:
-        await first.close()
-        await second.close()
+    first, second = stores
+    old = await take(first, "t")
+    state = encode_task(TaskRecord([], [2, 5]), fence=old.lease.fence).authority
+    await first.write(old.lease, state)
+    await expire(second, "t")
+    new = await take(second, "t")
+    assert new.state == state  # the state is read after the fence moved
+    with pytest.raises(Fenced, match="fence 1 refused"):
+        await first.write(old.lease, b"stale")
+    assert await second.read_state("t") == state
+    newer = encode_task(TaskRecord([], [2, 9]), fence=new.lease.fence).authority
+    await second.write(new.lease, newer)
+    record, fence = decode_record(json.loads(await second.read_state("t") or b""))
+    assert (record.deleted_range, fence) == ([2, 9], 2)
 
 
 async def expire(redis: RedisStore, task: str) -> None:
@@ -120,21 +126,17 @@ async def test_a_control_store_without_the_fence_check_lets_a_stale_write_throug
         await second.close()
 
 
-async def test_renew_extends_and_fails_once_taken_over(redis_server: RedisServer) -> None:
+async def test_renew_extends_and_fails_once_taken_over(stores: Stores) -> None:
     """Renew keeps the lease, re-takes an expired one nobody took, and fails after a takeover."""
-    first, second = store(redis_server, "a"), store(redis_server, "b")
-    try:
-        lease = (await take(first, "t")).lease
-        assert await first.renew(lease) is True
-        await expire(first, "t")
-        assert await first.renew(lease) is True  # expired, fence unmoved: set again
-        assert await second.take("t") == OwnedElsewhere("tcp://a:7878")
-        await expire(first, "t")
-        await take(second, "t")
-        assert await first.renew(lease) is False
-    finally:
-        await first.close()
-        await second.close()
+    first, second = stores
+    lease = (await take(first, "t")).lease
+    assert await first.renew(lease) is True
+    await expire(first, "t")
+    assert await first.renew(lease) is True  # expired, fence unmoved: set again
+    assert await second.take("t") == OwnedElsewhere("tcp://a:7878")
+    await expire(first, "t")
+    await take(second, "t")
+    assert await first.renew(lease) is False
 
 
 async def test_the_state_survives_kill_9_by_the_append_only_file(redis_server: RedisServer) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from ctxwin.client import Client
 from ctxwin.client.integrations import Turn
 from ctxwin.client.integrations import openai as ctxwin_openai
 from tests._conversation import read_file
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._fake_provider import CHAT, FakeProvider
 
 NOTICE = engine.DEFAULT_NOTICES.truncation
@@ -71,17 +71,6 @@ DIALECTS: dict[str, Callable[..., History]] = {
     "anthropic": anthropic,
     "cline": cline,
 }
-
-
-@pytest.fixture(scope="module")
-def ctxwind(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return daemon_factory()
-
-
-@pytest.fixture(scope="module")
-def client(ctxwind: DaemonProcess) -> Iterator[Client]:
-    with Client(ctxwind.endpoint, timeout=30) as connected:
-        yield connected
 
 
 def _cut(client: Client, task: str, dialect: str, history: History) -> list[int]:
@@ -235,12 +224,14 @@ def _readme_run(provider: FakeProvider, endpoint: str) -> list[Turn]:
     return turns
 
 
-def test_the_readme_agent_runs_twice_under_its_derived_task_id(ctxwind: DaemonProcess) -> None:
+def test_the_readme_agent_runs_twice_under_its_derived_task_id(
+    shared_daemon: DaemonProcess,
+) -> None:
     """A second run of the same script finds its old task, starts it over and runs to the end."""
     runs: list[list[Turn]] = []
     for _ in range(2):  # a provider each: the fake model's turns count from its start
         with FakeProvider(limit=4_000, tool_turns=40) as provider:
-            runs.append(_readme_run(provider, ctxwind.endpoint))
+            runs.append(_readme_run(provider, shared_daemon.endpoint))
             sent = provider.sent(CHAT)
             assert [] == [r.problems for r in sent if r.problems]
             assert [200] * len(sent) == [r.status for r in sent]

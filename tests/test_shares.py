@@ -7,7 +7,6 @@ A daemon with keys (so that two clients have two names, ``key:alice`` and
 from __future__ import annotations
 
 import io
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from ctxwin.client.cli import main as cli
 from ctxwin.daemon._kept import HistoryCache, KeptHistory
 from ctxwin.daemon._tokens import TokenCounter
 from tests._client_data import MODEL, conversation
-from tests._daemon import DaemonProcess
+from tests._daemon import DaemonProcess, free_port
 
 MESSAGES = conversation(3)
 MAX_TASKS = 20
@@ -71,9 +70,7 @@ def shares(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shares]:
     for name in ("alice", "bob"):
         keys("client", name, "--dir", str(clients / name))
         keys("allow", str(clients / name / "client.key"), "--name", name, "--dir", str(server))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     daemon = DaemonProcess(
         root,
         "--endpoint",

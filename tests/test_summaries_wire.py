@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,7 @@ import pytest
 
 from ctxwin import engine
 from ctxwin.client import BadRequestError, Client
-from tests._daemon import DaemonFactory, DaemonProcess
+from tests._daemon import DaemonProcess
 from tests._dialect_data import RENDER, Call, Turn, render_cline, sdk_validator
 from tests._ledger_data import cline_task, files_listed, snippet, typed
 from tests._redis import RedisServer
@@ -72,17 +72,6 @@ def check_view(dialect: str, view: Any) -> None:
     if dialect != "cline":
         CHECKS[dialect](view)
         sdk_validator(dialect)(view)
-
-
-@pytest.fixture(scope="module")
-def summary_daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return daemon_factory()
-
-
-@pytest.fixture(scope="module")
-def client(summary_daemon: DaemonProcess) -> Iterator[Client]:
-    with Client(summary_daemon.endpoint, timeout=60) as connected:
-        yield connected
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -11,9 +10,9 @@ import pytest
 
 from ctxwin import engine
 from ctxwin.client import BadRequestError, Client
-from ctxwin.client.cli import main
 from ctxwin.daemon import IMAGE_TOKENS, TokenCounter
 from tests._daemon import DaemonFactory, DaemonProcess
+from tests.test_cli import run
 
 OUTPUT = "def main():\n    return 41  # should be 42\n" * 40
 LISTED = "tests/test_main.py::test_main FAILED: assert 41 == 42\n" * 30
@@ -119,12 +118,6 @@ def test_a_part_a_dialect_cannot_carry_is_refused_by_its_index(
     with Client(parts_daemon.endpoint) as client, pytest.raises(BadRequestError) as refused:
         client.count_tokens(messages, dialect="openai-chat")
     assert "messages[3].content[0] must be a map" in str(refused.value)
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_replay_and_its_page_say_once_how_unrecognised_parts_were_counted(

@@ -6,6 +6,7 @@ wait is bounded by a deadline.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -13,7 +14,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -204,14 +204,6 @@ class Client:
 # -- task files -------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def temp_files(directory: Path, suffix: str = TEMP_SUFFIX) -> list[str]:
     """Temp files of interrupted or failed writes in a task directory (any file: ``suffix=""``)."""
     if not directory.is_dir():
@@ -305,6 +297,28 @@ def machine() -> dict[str, Any]:
         "kernel": os.uname().release,
         "zmq": zmq.zmq_version(),
     }
+
+
+def arguments(doc: str | None) -> argparse.ArgumentParser:
+    """A script's argument parser: the first line of its docstring, and ``--json``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def finish(name: str, summary: dict[str, Any], as_json: bool) -> int:
+    """Print a script's summary (see :func:`emit`); its exit code, 0 when it ``passed``."""
+    emit(name, summary, as_json)
+    return 0 if summary["passed"] else 1
+
+
+def role_argv(module: str, role: str, endpoint: str, **flags: object) -> list[str]:
+    """The command that runs the script ``module`` again in a child, as its hidden ``--role``
+    on ``endpoint``, each of ``flags`` given as ``--name value`` (``think_ms``: ``--think-ms``)."""
+    argv = [sys.executable, "-m", module, "--role", role, "--endpoint", endpoint]
+    for name, value in flags.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
 
 
 def emit(name: str, summary: dict[str, Any], as_json: bool) -> None:
@@ -448,26 +462,24 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=check)
 
 
-def refused(*argv: str) -> str | None:
-    """Run a privileged system command; the reason when the kernel or tool refuses, else None."""
+def require(*argv: str) -> None:
+    """Run a privileged system command; PermissionError with the reason when the kernel or
+    the tool refuses it (or it is not installed)."""
     if shutil.which(argv[0]) is None:
-        return f"{argv[0]} is not installed"
+        raise PermissionError(f"{argv[0]} is not installed")
     result = run(*argv, check=False)
     if result.returncode != 0:
-        return f"`{' '.join(argv)}` failed: {result.stderr.strip() or result.returncode}"
-    return None
+        raise PermissionError(
+            f"`{' '.join(argv)}` failed: {result.stderr.strip() or result.returncode}"
+        )
 
 
 @contextlib.contextmanager
 def read_only_bind(directory: Path) -> Iterator[None]:
     """Make ``directory`` a read-only bind mount of itself for the duration (EROFS)."""
-    reason = refused("mount", "--bind", str(directory), str(directory))
-    if reason:
-        raise PermissionError(reason)
+    require("mount", "--bind", str(directory), str(directory))
     try:
-        reason = refused("mount", "-o", "remount,bind,ro", str(directory))
-        if reason:
-            raise PermissionError(reason)
+        require("mount", "-o", "remount,bind,ro", str(directory))
         yield
     finally:
         run("umount", "-l", str(directory), check=False)
@@ -476,9 +488,7 @@ def read_only_bind(directory: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def immutable(path: Path) -> Iterator[None]:
     """``chattr +i`` on ``path`` for the duration (EPERM even for root)."""
-    reason = refused("chattr", "+i", str(path))
-    if reason:
-        raise PermissionError(reason)
+    require("chattr", "+i", str(path))
     try:
         yield
     finally:
@@ -489,11 +499,7 @@ def immutable(path: Path) -> Iterator[None]:
 def tmpfs(directory: Path, size: str) -> Iterator[None]:
     """A tmpfs of ``size`` mounted on ``directory`` for the duration."""
     directory.mkdir(parents=True, exist_ok=True)
-    reason = refused(
-        "mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)
-    )
-    if reason:
-        raise PermissionError(reason)
+    require("mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory))
     try:
         yield
     finally:

@@ -24,7 +24,6 @@ Checks:
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
@@ -36,20 +35,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from bench.reliability._harness import (
     NOBODY,
     REPO,
     Client,
     Daemon,
+    arguments,
     as_uid,
     emit,
-    free_port,
     machine,
     scratch,
 )
+from tests._daemon import DaemonProcess, free_port
 
 # Run as the other uid: connect(2) to the socket, then a ZeroMQ ping with a short timeout.
 _PROBE = r"""
@@ -336,30 +333,15 @@ def check_tcp(root: Path) -> TcpOutcome:
         daemon.stop()
     refused = {}
     for wildcard in (f"tcp://*:{free_port()}", f"tcp://0.0.0.0:{free_port()}", "tcp://[::]:0"):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ctxwin.daemon",
-                "--endpoint",
-                wildcard,
-                "--state-dir",
-                str(root / "wild"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-            env={**os.environ, "XDG_CONFIG_HOME": str(root)},
-        )
+        config = {"XDG_CONFIG_HOME": str(root)}
+        result = DaemonProcess(root / "wild", endpoint=wildcard, env=config).run_to_exit()
         refused[wildcard] = f"exit {result.returncode}: {result.stderr.strip()[-160:]}"
     return TcpOutcome(endpoints, listening, refused)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="same checks (they are short)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("access.py needs root (setpriv to another uid)", file=sys.stderr)

@@ -29,10 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.reliability._harness import MODEL, REPO, conversation, emit, machine
+from bench.reliability._harness import MODEL, REPO, arguments, conversation, finish, machine
 
 LIMITS_BYTES = 64 * 1024
 
@@ -157,20 +154,18 @@ def run(runs: int, max_len: int) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="10000 runs")
     parser.add_argument("--runs", type=int, default=100_000, help="libFuzzer runs (100000)")
     parser.add_argument("--max-len", type=int, default=4096, help="largest input (4096)")
     parser.add_argument("--role", choices=("fuzz",), help=argparse.SUPPRESS)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("fuzzer_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role == "fuzz":
         fuzz([sys.argv[0], *args.fuzzer_args])
         return 0
     summary = run(10_000 if args.quick else args.runs, args.max_len)
-    emit("atheris", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("atheris", summary, args.json)
 
 
 if __name__ == "__main__":

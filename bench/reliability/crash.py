@@ -48,19 +48,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from bench.reliability._harness import (
     HISTORY,
     META,
     REPO,
     Client,
     Daemon,
+    arguments,
     conversation,
-    emit,
+    finish,
     latency_summary,
     machine,
+    role_argv,
     scratch,
     temp_files,
     tmpfs,
@@ -279,26 +278,16 @@ def check_after_kill(
 def _spawn_writer(
     endpoint: str, task: str, records: Path, seconds: float, flush_every: int
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.reliability.crash",
-            "--role",
-            "writer",
-            "--endpoint",
-            endpoint,
-            "--task",
-            task,
-            "--records",
-            str(records),
-            "--seconds",
-            str(seconds),
-            "--flush-every",
-            str(flush_every),
-        ],
-        cwd=REPO,
+    argv = role_argv(
+        "bench.reliability.crash",
+        "writer",
+        endpoint,
+        task=task,
+        records=records,
+        seconds=seconds,
+        flush_every=flush_every,
     )
+    return subprocess.Popen(argv, cwd=REPO)
 
 
 def run(
@@ -438,7 +427,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="20 cycles")
     parser.add_argument("--cycles", type=int, default=1000, help="kill -9 cycles (1000)")
     parser.add_argument("--writers", type=int, default=4, help="writer processes (4)")
@@ -453,7 +442,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--records", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     if args.role == "writer":
         writer(args.endpoint, args.task, args.records, args.seconds, args.flush_every)
@@ -462,8 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = run(
         cycles, args.writers, args.flush_every, args.cap_ms, args.seed, (0.2, 3.0), args.tmpfs
     )
-    emit("crash", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("crash", summary, args.json)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ all along.
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import time
@@ -28,21 +27,19 @@ from typing import Any
 
 import zmq
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from bench.reliability._harness import (
     Client,
     Daemon,
+    arguments,
     conversation,
     emit,
-    free_port,
     limit_preexec,
     machine,
     open_fds,
     scratch,
 )
 from ctxwin import proto
+from tests._daemon import free_port
 
 
 @dataclass
@@ -163,7 +160,7 @@ def limited_daemon(root: Path, limit: int, transport: str = "ipc") -> tuple[Daem
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="one round")
     parser.add_argument("--limit", type=int, default=64, help="open-files limit (64)")
     parser.add_argument("--clients", type=int, default=128, help="clients per round (128)")
@@ -171,7 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--transport", choices=("ipc", "tcp"), default="ipc", help="where clients connect (ipc)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else max(1, args.rounds)
     results: list[Round] = []

@@ -25,7 +25,6 @@ EACCES as a non-root uid (setpriv) and as root without DAC capabilities
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -38,9 +37,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from bench.reliability._harness import (
     HISTORY,
     META,
@@ -48,6 +44,7 @@ from bench.reliability._harness import (
     Client,
     Daemon,
     Strace,
+    arguments,
     as_uid,
     conversation,
     emit,
@@ -352,11 +349,10 @@ def _scenario(fault: Fault, daemon: Daemon, client: Client, outcome: Outcome) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="one round of each fault")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each fault (5)")
     parser.add_argument("--only", nargs="*", choices=sorted(FAULTS), help="run only these")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else max(1, args.rounds)
     if os.geteuid() != 0:

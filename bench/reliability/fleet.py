@@ -30,7 +30,6 @@ fail (a resumed owner's stale write lands after the new owner's).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -44,12 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import redis
 
-from bench.reliability._harness import emit, machine, scratch
+from bench.reliability._harness import arguments, finish, machine, scratch
 from ctxwin import proto
 from tests._daemon import DaemonProcess, call
 from tests._redis import RedisServer
@@ -347,18 +343,16 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--pauses", type=int, default=6, help="SIGSTOP hand-overs (6)")
     parser.add_argument("--kills", type=int, default=1, help="kill -9 hand-overs (1)")
     parser.add_argument("--ttl-ms", type=int, default=500, help="lease TTL (500)")
     parser.add_argument("--flush-every", type=int, default=5, help="flush every N steps (5)")
     parser.add_argument("--control", action="store_true", help="no fence check (must fail)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     summary = run(args.pauses, args.kills, args.ttl_ms, args.flush_every, args.control, args.seed)
-    emit("fleet", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("fleet", summary, args.json)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ While the fault lasts, every change is answered (and its latency kept), a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
@@ -32,12 +31,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import redis
 
-from bench.reliability._harness import emit, latency_summary, machine, scratch
+from bench.reliability._harness import arguments, finish, latency_summary, machine, scratch
 from tests._daemon import DaemonProcess, call
 from tests._redis import RedisServer
 
@@ -197,9 +193,8 @@ def oom_fault(root: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--outage-s", type=float, default=10.0, help="unreachable for (10)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     with scratch("ctxwin-fleet-faults-") as root:
         summary: dict[str, Any] = {"machine": machine()}
@@ -207,8 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary["unreachable"] = unreachable_fault(root / "unreachable", args.outage_s)
         summary["oom"] = oom_fault(root / "oom")
     summary["passed"] = all(summary[name]["passed"] for name in ("kill", "unreachable", "oom"))
-    emit("fleet_faults", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("fleet_faults", summary, args.json)
 
 
 if __name__ == "__main__":

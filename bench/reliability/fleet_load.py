@@ -18,7 +18,6 @@ clean stop writes everything). Any error reply or unanswered request counts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -26,15 +25,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import redis
 
-from bench.reliability._harness import emit, latency_summary, machine, scratch
+from bench.reliability._harness import arguments, finish, latency_summary, machine, scratch
 from ctxwin import proto
 from tests._daemon import DaemonProcess, call
 from tests._redis import RedisServer
@@ -162,17 +157,15 @@ def run(daemons: int, tasks: int, seconds: float, workers: int, seed: int) -> di
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--daemons", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     summary = run(args.daemons, args.tasks, args.seconds, args.workers, args.seed)
-    emit("fleet_load", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("fleet_load", summary, args.json)
 
 
 if __name__ == "__main__":

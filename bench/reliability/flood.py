@@ -36,22 +36,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.utils.monitor
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from bench.reliability._harness import (
     REPO,
     Client,
     Daemon,
-    emit,
+    arguments,
+    finish,
     latency_summary,
     machine,
+    role_argv,
     scratch,
 )
 from ctxwin import proto
@@ -123,24 +121,10 @@ def flooder(endpoint: str, seconds: float, max_bytes: int) -> dict[str, Any]:
 
 
 def _spawn(role: str, endpoint: str, seconds: float, max_bytes: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.reliability.flood",
-            "--role",
-            role,
-            "--endpoint",
-            endpoint,
-            "--seconds",
-            str(seconds),
-            "--max-bytes",
-            str(max_bytes),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
+    argv = role_argv(
+        "bench.reliability.flood", role, endpoint, seconds=seconds, max_bytes=max_bytes
     )
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
 
 
 def _collect(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -262,7 +246,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="5 s phases, 20 counted frames")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase (20)")
     parser.add_argument("--pingers", type=int, default=3, help="pinging processes (3)")
@@ -271,7 +255,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, default=2.0, help="allowed loaded/unloaded p99")
     parser.add_argument("--role", choices=("pinger", "flooder"), help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     if args.role == "pinger":
         print(json.dumps(pinger(args.endpoint, args.seconds)))
@@ -282,8 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = 5.0 if args.quick else args.seconds
     oversize = 20 if args.quick else args.oversize
     summary = run(seconds, args.pingers, args.max_bytes, oversize, args.ratio)
-    emit("flood", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("flood", summary, args.json)
 
 
 if __name__ == "__main__":

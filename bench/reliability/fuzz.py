@@ -22,7 +22,6 @@ state dir's task directories, and every task directory name is a valid task id.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -36,37 +35,14 @@ import zmq
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.reliability._harness import (
-    MODEL,
-    Client,
-    Daemon,
-    emit,
-    machine,
-    scratch,
-)
+from bench.reliability._harness import MODEL, Client, Daemon, arguments, finish, machine, scratch
 from ctxwin import proto
+from tests._strategies import msgpack_values
 
 MAX_BYTES = 65536
 MAX_FRAMES = 8
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=True)
-    | st.text(max_size=40)
-    | st.binary(max_size=40)
-)
-values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
-    ),
-    max_leaves=30,
-)
+values = msgpack_values(text=40, items=5, leaves=30)
 task_ids = st.sampled_from(
     [
         "../x",
@@ -316,15 +292,13 @@ def run(examples: int, seed_value: int) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument("--quick", action="store_true", help="300 examples")
     parser.add_argument("--examples", type=int, default=3000, help="hypothesis examples (3000)")
     parser.add_argument("--seed", type=int, default=8, help="hypothesis seed (8)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     summary = run(300 if args.quick else args.examples, args.seed)
-    emit("fuzz", summary, args.json)
-    return 0 if summary["passed"] else 1
+    return finish("fuzz", summary, args.json)
 
 
 if __name__ == "__main__":

@@ -42,18 +42,17 @@ from typing import Any
 
 import zmq
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from bench.reliability._harness import (
     MODEL,
     REPO,
     Client,
     Daemon,
-    emit,
+    arguments,
+    finish,
     latency_summary,
     machine,
     proc_status_kb,
+    role_argv,
     scratch,
 )
 from ctxwin import proto
@@ -159,30 +158,16 @@ def mixed(root: Path, clients: int, tasks: int, seconds: float, think_ms: float)
         procs = []
         for index in range(clients):
             share = names[index::clients]
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.reliability.load",
-                        "--role",
-                        "client",
-                        "--endpoint",
-                        daemon.endpoint,
-                        "--task-list",
-                        ",".join(share),
-                        "--seconds",
-                        str(seconds),
-                        "--think-ms",
-                        str(think_ms),
-                        "--seed",
-                        str(index),
-                    ],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                    cwd=REPO,
-                )
+            argv = role_argv(
+                "bench.reliability.load",
+                "client",
+                daemon.endpoint,
+                task_list=",".join(share),
+                seconds=seconds,
+                think_ms=think_ms,
+                seed=index,
             )
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO))
         latencies: dict[str, list[float]] = {op: [] for op in WEIGHTS}
         errors: dict[str, int] = {}
         crashed = 0
@@ -353,7 +338,7 @@ def eviction(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arguments(__doc__)
     parser.add_argument(
         "--quick", action="store_true", help="10 clients, 100 tasks, 10 s, 2000 evicted"
     )
@@ -386,7 +371,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--task-list", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     if args.role == "client":
         client_worker(
@@ -431,10 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     evict_ok = "eviction" not in summary or (
         summary["eviction"]["failures"] == 0 and summary["eviction"]["came_back_down"]
     )
-    passed = mixed_ok and idle_ok and evict_ok
-    summary["passed"] = passed
-    emit("load", summary, args.json)
-    return 0 if passed else 1
+    summary["passed"] = mixed_ok and idle_ok and evict_ok
+    return finish("load", summary, args.json)
 
 
 if __name__ == "__main__":
