@@ -125,7 +125,6 @@ NAMES = {
     "__aiter__": "__iter__",
     "__anext__": "__next__",
     "aclose": "close",
-    "condense_async": "condense",
     "_awaiting": "_blocking",
     "awaiting": "blocking",
     "_async": "_sync",
