@@ -1,7 +1,7 @@
-"""What both Anthropic adapters share: heads, usage, cache breakpoints, summary arguments.
+"""What both Anthropic adapters (``_async_anthropic.py`` and its generated twin) share.
 
-The asyncio adapter is ``_async_anthropic.py``, the blocking one is generated
-from it, and ``anthropic.wrap`` picks one by the client's type.
+Conversation heads, usage from a message or its stream's events, cache breakpoints, and the
+arguments of a summary request.
 """
 
 from __future__ import annotations

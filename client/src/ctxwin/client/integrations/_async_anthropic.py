@@ -1,9 +1,4 @@
-"""The asyncio Anthropic adapter; ``_sync_anthropic.py`` is generated from this file.
-
-Edit this file, then run ``python3 client/scripts/generate.py`` (a test fails
-while the generated twin is stale). What both adapters share is in
-``_anthropic.py``.
-"""
+"""The asyncio Anthropic adapter; ``client/scripts/generate.py`` makes ``_sync_anthropic.py``."""
 
 from __future__ import annotations
 

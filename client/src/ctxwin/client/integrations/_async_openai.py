@@ -1,9 +1,4 @@
-"""The asyncio OpenAI adapter; ``_sync_openai.py`` is generated from this file.
-
-Edit this file, then run ``python3 client/scripts/generate.py`` (a test fails
-while the generated twin is stale). What both adapters share is in
-``_openai.py``.
-"""
+"""The asyncio OpenAI adapter (the blocking one, ``_sync_openai.py``, is generated from it)."""
 
 from __future__ import annotations
 

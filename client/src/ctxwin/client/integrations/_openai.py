@@ -1,7 +1,5 @@
-"""What both OpenAI adapters share: heads, usage, stream options, summary arguments, cache keys.
-
-The asyncio adapter is ``_async_openai.py``, the blocking one is generated
-from it, and ``openai.wrap`` picks one by the client's type.
+"""What the asyncio OpenAI adapter and its generated blocking twin share: conversation
+heads, usage (Chat Completions and Responses), chat stream options, summary arguments, cache keys.
 """
 
 from __future__ import annotations
