@@ -247,6 +247,28 @@ async def test_async_anthropic_retries_once_after_prompt_is_too_long(
     assert [] == [r.problems for r in provider.sent(MESSAGES) if r.problems]
 
 
+@pytest.mark.anyio
+async def test_a_stream_manager_begins_its_request_only_when_entered(
+    ctxwind: DaemonProcess,
+) -> None:
+    """messages.stream() of either client opens no conversation until its block is entered."""
+    with FakeProvider() as provider:
+        blocking = ctxwin_anthropic.wrap(_anthropic(provider), endpoint=ctxwind.endpoint)
+        asyncio_client = ctxwin_anthropic.wrap(
+            anthropic.AsyncAnthropic(base_url=provider.url, api_key="k", max_retries=0),
+            endpoint=ctxwind.endpoint,
+        )
+        options: Any = {"model": "claude-sonnet-4-5", "max_tokens": 100}
+        history: Any = [{"role": "user", "content": "main() is wrong; fix it."}]
+        blocking.messages.stream(messages=history, **options)
+        asyncio_client.messages.stream(messages=history, **options)
+        opened = [len(window_of(c).state.entries) for c in (blocking, asyncio_client)]
+        blocking.close()
+        await asyncio_client.close()
+        assert [] == provider.sent(MESSAGES)
+    assert [0, 0] == opened
+
+
 def test_adapters_use_auto_with_the_wrapped_providers_sheet(ctxwind: DaemonProcess) -> None:
     """By default a wrapped client asks for ``auto`` priced by its provider's sheet.
 

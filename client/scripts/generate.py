@@ -6,11 +6,12 @@
    method on both task handles (from ``_ops.task_<op>`` when there is one: the
    builder whose first argument is the task). They stand between two marker
    lines of the asyncio sources; this script rewrites what is between them.
-2. The blocking twins. The asyncio client, task handle and window are written
-   once; their blocking twins are made from them by replacing names
-   (:data:`NAMES`: ``async def`` and ``await`` go, ``AsyncTask`` becomes
-   ``Task``, ...), a few exact texts each twin lists (docstrings, types), and
-   dropping what stands between ``# unasync: async only`` and ``# unasync: end``.
+2. The blocking twins. The asyncio client, task handle, window, watched stream
+   and SDK adapters (Anthropic, OpenAI) are written once; their blocking twins
+   (:data:`TWINS`) are made from them by replacing names (:data:`NAMES`:
+   ``async def`` and ``await`` go, ``AsyncTask`` becomes ``Task``, ...), a
+   few exact texts each twin lists (docstrings, types), and dropping what
+   stands between ``# unasync: async only`` and ``# unasync: end``.
    The result is sorted and formatted by the project's ruff.
 
 Usage: ``python3 client/scripts/generate.py`` (writes the files) or
@@ -104,29 +105,36 @@ NAMES = {
     "async with": "with",
     "async for": "for",
     "await ": "",
+    "AsyncAnthropic": "Anthropic",
     "AsyncCaller": "Caller",
     "AsyncClient": "Client",
     "AsyncClosing": "Closing",
     "AsyncIterator": "Iterator",
+    "AsyncOpenAI": "OpenAI",
     "AsyncSocket": "BlockingSocket",
     "AsyncSummarize": "Summarize",
     "AsyncTask": "Task",
     "AsyncTurns": "BlockingTurns",
+    "AsyncWatchedStream": "WatchedStream",
     "AsyncWindow": "Window",
+    "_AsyncStreamManager": "_StreamManager",
     "asynccontextmanager": "contextmanager",
     "asyncio.sleep": "time.sleep",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
+    "__aiter__": "__iter__",
+    "__anext__": "__next__",
     "aclose": "close",
     "_awaiting": "_blocking",
     "awaiting": "blocking",
-    "condense_async": "condense",
     "_async": "_sync",
     "_async_socket": "_sync_socket",
     "_async_task": "_sync_task",
     "_async_window": "_sync_window",
+    "wrap_async": "wrap_sync",
     "Coroutine[Any, Any, T]": "T",
     "Awaitable[R]": "R",
+    "Awaitable[Request]": "Request",
 }
 """Names of the asyncio sources and what they are in the blocking twins (whole words)."""
 
@@ -198,6 +206,21 @@ TWINS = (
             "The asyncio twin": "The blocking twin",
             ", waiting for its reader to end.": ".",
         },
+    ),
+    Twin(
+        "integrations/_async_anthropic.py",
+        "integrations/_sync_anthropic.py",
+        "The blocking Anthropic adapter.",
+    ),
+    Twin(
+        "integrations/_async_openai.py",
+        "integrations/_sync_openai.py",
+        "The blocking OpenAI adapter.",
+    ),
+    Twin(
+        "integrations/_async_streams.py",
+        "integrations/_sync_streams.py",
+        "The blocking watched stream.",
     ),
 )
 """Every blocking twin, and what it is made from."""

@@ -11,10 +11,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from ctxwin.proto import Model, Usage
+
 from .._async import AsyncClient
 from .._async_task import AsyncTask
 from ._conversations import Request, Turn
-from ._summary import AsyncSummarize, condense_async
+from ._summary import AsyncSummarize, note_condensed, summary_failed
 from ._window_base import DEFAULT_STRATEGY, WindowBase, is_window_error
 
 __all__ = ["AsyncWindow"]
@@ -103,8 +105,36 @@ class AsyncWindow(WindowBase):
         request = self.state.request(task, entry, messages, model, prepared, ts)
         if prepared.get("summary_due") and self.summaries is not None:
             call = self._summary_call(request, prepared.get("summary_prompt", ""), summarize)
-            await condense_async(request, self.state.model(model), call, summarize)
+            await self._condense(request, self.state.model(model), call, summarize)
         return request
+
+    async def _condense(
+        self,
+        request: Request,
+        model: Model,
+        call: tuple[list[Any], str] | None,
+        summarize: AsyncSummarize | None,
+    ) -> None:
+        """Store a summary for the turns the cut removes and take the view after it.
+
+        Args:
+            request: the request a summary is due before.
+            model: the request's model map.
+            call: the summary request and its model, or None for the basic summary.
+            summarize: sends ``call`` with the caller's client; any failure
+                falls back to the basic summary.
+        """
+        text: str | None = None
+        usage: Usage | None = None
+        failure: str | None = None
+        if call is not None and summarize is not None:
+            try:
+                text, usage = await summarize(*call)
+            except Exception as exc:  # any failure of the summary call: the basic summary
+                failure = summary_failed(exc)
+        handle = request.conversation.handle
+        result = await handle.condense(request.messages, model, summary=text, usage=usage)
+        note_condensed(request, result, usage, failure)
 
     async def send(self, request: Request, call: Callable[[list[Any]], Awaitable[R]]) -> R:
         """``await call(view)``; when the provider refuses it as too long, compact and call once

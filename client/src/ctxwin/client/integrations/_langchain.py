@@ -198,6 +198,16 @@ def _summary_messages(
     return [system, *messages] if system is not None else messages
 
 
+def _viewed(
+    request: ModelRequest[Any], converted: Converted[BaseMessage], view: list[Any], pending: Request
+) -> ModelRequest[Any]:
+    """The model request with the view for its messages, and the task's cache settings."""
+    return request.override(
+        messages=from_openai_chat(view, converted),
+        model_settings=_cache_settings(request, pending.task),
+    )
+
+
 def _summary(answer: Any) -> tuple[str | None, Usage | None]:
     """The text and usage of the model's answer to a summary request."""
     content = getattr(answer, "content", None)
@@ -293,15 +303,10 @@ class ContextWindowMiddleware(AgentMiddleware):
         def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
             return _summary(request.model.invoke(_summary_messages(request, view, converted)))
 
-        pending: Request = window.begin(converted.messages, _model_id(request), head, summarize)
+        pending = window.begin(converted.messages, _model_id(request), head, summarize)
 
         def call(view: list[Any]) -> ModelResponse[Any]:
-            return handler(
-                request.override(
-                    messages=from_openai_chat(view, converted),
-                    model_settings=_cache_settings(request, pending.task),
-                )
-            )
+            return handler(_viewed(request, converted, view, pending))
 
         response = window.send(pending, call)
         window.finish(pending, self._answer_usage(response))
@@ -323,12 +328,7 @@ class ContextWindowMiddleware(AgentMiddleware):
         pending = await window.begin(converted.messages, _model_id(request), head, summarize)
 
         async def call(view: list[Any]) -> ModelResponse[Any]:
-            return await handler(
-                request.override(
-                    messages=from_openai_chat(view, converted),
-                    model_settings=_cache_settings(request, pending.task),
-                )
-            )
+            return await handler(_viewed(request, converted, view, pending))
 
         response = await window.send(pending, call)
         window.finish(pending, self._answer_usage(response))

@@ -1,9 +1,11 @@
-"""``wrap`` for the OpenAI SDK: Chat Completions and Responses through ctxwin."""
+"""What the asyncio OpenAI adapter and its generated blocking twin share: conversation
+heads, usage (Chat Completions and Responses), chat stream options, summary arguments, cache keys.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, Unpack, cast
+from typing import Any
 
 import openai
 
@@ -13,12 +15,18 @@ from .._usage import usage_from_openai
 from ._cache_hints import prompt_cache_key
 from ._conversations import Request
 from ._plain import Plain
-from ._window import AsyncWindow, Window, WindowOptions, answered, keep_wrapped
-from ._window_args import WindowArgs, takes_window_args
+from ._window import AsyncWindow, Window, answered
 
-__all__ = ["usage_from_responses", "wrap"]
-
-C = TypeVar("C", openai.OpenAI, openai.AsyncOpenAI)
+__all__ = [
+    "CHAT_DIALECT",
+    "Calls",
+    "cache_keyed",
+    "chat_summary",
+    "managed_responses",
+    "responses_summary",
+    "summary_kwargs",
+    "usage_from_responses",
+]
 
 CHAT_DIALECT = "openai-chat"
 RESPONSES_SUFFIX = "-responses"
@@ -111,7 +119,7 @@ def _stream_options(kwargs: dict[str, Any]) -> bool:
     return True
 
 
-def _managed_responses(kwargs: Mapping[str, Any]) -> bool:
+def managed_responses(kwargs: Mapping[str, Any]) -> bool:
     """Whether ctxwin can manage this Responses call (a list input, no server-held history)."""
     return (
         isinstance(kwargs.get("input"), list)
@@ -123,7 +131,7 @@ def _managed_responses(kwargs: Mapping[str, Any]) -> bool:
 _NOT_FOR_SUMMARY = ("messages", "input", "model", "stream", "stream_options", "n", "tool_choice")
 
 
-def _summary_kwargs(kwargs: Mapping[str, Any], responses: bool) -> dict[str, Any]:
+def summary_kwargs(kwargs: Mapping[str, Any], responses: bool) -> dict[str, Any]:
     """The caller's arguments for a summary request: its tools kept (they are part of the
     cached prefix) but not to be called, no stream."""
     extra = {key: value for key, value in kwargs.items() if key not in _NOT_FOR_SUMMARY}
@@ -134,13 +142,13 @@ def _summary_kwargs(kwargs: Mapping[str, Any], responses: bool) -> dict[str, Any
     return extra
 
 
-def _chat_summary(response: Any) -> tuple[str | None, Usage | None]:
+def chat_summary(response: Any) -> tuple[str | None, Usage | None]:
     choices = getattr(response, "choices", None) or []
     text = getattr(getattr(choices[0], "message", None), "content", None) if choices else None
     return text, _chat_usage(getattr(response, "usage", None))
 
 
-def _responses_summary(response: Any) -> tuple[str | None, Usage | None]:
+def responses_summary(response: Any) -> tuple[str | None, Usage | None]:
     return getattr(response, "output_text", None), _responses_usage(
         getattr(response, "usage", None)
     )
@@ -154,7 +162,7 @@ def _responses_usage(usage: Any) -> Usage | None:
     return usage_from_responses(usage) if usage is not None else None
 
 
-class _Calls:
+class Calls:
     """What both twins do around a call: the view's history, the head, the answer."""
 
     def __init__(self, window: Window | AsyncWindow) -> None:
@@ -208,7 +216,7 @@ class _Calls:
         )
 
 
-def _cache_keyed(client: openai.OpenAI | openai.AsyncOpenAI) -> Callable[..., dict[str, Any]]:
+def cache_keyed(client: openai.OpenAI | openai.AsyncOpenAI) -> Callable[..., dict[str, Any]]:
     """The call's arguments with ``prompt_cache_key`` for its task (docs/PRICING.md, "What the
     adapters send"): unless the caller gave one, or the client is Azure's."""
     azure = isinstance(client, openai.AzureOpenAI | openai.AsyncAzureOpenAI)
@@ -219,136 +227,3 @@ def _cache_keyed(client: openai.OpenAI | openai.AsyncOpenAI) -> Callable[..., di
         return {**kwargs, **view, "prompt_cache_key": prompt_cache_key(request.task)}
 
     return keyed
-
-
-def _wrap_sync(client: openai.OpenAI, window: Window) -> openai.OpenAI:
-    calls = _Calls(window)
-    keyed = _cache_keyed(client)
-    chat_window, responses_window = window, cast(Window, calls.responses_window)
-    chat_create = client.chat.completions.create
-    responses_create = client.responses.create
-
-    def create_chat(*args: Any, **kwargs: Any) -> Any:
-        messages, model, head, streaming, hide = calls.chat(kwargs)
-
-        def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
-            extra = _summary_kwargs(kwargs, responses=False)
-            return _chat_summary(chat_create(*args, **extra, messages=view, model=model))
-
-        request = chat_window.begin(messages, model, head, summarize)
-        result = chat_window.send(
-            request, lambda view: chat_create(*args, **keyed(kwargs, request, messages=view))
-        )
-        return calls.chat_answer(request, result, streaming, hide)
-
-    def create_response(*args: Any, **kwargs: Any) -> Any:
-        if not _managed_responses(kwargs):
-            return responses_create(*args, **kwargs)
-
-        def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
-            extra = _summary_kwargs(kwargs, responses=True)
-            return _responses_summary(responses_create(*args, **extra, input=view, model=model))
-
-        request = responses_window.begin(*calls.responses(kwargs), summarize)
-        result = responses_window.send(
-            request, lambda view: responses_create(*args, **keyed(kwargs, request, input=view))
-        )
-        return calls.responses_answer(request, result, bool(kwargs.get("stream")))
-
-    setattr(client.chat.completions, "create", create_chat)  # noqa: B010 - instance override
-    setattr(client.responses, "create", create_response)  # noqa: B010 - instance override
-    return keep_wrapped(client, window, _wrap_sync)
-
-
-def _wrap_async(client: openai.AsyncOpenAI, window: AsyncWindow) -> openai.AsyncOpenAI:
-    calls = _Calls(window)
-    keyed = _cache_keyed(client)
-    chat_window, responses_window = window, cast(AsyncWindow, calls.responses_window)
-    chat_create = client.chat.completions.create
-    responses_create = client.responses.create
-
-    async def create_chat(*args: Any, **kwargs: Any) -> Any:
-        messages, model, head, streaming, hide = calls.chat(kwargs)
-
-        async def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
-            extra = _summary_kwargs(kwargs, responses=False)
-            return _chat_summary(await chat_create(*args, **extra, messages=view, model=model))
-
-        request = await chat_window.begin(messages, model, head, summarize)
-
-        async def call(view: list[Any]) -> Any:
-            return await chat_create(*args, **keyed(kwargs, request, messages=view))
-
-        return calls.chat_answer(request, await chat_window.send(request, call), streaming, hide)
-
-    async def create_response(*args: Any, **kwargs: Any) -> Any:
-        if not _managed_responses(kwargs):
-            return await responses_create(*args, **kwargs)
-
-        async def summarize(view: list[Any], model: str) -> tuple[str | None, Usage | None]:
-            extra = _summary_kwargs(kwargs, responses=True)
-            answer = await responses_create(*args, **extra, input=view, model=model)
-            return _responses_summary(answer)
-
-        request = await responses_window.begin(*calls.responses(kwargs), summarize)
-
-        async def call(view: list[Any]) -> Any:
-            return await responses_create(*args, **keyed(kwargs, request, input=view))
-
-        result = await responses_window.send(request, call)
-        return calls.responses_answer(request, result, bool(kwargs.get("stream")))
-
-    setattr(client.chat.completions, "create", create_chat)  # noqa: B010 - instance override
-    setattr(client.responses, "create", create_response)  # noqa: B010 - instance override
-    return keep_wrapped(client, window, _wrap_async)
-
-
-@takes_window_args
-def wrap(
-    client: C,
-    *,
-    summary_model: str | None = None,
-    **options: Unpack[WindowArgs],
-) -> C:
-    """An OpenAI client whose requests send ctxwin's view instead of the full history.
-
-    ``chat.completions.create`` (dialect ``openai-chat``) and
-    ``responses.create`` (dialect ``openai-responses``, for a list ``input``
-    without ``previous_response_id`` or ``conversation``: a server-held
-    history is the server's to manage) of the returned client, streaming
-    included: each call sends the history it is given to ctxwin with the
-    previous request's usage and sends the view it gets back; the response's
-    usage is kept for the next turn (a chat stream is asked for its usage,
-    and the extra chunk is kept from the caller unless it asked too); when
-    the provider answers that the prompt is too long, ctxwin compacts the
-    task and the request is sent once more. Keep appending to your own full
-    history as before; response message objects may be appended as they are.
-    Other methods are the client's own; ``with_options`` keeps the wrapping.
-    Each request carries its task's ``prompt_cache_key`` (unless the caller
-    gives one, or the client is Azure's), so the provider routes a task's
-    requests to its cached prefix (docs/PRICING.md, "What the adapters send").
-
-    Args:
-        client: an ``openai.OpenAI`` or ``openai.AsyncOpenAI`` client (Azure too).
-            It is copied (``with_options()``); the original stays as it was.
-        task: the ctxwin task id for every conversation of this client
-            (``responses.create`` calls use ``<task>-responses``: a task has one
-            dialect); None derives one per conversation from its system
-            messages and first user message (``openai-chat-<digest>``,
-            ``openai-responses-<digest>``), stable across restarts.
-        summaries: ``"model"``: when a summary is due (the last request used
-            0.75 of the window), the model is asked for one with this client
-            (the view it saw and an instruction; tools not called) and
-            ctxwin cuts the turns it stands for; ``"basic"``: ctxwin writes
-            the summary itself; None: cut without one (docs/SUMMARIES.md).
-        summary_model: the model asked for summaries (default: the call's).
-
-    Returns:
-        The wrapped copy, of the same type as ``client``.
-    """
-    copy = client.with_options()
-    dialect = CHAT_DIALECT
-    window_options = WindowOptions(dialect, dialect, summary_model=summary_model, **options)
-    if isinstance(copy, openai.AsyncOpenAI):
-        return _wrap_async(copy, window_options.async_window(copy))
-    return _wrap_sync(copy, window_options.window(copy))

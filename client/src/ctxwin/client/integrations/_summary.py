@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ctxwin.proto import Model, Usage
+from ctxwin.proto import Usage
 
 from ._conversations import Request
 
@@ -21,8 +21,8 @@ __all__ = [
     "SUMMARY_MODES",
     "AsyncSummarize",
     "Summarize",
-    "condense",
-    "condense_async",
+    "note_condensed",
+    "summary_failed",
     "summary_request",
 ]
 
@@ -71,57 +71,13 @@ def summary_request(dialect: str | None, view: Sequence[Any], prompt: str) -> li
     return [*out, {"role": "user", "content": prompt}]
 
 
-def condense(
-    request: Request, model: Model, call: tuple[list[Any], str] | None, summarize: Summarize | None
-) -> None:
-    """Store a summary for the turns the cut removes and take the view after it.
-
-    Args:
-        request: the request a summary is due before.
-        model: the request's model map.
-        call: the summary request and its model, or None for the basic summary.
-        summarize: sends ``call`` with the caller's client; any failure
-            falls back to the basic summary.
-    """
-    text: str | None = None
-    usage: Usage | None = None
-    failure: str | None = None
-    if call is not None and summarize is not None:
-        try:
-            text, usage = summarize(*call)
-        except Exception as exc:  # any failure of the summary call: the basic summary
-            failure = _failed(exc)
-    handle = request.conversation.handle
-    result = handle.condense(request.messages, model, summary=text, usage=usage)
-    _noted(request, result, usage, failure)
-
-
-async def condense_async(
-    request: Request,
-    model: Model,
-    call: tuple[list[Any], str] | None,
-    summarize: AsyncSummarize | None,
-) -> None:
-    """The asyncio twin of :func:`condense`."""
-    text: str | None = None
-    usage: Usage | None = None
-    failure: str | None = None
-    if call is not None and summarize is not None:
-        try:
-            text, usage = await summarize(*call)
-        except Exception as exc:  # any failure of the summary call: the basic summary
-            failure = _failed(exc)
-    handle = request.conversation.handle
-    result = await handle.condense(request.messages, model, summary=text, usage=usage)
-    _noted(request, result, usage, failure)
-
-
-def _failed(exc: Exception) -> str:
+def summary_failed(exc: Exception) -> str:
+    """Log a failed summary request; what the turn notes as the reason for the fallback."""
     log.warning("ctxwin summary request failed", exc_info=True)
     return f"the summary request failed: {type(exc).__name__}"
 
 
-def _noted(
+def note_condensed(
     request: Request, result: Mapping[str, Any], usage: Usage | None, failure: str | None
 ) -> None:
     """Take the view after a ``condense`` and note what it stored in the turn."""

@@ -8,10 +8,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from ctxwin.proto import Model, Usage
+
 from .._sync import Client
 from .._sync_task import Task
 from ._conversations import Request, Turn
-from ._summary import Summarize, condense
+from ._summary import Summarize, note_condensed, summary_failed
 from ._window_base import DEFAULT_STRATEGY, WindowBase, is_window_error
 
 __all__ = ["Window"]
@@ -100,8 +102,36 @@ class Window(WindowBase):
         request = self.state.request(task, entry, messages, model, prepared, ts)
         if prepared.get("summary_due") and self.summaries is not None:
             call = self._summary_call(request, prepared.get("summary_prompt", ""), summarize)
-            condense(request, self.state.model(model), call, summarize)
+            self._condense(request, self.state.model(model), call, summarize)
         return request
+
+    def _condense(
+        self,
+        request: Request,
+        model: Model,
+        call: tuple[list[Any], str] | None,
+        summarize: Summarize | None,
+    ) -> None:
+        """Store a summary for the turns the cut removes and take the view after it.
+
+        Args:
+            request: the request a summary is due before.
+            model: the request's model map.
+            call: the summary request and its model, or None for the basic summary.
+            summarize: sends ``call`` with the caller's client; any failure
+                falls back to the basic summary.
+        """
+        text: str | None = None
+        usage: Usage | None = None
+        failure: str | None = None
+        if call is not None and summarize is not None:
+            try:
+                text, usage = summarize(*call)
+            except Exception as exc:  # any failure of the summary call: the basic summary
+                failure = summary_failed(exc)
+        handle = request.conversation.handle
+        result = handle.condense(request.messages, model, summary=text, usage=usage)
+        note_condensed(request, result, usage, failure)
 
     def send(self, request: Request, call: Callable[[list[Any]], R]) -> R:
         """``call(view)``; when the provider refuses it as too long, compact and call once

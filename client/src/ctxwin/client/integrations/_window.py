@@ -15,9 +15,10 @@ from typing import Any, TypeVar, cast
 
 from ctxwin.proto import Usage
 
+from ._async_streams import AsyncWatchedStream
 from ._async_window import AsyncWindow
 from ._conversations import Request, Turn
-from ._streams import AsyncWatchedStream, WatchedStream
+from ._sync_streams import WatchedStream
 from ._sync_window import Window
 from ._window_base import DEFAULT_STRATEGY, is_window_error
 
