@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import re
+import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -24,6 +26,9 @@ from ctxwin.daemon._tokens import TokenCounter
 ROOT = Path(__file__).resolve().parents[1]
 DELTA_PARTS = {"append", "base", "base_digest", "view", "patch_base"}
 """Arguments a task handle's delta sync adds; no builder takes them."""
+OPEN = {"ephemeral", "dialect", "read_tools"}
+"""Arguments every task op takes (docs/PROTOCOL.md says so once, not in each row)."""
+PROTOCOL = ROOT / "docs" / "PROTOCOL.md"
 
 
 def _generator() -> ModuleType:
@@ -45,6 +50,20 @@ def test_the_generated_client_files_are_what_the_generator_writes_now() -> None:
     assert outputs, "the generator makes no file"
     stale = [path for path, text in outputs.items() if path.read_text(encoding="utf-8") != text]
     assert stale == [], "run python3 client/scripts/generate.py"
+
+
+def test_the_generator_runs_from_a_python_without_ctxwin() -> None:
+    """``python3 client/scripts/generate.py``, as docs/ARCHITECTURE.md says to run it, runs
+    itself again with the repository's .venv/ instead of failing to import ctxwin."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("the repository has no .venv/ (python3 dev.py setup makes it)")
+    # The interpreter the venv was made from, isolated from any path that reaches ctxwin.
+    base = [getattr(sys, "_base_executable", sys.executable), "-I"]
+    if subprocess.run([*base, "-c", "import ctxwin.proto"], capture_output=True).returncode == 0:
+        pytest.skip("the base interpreter has ctxwin installed")
+    script = ROOT / "client" / "scripts" / "generate.py"
+    done = subprocess.run([*base, str(script), "--check"], capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_an_op_without_a_result_type_cannot_be_declared() -> None:
@@ -80,6 +99,45 @@ def test_every_op_s_builder_takes_its_declared_arguments_and_returns_its_type(op
     parameters = set(inspect.signature(build).parameters) - {"timeout"}
     assert parameters == spec.fields - DELTA_PARTS
     assert inspect.signature(build).return_annotation == f"Call[{spec.result.__name__}]"
+    assert op in _ops.__all__
+
+
+def _op_table() -> dict[str, tuple[str, str]]:
+    """docs/PROTOCOL.md's op table: each row's arguments and result columns, by op."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in PROTOCOL.read_text(encoding="utf-8").splitlines():
+        row = re.fullmatch(r"\| (\w+) \| (.*?) \| (.*) \|", line)
+        if row and row[1] != "op":
+            rows[row[1]] = (row[2], row[3])
+    return rows
+
+
+def test_docs_protocol_has_a_row_for_every_declared_op_and_no_other() -> None:
+    """The op table of docs/PROTOCOL.md lists exactly the ops of ``proto.OPS``."""
+    assert sorted(_op_table()) == sorted(proto.OPS)
+
+
+@pytest.mark.parametrize("op", list(proto.OPS))
+def test_every_op_s_row_in_docs_protocol_names_its_arguments_and_result_fields(op: str) -> None:
+    """An op's row names each declared argument (``?`` exactly on the optional ones; the
+    delta parts and what every task op takes aside) and each field its result always has."""
+    spec = proto.OPS[op]
+    arguments, result = _op_table()[op]
+    named: dict[str, bool] = {}  # argument -> marked optional
+    for part in re.sub(r"\([^)]*\)", "", arguments).split(","):
+        for word in part.split(" or "):
+            if word.strip() not in ("", "-"):
+                named[word.strip().rstrip("?")] = word.strip().endswith("?")
+    assert set(named) <= spec.fields
+    assert spec.fields - DELTA_PARTS - OPEN <= set(named)
+    assert {name for name, optional in named.items() if optional} == set(named) & set(spec.optional)
+    assert set(spec.result_fields) <= set(re.findall(r"\w+", result))
+
+
+def test_every_feature_is_named_in_docs_protocol() -> None:
+    """Each name ``ping``'s features may hold is written (as code) in docs/PROTOCOL.md."""
+    text = PROTOCOL.read_text(encoding="utf-8")
+    assert [feature for feature in proto.FEATURES if f"`{feature}`" not in text] == []
 
 
 def test_the_clients_and_handles_have_a_method_for_every_declared_op() -> None:
@@ -113,7 +171,7 @@ def test_features_and_resends_are_those_the_declarations_say() -> None:
 def test_ops_whose_results_name_history_indices_declare_a_field_of_their_result() -> None:
     """Each declared history-index field is a field of the op's result type."""
     named = {op: spec.history_indices for op, spec in proto.OPS.items() if spec.history_indices}
-    assert named == {"prepare_request": ("largest",), "plan": ("largest",)}
+    assert named["prepare_request"] == named["plan"] == ("largest",)
     for op, fields in named.items():
         assert set(fields) <= set(proto.OPS[op].result.__annotations__)
 

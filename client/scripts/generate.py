@@ -23,6 +23,7 @@ runs the check.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -30,7 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ctxwin import proto
+try:
+    from ctxwin import proto
+except ModuleNotFoundError:
+    # Run by a Python without ctxwin (``python3 client/scripts/generate.py``): run again
+    # with the repository's .venv/, which ``python3 dev.py setup`` makes.
+    _VENV = Path(__file__).resolve().parents[2] / ".venv"
+    if not (_VENV / "bin" / "python").exists() or Path(sys.prefix).resolve() == _VENV.resolve():
+        sys.exit("generate.py: ctxwin is not installed; run python3 dev.py setup first")
+    os.execv(_VENV / "bin" / "python", [str(_VENV / "bin" / "python"), *sys.argv])
 
 CLIENT = Path(__file__).resolve().parents[1] / "src" / "ctxwin" / "client"
 
