@@ -19,7 +19,7 @@ from ctxwin.daemon import _ops as daemon_ops
 from ctxwin.daemon import _server, _session
 
 ROOT = Path(__file__).resolve().parents[1]
-DELTA_PARTS = {"append", "base", "base_digest", "view", "patch_base"}
+DELTA_PARTS = {"append", "base", "base_digest", "view", "patch_base", "patch_skip"}
 """Arguments a task handle's delta sync adds; no builder takes them."""
 
 

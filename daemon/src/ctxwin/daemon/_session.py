@@ -302,7 +302,9 @@ class TaskSession:
             # the request before the condense answered with.
             kept.note_estimate({"estimated_tokens": result["tokens_after"]})
         await _checkpoint(args)
-        # 5. The view as the caller's messages, a list or a patch.
+        # 5. The view as the caller's messages, a list or a patch (with the gaps of the
+        # deleted set the view was made with, to a caller that applies them).
+        kept.patches.expect_gaps(target.dropped if args.get("patch_skip") else None)
         return kept.view_back(state, op, args, result, history, mapped)
 
     async def _budgeting(
