@@ -201,17 +201,6 @@ def test_the_page_shows_each_turn_as_the_model_received_it(
     assert len(blue) > 20, "the estimate's blue line is drawn"
 
 
-def _runs(indices: list[int]) -> list[list[int]]:
-    """Sorted indices as inclusive ``[first, last]`` runs."""
-    runs: list[list[int]] = []
-    for index in indices:
-        if runs and runs[-1][1] == index - 1:
-            runs[-1][1] = index
-        else:
-            runs.append([index, index])
-    return runs
-
-
 def test_the_page_shows_the_turns_auto_dropped_from_the_middle(
     browser: str, daemon: DaemonProcess, tmp_path: Path
 ) -> None:
@@ -249,7 +238,7 @@ def test_the_page_shows_the_turns_auto_dropped_from_the_middle(
             f"messages {first}-{last} dropped, {sum(chars[first : last + 1]):,} characters"
             if first < last
             else f"messages {first} dropped, {chars[first]:,} characters"
-            for first, last in _runs(dropped)
+            for first, last in view.get("dropped", [])
         ]
         assert len(lines) == len(dom.gaps)
         for line, shown in zip(lines, dom.gaps, strict=True):

@@ -4,90 +4,20 @@ caller that did not ask for them."""
 
 from __future__ import annotations
 
-import copy
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from ctxwin import proto
 from ctxwin.client import AsyncClient, Client
-from ctxwin.engine import History, PatchMaker, TaskState, view_patch
-from tests._daemon import DaemonFactory, DaemonProcess
-from tests._strategies import apply, conversations, operations
+from tests._daemon import DaemonProcess
 from tests.test_auto_wire import MODEL, render
 
 
 def wire(value: Any) -> Any:
     """``value`` as the other side of the wire decodes it."""
     return proto.unpack(proto.pack(value))
-
-
-def kept_indices(length: int, patch: dict[str, Any]) -> list[int]:
-    """The history index of each message of the view ``patch`` describes."""
-    kept: dict[str, Any] = {
-        key: patch[key] for key in ("length", "keep_from", "skip") if key in patch
-    }
-    return proto.apply_view_patch(list(range(length)), {**kept, "overrides": []})
-
-
-ranges = st.lists(st.tuples(st.integers(2, 30), st.integers(0, 6)), max_size=3)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    conversations(),
-    st.lists(
-        st.tuples(st.integers(0, 24), operations, ranges, st.booleans(), st.booleans()),
-        min_size=1,
-        max_size=6,
-    ),
-)
-def test_every_view_with_gaps_is_rebuilt_from_its_patch(
-    messages: list[dict[str, Any]], turns: list[tuple[int, Any, Any, bool, bool]]
-) -> None:
-    """Turn by turn (cuts, edits, ranges dropped), the patch with ``skip`` rebuilds the view."""
-    maker = PatchMaker()
-    history = History()
-    state = TaskState()
-    state.cache = history.cache  # views built on the last one, as the daemon builds them
-    receiver = proto.PatchReceiver()
-    ts = 0
-    for cut, ops, drops, prepend, holds in [*turns, (len(messages), [], [], True, True)]:
-        prefix = messages[: min(cut, len(messages))]
-        common = 0
-        while (
-            common < min(len(prefix), len(history)) and history.messages[common] is prefix[common]
-        ):
-            common += 1
-        history.apply(common, history.digest_of(common), prefix[common:])
-        caller = [copy.deepcopy(message) for message in prefix]
-        if len(prefix) < state.extent:
-            state.start_over()  # as the daemon does for a history its edits are not of
-        for op in ops:
-            ts += 1000
-            apply(state, history.messages, op, ts)
-        ts += 1000
-        # Turns before the newest ones, as ``auto`` drops them.
-        newest = len(prefix) - 2
-        state.drop([(first, min(first + size, newest)) for first, size in drops], ts)
-        view = state.truncated_messages(history.messages)
-        maker.expect_gaps(state.dropped)
-        base = receiver.token if holds else None
-        patch = maker.of_history(view, history, state.deleted_range, base, prepend=prepend)
-        assert patch is not None
-        rebuilt = receiver.apply(caller, wire(patch))
-        assert rebuilt == view
-        whole = view_patch(view, history.messages, state.deleted_range, state.dropped)
-        assert proto.apply_view_patch(caller, wire(whole)) == view
-        # The messages the view took as they were are the caller's own objects.
-        for place, origin in enumerate(kept_indices(len(caller), patch)):
-            if view[place] is history.messages[origin]:
-                assert rebuilt[place] is caller[origin]
-        assert receiver.origins() == kept_indices(len(caller), patch)
 
 
 def test_a_patch_leaves_out_each_skipped_run() -> None:
@@ -129,17 +59,6 @@ def test_a_skip_that_does_not_fit_is_refused(skip: Any, overrides: list[Any]) ->
 STEPS = 40
 
 
-@pytest.fixture(scope="module")
-def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
-    return daemon_factory()
-
-
-@pytest.fixture(scope="module")
-def client(daemon: DaemonProcess) -> Iterator[Client]:
-    with Client(daemon.endpoint, timeout=60) as connected:
-        yield connected
-
-
 def _whole_views(daemon: DaemonProcess, task: str) -> list[list[dict[str, Any]]]:
     """Every turn's view of the ``auto`` task, asked as whole lists (the reference)."""
     views = []
@@ -154,12 +73,13 @@ def _whole_views(daemon: DaemonProcess, task: str) -> list[list[dict[str, Any]]]
 
 
 def test_a_handle_gets_views_with_gaps_as_patches_equal_to_whole_views(
-    daemon: DaemonProcess, client: Client
+    shared_daemon: DaemonProcess,
 ) -> None:
     """A task handle's views of an ``auto`` task with gaps come as ``skip`` patches, each
     equal to the view a whole-list request gets, and name each message's history index."""
-    expected = _whole_views(daemon, "skip-whole")
+    expected = _whole_views(shared_daemon, "skip-whole")
     messages = render("cline", STEPS)
+    client = Client(shared_daemon.endpoint, timeout=60)
     task = client.task("skip-handle")
     gaps = 0
     for turn, end in enumerate(range(2, len(messages) + 1, 2)):
@@ -173,14 +93,15 @@ def test_a_handle_gets_views_with_gaps_as_patches_equal_to_whole_views(
         gaps += any(b - a > 1 for a, b in itertools.pairwise(indices[2:]))
     assert gaps, "auto left turns out of the middle of the view"
     assert client.task("skip-handle").inspect()["dropped"]
+    client.close()
 
 
 @pytest.mark.anyio
-async def test_an_async_handle_applies_the_same_patches(daemon: DaemonProcess) -> None:
+async def test_an_async_handle_applies_the_same_patches(shared_daemon: DaemonProcess) -> None:
     """The asyncio handle rebuilds the same views from the same ``skip`` patches."""
-    expected = _whole_views(daemon, "skip-whole-async")
+    expected = _whole_views(shared_daemon, "skip-whole-async")
     messages = render("cline", STEPS)
-    async with AsyncClient(daemon.endpoint, timeout=60) as client:
+    async with AsyncClient(shared_daemon.endpoint, timeout=60) as client:
         task = client.task("skip-async")
         for turn, end in enumerate(range(2, len(messages) + 1, 2)):
             result = await task.prepare_request(
@@ -190,7 +111,9 @@ async def test_an_async_handle_applies_the_same_patches(daemon: DaemonProcess) -
             assert task.view_origins() is not None
 
 
-def test_a_caller_that_does_not_apply_skip_gets_whole_views(daemon: DaemonProcess) -> None:
+def test_a_caller_that_does_not_apply_skip_gets_whole_views(
+    shared_daemon: DaemonProcess,
+) -> None:
     """Asked for patches without ``patch_skip`` (a client from before the form), a view with
     gaps comes whole; the same request with it comes as a ``skip`` patch of that view."""
     messages = render("cline", STEPS)
@@ -198,8 +121,10 @@ def test_a_caller_that_does_not_apply_skip_gets_whole_views(daemon: DaemonProces
     gapped = plain = 0
     for end in range(2, len(messages) + 1, 2):
         args = {**base, "task": "skip-old", "messages": messages[:end]}
-        old = daemon.call("prepare_request", args)
-        new = daemon.call("prepare_request", {**args, "task": "skip-new", "patch_skip": True})
+        old = shared_daemon.call("prepare_request", args)
+        new = shared_daemon.call(
+            "prepare_request", {**args, "task": "skip-new", "patch_skip": True}
+        )
         assert old.ok
         assert new.ok
         assert old.result is not None
@@ -213,4 +138,4 @@ def test_a_caller_that_does_not_apply_skip_gets_whole_views(daemon: DaemonProces
             plain += "patch" in old.result
     assert gapped, "auto left turns out of the middle of the view"
     assert plain, "views without gaps still come as patches to the old caller"
-    assert "view_patch_skip" in daemon.call("ping", {}).result["features"]  # type: ignore[index]
+    assert "view_patch_skip" in shared_daemon.call("ping", {}).result["features"]  # type: ignore[index]

@@ -84,13 +84,17 @@ class _Layout:
 
     def __init__(self, length: int, start: int, dropped: Sequence[Sequence[int]] = ()) -> None:
         self.start = start
-        self.spans: Spans = view_spans(length, start, dropped)
-        spans = self.spans
-        skip = [(a[1], b[0]) for a, b in itertools.pairwise(spans) if a[1] < b[0]]
-        if length >= 2 and spans[-1][1] < length:
-            skip.append((spans[-1][1], length))  # a deleted set reaching the history's end
-        self.skip = tuple(skip)
-        self.size = length if length < 2 else 2 + spans_length(spans)
+        if not dropped:  # one run (what view_spans gives), made at no cost: the usual case
+            self.spans: Spans = ((start, max(start, length), 2 - start),)
+            self.skip: tuple[tuple[int, int], ...] = ()
+            self.size = view_length(length, start)
+        else:
+            spans = self.spans = view_spans(length, start, dropped)
+            skip = [(a[1], b[0]) for a, b in itertools.pairwise(spans) if a[1] < b[0]]
+            if length >= 2 and spans[-1][1] < length:
+                skip.append((spans[-1][1], length))  # a deleted set reaching the history's end
+            self.skip = tuple(skip)
+            self.size = length if length < 2 else 2 + spans_length(spans)
         self.key = (start, self.skip)  # what a patch's positions map by, whatever its length
 
     def origin(self, place: int) -> int:
@@ -317,13 +321,8 @@ def _view_layout(
         candidates.append((deleted_range, gaps))
     candidates += [(deleted_range, ()), (None, ())]
     for candidate, dropped in candidates:
-        start = keep_from(candidate)
-        if not dropped:
-            if len(view) == view_length(length, start):
-                return _Layout(length, start)
-            continue
-        layout = _Layout(length, start, dropped)
-        if layout.skip and len(view) == layout.size:
+        layout = _Layout(length, keep_from(candidate), dropped)
+        if len(view) == layout.size and (layout.skip or not dropped):
             return layout
     return None
 
