@@ -15,6 +15,10 @@ import pytest
 from ctxwin.client import Client
 from ctxwin.client.cli._corpus import load_history
 from ctxwin.client.cli._dialects import chars_of
+from ctxwin.client.cli.page import write_page
+from ctxwin.client.cli.page._layout import Page, PageTurn
+from ctxwin.client.cli.page._layout import render as render_page
+from ctxwin.client.cli.replay import TokenCounts, ViewState
 from tests._daemon import DaemonProcess
 from tests._png import read_png
 from tests._shapes import conversation_file
@@ -63,6 +67,7 @@ class _Dom(HTMLParser):
         self.fold: str | None = None
         self.fold_hidden = True
         self.gaps: list[str] = []  # the lines of the deleted set's runs shown
+        self.sequence: list[int | str] = []  # messages and lines shown, in page order
         self.events: list[list[str]] = []
         self.summary = ""
         self._into: str | None = None
@@ -74,10 +79,12 @@ class _Dom(HTMLParser):
         classes = (found.get("class") or "").split()
         if tag == "li" and "msg" in classes and "hidden" not in found:
             self.shown.append((int(found["data-i"] or -1), found.get("data-v")))
+            self.sequence.append(self.shown[-1][0])
         elif tag == "li" and found.get("id") == "fold":
             self.fold_hidden = "hidden" in found
         elif tag == "li" and "gap" in classes and "hidden" not in found:
             self.gaps.append("")
+            self.sequence.append("gap")
             self._into = "gap"
         elif tag == "span" and found.get("id") in ("fold-text", "view-summary"):
             self._into = found["id"]
@@ -280,3 +287,43 @@ def test_the_page_shows_the_turns_auto_dropped_from_the_middle(
     assert len(dom.shown) == len(messages) - hidden
     assert len(dom.gaps) == len(inspected["dropped"])
     assert f"deleted set {set_text}" in inspected_page.read_text(encoding="utf-8")
+
+
+def test_each_run_of_a_deleted_set_folds_into_a_line_where_it_stood(
+    browser: str, tmp_path: Path
+) -> None:
+    """Two runs of a deleted set fold into two lines, each after its last message, and the
+    page's script shows another turn's runs in their place."""
+    history: list[dict[str, Any]] = [
+        {
+            "role": "user" if index % 2 == 0 else "assistant",
+            "content": [{"type": "text", "text": f"message {index} " + "x" * index}],
+        }
+        for index in range(12)
+    ]
+    views = [ViewState(None, dropped=[[3, 5]]), ViewState([2, 2], dropped=[[4, 5], [8, 9]])]
+    page = Page(
+        title="gaps", facts=[], notes=[], cards=[], chart="", events=[],
+        turns=[PageTurn(1, 10, 0, "one"), PageTurn(2, 12, 1, "two")], views=views,
+        variants=[], history=history, counts=TokenCounts([3] * 12, []),
+    )  # fmt: skip
+    path = tmp_path / "gaps.html"
+    write_page(path, render_page(page))
+    profile = tmp_path / "profile"
+    chars = [chars_of(message["content"]) for message in history]
+
+    def line(first: int, last: int) -> str:
+        return (
+            f"messages {first}-{last} dropped, {sum(chars[first : last + 1]):,} characters "
+            f"({3 * (last - first + 1)} tokens)"
+        )
+
+    dom = _dom(_browse(browser, profile, path.as_uri(), "--dump-dom"))
+    assert dom.sequence == [0, 1, 3, "gap", 6, 7, "gap", 10, 11]
+    assert dom.gaps == [line(4, 5), line(8, 9)]
+    assert not dom.fold_hidden  # the range's own line, message 2
+    assert dom.summary.startswith("7 of 12 messages sent, 21 tokens counted")
+    dom = _dom(_browse(browser, profile, f"{path.as_uri()}#turn=1", "--dump-dom"))
+    assert dom.sequence == [0, 1, 2, "gap", 6, 7, 8, 9]
+    assert dom.gaps == [line(3, 5)]
+    assert dom.fold_hidden

@@ -6,8 +6,10 @@ the caller's own message objects (DESIGN.md delta sync, docs/DIALECTS.md).
 There are two forms:
 
 - the ``keep_from`` form, for a view of the history itself (the identity
-  dialect): messages 0 and 1 and those from ``keep_from`` on, with the
-  positions whose message is not the history's own object as ``overrides``;
+  dialect): messages 0 and 1 and those from ``keep_from`` on (less the
+  ``skip`` runs a deleted set leaves out, for a caller that applies them),
+  with the positions whose message is not the history's own object as
+  ``overrides``;
 - the ``order`` form, for a view mapped back from a dialect's internal form
   (:class:`~._mapped.MappedHistory`): runs of history indices in view
   order, with rebuilt messages (and the ones the view added) as overrides.
