@@ -141,13 +141,7 @@ def _kept_runs(length: int, keep_from: int, skip: object) -> list[list[int]]:
     runs = [[0, 2]]
     low = max(keep_from, 2)
     for run in skip:
-        if (
-            not isinstance(run, list)
-            or len(run) != 2
-            or type(run[0]) is not int
-            or type(run[1]) is not int
-            or not low <= run[0] < run[1] <= length
-        ):
+        if not _is_run(run) or not low <= run[0] < run[1] <= length:
             raise ValueError(
                 "view patch skip holds a run that is empty, out of order or outside the view"
             )
@@ -155,6 +149,11 @@ def _kept_runs(length: int, keep_from: int, skip: object) -> list[list[int]]:
         low = run[1]
     runs.append([low, length])
     return runs
+
+
+def _is_run(run: object) -> bool:
+    """Whether ``run`` is a ``[start, end]`` pair of integers (a patch's ``order`` or ``skip``)."""
+    return isinstance(run, list) and len(run) == 2 and type(run[0]) is int and type(run[1]) is int
 
 
 def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, Any]) -> list[Any]:
@@ -170,13 +169,7 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
     view: list[Any] = []
     places: list[tuple[int, int, int]] = []  # (start, end, view position of start)
     for run in order:
-        if (
-            not isinstance(run, list)
-            or len(run) != 2
-            or type(run[0]) is not int
-            or type(run[1]) is not int
-            or not 0 <= run[0] <= run[1] <= len(history)
-        ):
+        if not _is_run(run) or not 0 <= run[0] <= run[1] <= len(history):
             raise ValueError("view patch order holds a run outside the history")
         if run[0] < run[1]:
             places.append((run[0], run[1], len(view)))
