@@ -23,6 +23,7 @@ from tests._client_fake import FakeRouter, error, ok
 from tests._corpus import corpus_param
 from tests._daemon import DaemonFactory, DaemonProcess
 from tests._shapes import conversation_file
+from tests.test_auto_wire import render
 
 REAL_TASK = "mra-api_conversation_history.json"
 CLINE_TASKS = ["cline_task.json", corpus_param(REAL_TASK)]
@@ -857,3 +858,25 @@ def test_replay_compares_strategies_by_their_cost(
     code, _, _ = run(*base, "--pricing", "free")
     assert 2 == code
     assert "pricing must name a price sheet" in capsys.readouterr().err
+
+
+def test_replay_and_inspect_name_the_deleted_set_beside_the_range(
+    shared: DaemonProcess, tmp_path: Path
+) -> None:
+    """An ``auto`` replay's cuts name the deleted set after the range, as ``inspect`` of the
+    task does, which counts the set's messages as hidden."""
+    history = _history_file(tmp_path, render("cline", 40))
+    base = ("--endpoint", shared.endpoint)
+    code, out, err = run(
+        *base, "replay", str(history), "--model-window", "12000", "--strategy", "auto",
+        "--pricing", "anthropic", "--keep", "--task", "cli-set",
+    )  # fmt: skip
+    assert 0 == code, err
+    assert re.search(r"^\d+ +\d+ +truncation +none, deleted set \[\d+, \d+\]", out, re.M), out
+    with Client(shared.endpoint) as client:
+        dropped = client.inspect("cli-set")["dropped"]
+    code, out, _ = run(*base, "inspect", "cli-set")
+    assert 0 == code
+    shown = ", ".join(f"[{first}, {last}]" for first, last in dropped)
+    hidden = sum(last - first + 1 for first, last in dropped)
+    assert f"task cli-set: range none, deleted set {shown} ({hidden} messages hidden)" in out

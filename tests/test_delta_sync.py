@@ -397,6 +397,28 @@ def test_a_daemon_without_the_prepend_form_gets_plain_patch_requests(tmp_path: P
         ]
 
 
+def test_a_daemon_without_the_skip_form_is_not_told_the_handle_applies_it(
+    tmp_path: Path,
+) -> None:
+    """A daemon whose ping does not name ``view_patch_skip`` gets no ``patch_skip`` (which it
+    would refuse as an unknown argument); one that names it does."""
+    answers = [[name for name in proto.FEATURES if name != "view_patch_skip"], list(proto.FEATURES)]
+    messages = conversation(1)
+
+    def daemon(request: proto.Request) -> list[bytes]:
+        if request.op == "ping":
+            pong = {"pong": True, "version": "x", "proto": 1, "features": answers.pop(0)}
+            return ok(request, pong)
+        return ok(request, {"messages": request.args["messages"]})
+
+    for _ in range(2):
+        with FakeRouter(tmp_path, daemon) as router, Client(router.endpoint) as client:
+            client.task("skip").truncated_messages(messages)
+            sent = router.requests[-1].args
+        assert sent["view"] == "patch_prepend"
+        assert sent.get("patch_skip") is (None if answers else True)
+
+
 @pytest.mark.anyio
 async def test_an_async_handle_reads_the_daemon_s_features_once(tmp_path: Path) -> None:
     """The asyncio twin asks ping's features once on a connection and keeps to them."""
@@ -443,8 +465,8 @@ def test_each_connection_asks_the_daemon_s_features_again(tmp_path: Path) -> Non
         asked = [(request.op, sorted(request.args)) for request in router.requests]
     assert asked == [
         ("ping", []),
-        ("truncated_messages", ["messages", "task", "view"]),
-        ("truncated_messages", ["append", "base", "base_digest", "task", "view"]),
+        ("truncated_messages", ["messages", "patch_skip", "task", "view"]),
+        ("truncated_messages", ["append", "base", "base_digest", "patch_skip", "task", "view"]),
         ("stats", []),
         ("ping", []),
         ("truncated_messages", ["messages", "task"]),

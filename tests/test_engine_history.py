@@ -246,6 +246,21 @@ def test_reused_views_match_fresh_ones_turn_by_turn(
             assert fresh == cached.truncated_messages(history.messages), f"turn {turn}"
 
 
+def test_a_deleted_set_reaching_the_newest_message_changes_the_cached_view() -> None:
+    """A drop that reaches the history's end (its last kept run then ends before it) is not
+    served the view cached before it: the view built on the cache equals a fresh one."""
+    history = History(messages(6))
+    cached = TaskState()
+    cached.cache = history.cache
+    state = TaskState()
+    assert cached.truncated_messages(history.messages) == history.messages
+    for each in (state, cached):
+        each.drop([(3, 5)], 1000)
+    fresh = state.truncated_messages(list(history.messages))
+    assert [message["content"] for message in fresh] == ["0", "1", "2"]
+    assert cached.truncated_messages(history.messages) == fresh
+
+
 def _ordered_view_by_steps(history: list[Any], patch: dict[str, Any]) -> list[Any] | None:
     """An ordered patch applied one history index at a time (None where it must be refused)."""
     replaced = dict(patch["overrides"])

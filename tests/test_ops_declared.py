@@ -24,7 +24,7 @@ from ctxwin.daemon._kept import HistoryCache, KeptHistory
 from ctxwin.daemon._tokens import TokenCounter
 
 ROOT = Path(__file__).resolve().parents[1]
-DELTA_PARTS = {"append", "base", "base_digest", "view", "patch_base"}
+DELTA_PARTS = {"append", "base", "base_digest", "view", "patch_base", "patch_skip"}
 """Arguments a task handle's delta sync adds; no builder takes them."""
 OPEN = {"ephemeral", "dialect", "read_tools"}
 """Arguments every task op takes (docs/PROTOCOL.md says so once, not in each row)."""

@@ -41,19 +41,27 @@ def tool_turns(turns: int) -> list[dict[str, Any]]:
     return messages
 
 
+drops = st.lists(st.tuples(st.integers(1, 8), st.integers(0, 4)), max_size=3)
+"""Ranges dropped after the range, as ``auto``'s deleted set (which may reach past a history
+cut back): (how far after the message kept first, how many after their first)."""
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     conversations(),
     st.lists(
-        st.tuples(st.integers(0, 24), operations, st.booleans(), st.booleans(), st.booleans()),
+        st.tuples(
+            st.integers(0, 24), operations, st.booleans(), st.booleans(), st.booleans(), drops
+        ),
         min_size=1,
         max_size=6,
     ),
 )
 def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
-    messages: list[dict[str, Any]], turns: list[tuple[int, Any, bool, bool, bool]]
+    messages: list[dict[str, Any]], turns: list[tuple[int, Any, bool, bool, bool, Any]]
 ) -> None:
-    """Turn by turn (cuts, fresh copies, range and overlay edits) every patch rebuilds the view."""
+    """Turn by turn (cuts, fresh copies, range and overlay edits, turns dropped after the
+    range, up to the newest one, as ``skip`` runs) every patch rebuilds the view."""
     maker = PatchMaker()
     history = History()
     state = TaskState()
@@ -61,7 +69,10 @@ def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
     receiver = proto.PatchReceiver()
     caller: list[dict[str, Any]] = []  # the client's own objects: equal, never the daemon's
     ts = 0
-    for cut, ops, fresh, prepend, holds in [*turns, (len(messages), [], False, True, True)]:
+    for cut, ops, fresh, prepend, holds, dropping in [
+        *turns,
+        (len(messages), [], False, True, True, []),
+    ]:
         prefix = messages[: min(cut, len(messages))]
         if fresh:
             prefix = [copy.deepcopy(message) for message in prefix]  # same values, new objects
@@ -75,23 +86,28 @@ def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
         for op in ops:
             ts += 1000
             apply(state, history.messages, op, ts)
+        ts += 1000
+        kept = state.deleted_range[1] + 1 if state.deleted_range else 2
+        firsts = [(kept + offset, size) for offset, size in dropping]
+        state.drop([(first, first + size) for first, size in firsts], ts)
         view = state.truncated_messages(history.messages)
         base = receiver.token if holds else None
+        maker.expect_gaps(state.dropped)
         patch = maker.of_history(view, history, state.deleted_range, base, prepend=prepend)
         assert patch is not None
         if not prepend:
             assert "prepend" not in patch
         rebuilt = receiver.apply(caller, wire(patch))
-        old_form = proto.apply_view_patch(
-            caller, wire(view_patch(view, history.messages, state.deleted_range))
-        )
+        whole = view_patch(view, history.messages, state.deleted_range, state.dropped)
+        old_form = proto.apply_view_patch(caller, wire(whole))
         assert rebuilt == view
         assert rebuilt == old_form
         # Messages the view took from the history as they were are the caller's own objects.
-        origins = proto.apply_view_patch(
-            list(range(len(caller))),
-            {"length": patch["length"], "keep_from": patch["keep_from"], "overrides": []},
-        )
+        layout: dict[str, Any] = {
+            key: patch[key] for key in ("length", "keep_from", "skip") if key in patch
+        }
+        origins = proto.apply_view_patch(list(range(len(caller))), {**layout, "overrides": []})
+        assert receiver.origins() == origins
         for place, origin in enumerate(origins):
             if view[place] is history.messages[origin]:
                 assert rebuilt[place] is caller[origin]
@@ -110,6 +126,28 @@ def test_history_messages_replaced_since_the_last_patch_are_looked_at_again() ->
     assert patch is not None
     expected = view_patch(old_view, history.messages, None)["overrides"]
     assert [origin for origin, _ in expected] == [3, 4, 5]
+    assert patch["overrides"] == expected
+
+
+def test_history_messages_replaced_behind_a_gap_are_looked_at_again() -> None:
+    """Past a run of the deleted set, the history messages replaced since the last patch are
+    found by their own index: a view keeping the old objects overrides each of them."""
+    maker = PatchMaker()
+    messages = tool_turns(6)  # 14 messages
+    history = History(messages)
+    dropped = [(3, 6)]
+    old_view = [messages[index] for index in (0, 1, 2, *range(7, 14))]
+    maker.expect_gaps(dropped)
+    first = maker.of_history(old_view, history, None, None)
+    assert first is not None
+    assert first["skip"] == [[3, 7]]
+    copies = copy.deepcopy(messages[9:])
+    history.apply(9, history.digest_of(9), copies)  # equal messages, other objects
+    maker.expect_gaps(dropped)
+    patch = maker.of_history(list(old_view), history, None, None)
+    assert patch is not None
+    expected = view_patch(old_view, history.messages, None, dropped)["overrides"]
+    assert [origin for origin, _ in expected] == list(range(9, 14))
     assert patch["overrides"] == expected
 
 

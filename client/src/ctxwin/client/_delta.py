@@ -18,6 +18,7 @@ T = TypeVar("T")
 DELTA = "delta"
 VIEW_PATCH = "view_patch"
 VIEW_PATCH_PREPEND = "view_patch_prepend"
+VIEW_PATCH_SKIP = "view_patch_skip"
 
 
 class DeltaSync:
@@ -29,10 +30,11 @@ class DeltaSync:
     more. What is asked for follows what the daemon says it supports (ping's
     ``features``): a daemon without delta sync turns it off for good, one
     without the ``prepend`` form gets asked for plain patches, one without
-    patches for whole views.
+    patches for whole views. A daemon with the ``skip`` form is told the handle
+    applies it (``patch_skip``), so views with gaps come as patches too.
     """
 
-    __slots__ = ("enabled", "patches", "sender", "view")
+    __slots__ = ("enabled", "patches", "sender", "skip", "view")
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -41,6 +43,7 @@ class DeltaSync:
         # The view form asked for: patches with ``prepend`` entries, plain ones, or
         # None (whole views), as the daemon's features allow.
         self.view: str | None = "patch_prepend"
+        self.skip = True  # ``patch_skip`` is asked for (the daemon names ``view_patch_skip``)
 
     def reset(self) -> None:
         """Send the whole list next time (after editing old messages in place)."""
@@ -64,6 +67,7 @@ class DeltaSync:
             self.view = "patch_prepend"
         else:
             self.view = "patch" if VIEW_PATCH in features else None
+        self.skip = VIEW_PATCH_SKIP in features
         return self._call(call, messages, owned)
 
     def _call(self, call: Call[T], messages: Messages, owned: bool) -> Call[T]:
@@ -89,6 +93,8 @@ class DeltaSync:
             asked["view"] = self.view
             if patches.token is not None:
                 asked["patch_base"] = patches.token
+            if self.skip:
+                asked["patch_skip"] = True
         return _with_history(call, asked, finish, sending)
 
     def retry(

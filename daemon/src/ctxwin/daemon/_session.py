@@ -303,7 +303,9 @@ class TaskSession:
             # the request before the condense answered with.
             self.calibration.note_estimate({"estimated_tokens": result["tokens_after"]})
         await _checkpoint(args)
-        # 5. The view as the caller's messages, a list or a patch.
+        # 5. The view as the caller's messages, a list or a patch (with the gaps of the
+        # deleted set the view was made with, to a caller that applies them).
+        kept.patches.expect_gaps(target.dropped if args.get("patch_skip") else None)
         return kept.view_back(state, op, args, result, history, mapped)
 
     async def _budgeting(
@@ -426,6 +428,17 @@ async def _inspect(session: TaskSession, args: dict[str, Any]) -> Result:
         result["sources"] = sources
     if "messages" in args:
         result.update(inspected_view(state, args["messages"]))
+        if "origins" not in result:
+            # The Cline dialect's view is the history's own messages, less the range and
+            # the deleted set (a restarted task's: all of them).
+            length = len(args["messages"])
+            origins = (
+                list(range(length))
+                if result.get("restarted")
+                else engine.view_origins(length, state.deleted_range, state.dropped)
+            )
+            if len(origins) == len(result["view"]):
+                result["origins"] = origins
     if state.dropped:
         result["dropped"] = [list(pair) for pair in state.dropped]
     if state.summaries:

@@ -6,7 +6,7 @@ from ctxwin.proto import Strategy
 
 from ._auto_policy import DEFAULT_POLICY, AutoPolicy
 from ._blocks import text_of, utf16_len
-from ._budget import Budgeting, Calibration, Counter, fit_range
+from ._budget import Budgeting, Calibration, Counter, fit_range, view_origins
 from ._condense import AUTO_CONDENSE_FRACTION, condense, condensed, fit_oversized, summary_due
 from ._cuts import apply_truncation_notice, compact, compact_subagent
 from ._dialect import SRC, Dialect, DialectError
@@ -124,5 +124,6 @@ __all__ = [
     "unrecognised",
     "user_instructions",
     "utf16_len",
+    "view_origins",
     "view_patch",
 ]

@@ -6,8 +6,10 @@ the caller's own message objects (DESIGN.md delta sync, docs/DIALECTS.md).
 There are two forms:
 
 - the ``keep_from`` form, for a view of the history itself (the identity
-  dialect): messages 0 and 1 and those from ``keep_from`` on, with the
-  positions whose message is not the history's own object as ``overrides``;
+  dialect): messages 0 and 1 and those from ``keep_from`` on (less the
+  ``skip`` runs a deleted set leaves out, for a caller that applies them),
+  with the positions whose message is not the history's own object as
+  ``overrides``;
 - the ``order`` form, for a view mapped back from a dialect's internal form
   (:class:`~._mapped.MappedHistory`): runs of history indices in view
   order, with rebuilt messages (and the ones the view added) as overrides.
@@ -31,33 +33,85 @@ from ._blocks import Message
 from ._history import History
 from ._mapped import MappedHistory
 from ._notices import DEFAULT_NOTICES
-from ._view import keep_from, view_length
+from ._view import Spans, keep_from, span_index, spans_length, view_length, view_spans
 
 __all__ = ["PatchMaker", "view_patch"]
 
 
 def view_patch(
-    view: Sequence[Message], history: Sequence[Message], deleted_range: Sequence[int] | None
+    view: Sequence[Message],
+    history: Sequence[Message],
+    deleted_range: Sequence[int] | None,
+    dropped: Sequence[Sequence[int]] = (),
 ) -> dict[str, Any]:
     """A view as a patch on ``history``: what ``apply_view_patch`` rebuilds it from.
 
     Only view messages that are not the history's own objects at their index
-    are sent (``overrides``), so an untouched view costs a few bytes.
+    are sent (``overrides``), so an untouched view costs a few bytes. The
+    runs of the deleted set ``dropped`` the view leaves out go as ``skip``.
     """
     start = keep_from(deleted_range)
+    return _full_patch(view, history, _Layout(len(history), start, dropped))
+
+
+def _full_patch(
+    view: Sequence[Message], history: Sequence[Message], layout: _Layout
+) -> dict[str, Any]:
+    """``view`` as a ``keep_from`` patch of ``layout`` on ``history``, every override listed."""
     length = len(history)
     if length < 2:
         kept: list[Message] = list(history)
-        shift = 0
     else:
-        kept = [history[0], history[1], *history[start:]]
-        shift = start - 2  # history index of view position p >= 2 is p + shift
+        kept = [history[0], history[1]]
+        for low, high, _ in layout.spans:
+            kept += history[low:high]
     if len(kept) != len(view):
         raise ValueError(f"a view of {len(view)} messages is not one of this history")
     # Positions whose message is not the history's own object (a C-speed scan).
     changed = other_places(view, kept)
-    overrides = [[place if place < 2 else place + shift, view[place]] for place in changed]
-    return {"length": length, "keep_from": start, "overrides": overrides}
+    origin = layout.origin
+    overrides = [[origin(place), view[place]] for place in changed]
+    patch: dict[str, Any] = {"length": length, "keep_from": layout.start, "overrides": overrides}
+    if layout.skip:
+        patch["skip"] = [list(run) for run in layout.skip]
+    return patch
+
+
+class _Layout:
+    """Which history messages a ``keep_from`` view holds: the first pair, then the
+    runs ``spans`` (:func:`~._view.view_spans`) from ``start`` on; ``skip`` are the
+    ``[start, end)`` runs after ``start`` it leaves out (a deleted set's gaps)."""
+
+    __slots__ = ("key", "size", "skip", "spans", "start")
+
+    def __init__(self, length: int, start: int, dropped: Sequence[Sequence[int]] = ()) -> None:
+        self.start = start
+        if not dropped:  # one run (what view_spans gives), made at no cost: the usual case
+            self.spans: Spans = ((start, max(start, length), 2 - start),)
+            self.skip: tuple[tuple[int, int], ...] = ()
+            self.size = view_length(length, start)
+        else:
+            spans = self.spans = view_spans(length, start, dropped)
+            skip = [(a[1], b[0]) for a, b in itertools.pairwise(spans) if a[1] < b[0]]
+            if length >= 2 and spans[-1][1] < length:
+                skip.append((spans[-1][1], length))  # a deleted set reaching the history's end
+            self.skip = tuple(skip)
+            self.size = length if length < 2 else 2 + spans_length(spans)
+        self.key = (start, self.skip)  # what a patch's positions map by, whatever its length
+
+    def origin(self, place: int) -> int:
+        """The history index at view position ``place``."""
+        return place if place < 2 else span_index(self.spans, place)
+
+    def position_from(self, index: int) -> int:
+        """The first view position whose history index is ``index`` or after it."""
+        if index < 2:
+            return index
+        for low, high, offset in self.spans:
+            if index < high:
+                return max(index, low) + offset
+        low, high, offset = self.spans[-1]
+        return high + offset
 
 
 class PatchMaker:
@@ -69,7 +123,7 @@ class PatchMaker:
     keeping them costs references only).
     """
 
-    __slots__ = ("_last", "_resume", "_salt", "_serial", "_token")
+    __slots__ = ("_gaps", "_last", "_resume", "_salt", "_serial", "_token")
 
     def __init__(self) -> None:
         self._token: bytes | None = None
@@ -77,11 +131,18 @@ class PatchMaker:
         self._salt = os.urandom(8)
         self._last: _LastView | _LastOrder | None = None
         self._resume: _Resume | None = None  # the ``order`` form's pieces, for the next view
+        self._gaps: Sequence[Sequence[int]] | None = None  # :meth:`expect_gaps`
 
     def forget(self) -> None:
         """Forget the overrides sent (the history went): the next patch is sent whole."""
         self._last = None
         self._resume = None
+
+    def expect_gaps(self, dropped: Sequence[Sequence[int]] | None) -> None:
+        """The deleted set the next :meth:`of_history` view was made with, when its caller
+        applies ``skip`` runs (``patch_skip``); None when it does not: a view with gaps
+        is then sent whole, as to a caller from before the ``skip`` form."""
+        self._gaps = dropped
 
     def of_history(
         self,
@@ -100,13 +161,15 @@ class PatchMaker:
         two messages costs the few it changed, not the whole view; when
         ``base`` names that patch, only new or changed overrides are sent.
         With ``prepend``, a repaired message that only puts blocks before the
-        history's own ones is sent as those blocks.
+        history's own ones is sent as those blocks. A view that leaves out the
+        deleted set :meth:`expect_gaps` gave carries its gaps as ``skip`` runs.
         """
         messages = history.messages
         length = len(messages)
-        start = _view_start(view, length, deleted_range)
+        layout = _view_layout(view, length, deleted_range, self._gaps)
+        self._gaps = None  # one view's: the next op states its own
         unchanged = history.take_unchanged()
-        if start is None:
+        if layout is None:
             self._last = None  # the next one starts afresh: changes since are not known
             return None
         if view is messages:
@@ -117,17 +180,19 @@ class PatchMaker:
         if (
             not isinstance(last, _LastView)
             or last.history is not history
-            or last.start != start
+            or last.layout.key != layout.key
             or length < 2
         ):
-            patch = view_patch(view, messages, deleted_range if start != 2 else None)
+            patch = _full_patch(view, messages, layout)
             held = dict(patch["overrides"])
-            self._last = _LastView(history, start, view, held)
+            self._last = _LastView(history, layout, view, held)
             patch["token"] = token
             return _with_prepend(patch, messages) if prepend else patch
-        held, sent, dropped = _patch_step(last, view, messages, unchanged)
-        self._last = _LastView(history, start, view, held)
-        patch = {"length": length, "keep_from": start, "overrides": sent, "token": token}
+        held, sent, dropped = _patch_step(last, layout, view, messages, unchanged)
+        self._last = _LastView(history, layout, view, held)
+        patch = {"length": length, "keep_from": layout.start, "overrides": sent, "token": token}
+        if layout.skip:
+            patch["skip"] = [list(run) for run in layout.skip]
         if base is None or base != previous:
             patch["overrides"] = [[origin, held[origin]] for origin in sorted(held)]
         else:
@@ -241,28 +306,39 @@ class PatchMaker:
         return self._serial.to_bytes(8, "big") + self._salt
 
 
-def _view_start(view: list[Any], length: int, deleted_range: list[int] | None) -> int | None:
-    """The ``keep_from`` of a view of a history of ``length``, or None when it is not one.
+def _view_layout(
+    view: list[Any],
+    length: int,
+    deleted_range: list[int] | None,
+    gaps: Sequence[Sequence[int]] | None,
+) -> _Layout | None:
+    """The layout of a view of a history of ``length``, or None when it is not one.
 
-    Views are the first pair plus everything after the range; an op that
-    answers with the history unchanged (nothing optimised) gives a view
-    without a range.
+    Views are the first pair plus everything after the range (less the deleted
+    set ``gaps``, when given); an op that answers with the history unchanged
+    (nothing optimised) gives a view without a range.
     """
-    for candidate in (deleted_range, None):
-        start = keep_from(candidate)
-        if len(view) == view_length(length, start):
-            return start
+    candidates: list[tuple[list[int] | None, Sequence[Sequence[int]]]] = []
+    if gaps:
+        candidates.append((deleted_range, gaps))
+    candidates += [(deleted_range, ()), (None, ())]
+    for candidate, dropped in candidates:
+        layout = _Layout(length, keep_from(candidate), dropped)
+        if len(view) == layout.size and (layout.skip or not dropped):
+            return layout
     return None
 
 
 class _LastView:
-    """The last ``keep_from`` patch made: its history, ``keep_from``, view and overrides."""
+    """The last ``keep_from`` patch made: its history, layout, view and overrides."""
 
-    __slots__ = ("held", "history", "start", "view")
+    __slots__ = ("held", "history", "layout", "view")
 
-    def __init__(self, history: History, start: int, view: list[Any], held: dict[int, Any]) -> None:
+    def __init__(
+        self, history: History, layout: _Layout, view: list[Any], held: dict[int, Any]
+    ) -> None:
         self.history = history
-        self.start = start
+        self.layout = layout
         self.view = view
         self.held = held
 
@@ -280,39 +356,40 @@ _ABSENT = object()
 
 
 def _patch_step(
-    last: _LastView, view: list[Any], messages: list[Any], unchanged: int
+    last: _LastView, layout: _Layout, view: list[Any], messages: list[Any], unchanged: int
 ) -> tuple[dict[int, Any], list[list[Any]], list[int]]:
     """The overrides of ``view`` worked out from the last patch's: (all, new or changed, dropped).
 
-    A view position needs a look only when its message is another object than
+    ``layout`` maps positions as the last one did (the same key). A view
+    position needs a look only when its message is another object than
     in the last view, when it is past that view's end, or when the history
     message it stands for changed since (index ``>= unchanged``): everywhere
     else the message and the history's are the objects they were, so it is an
     override exactly when it was one, with the same message.
     """
-    shift = last.start - 2  # history index of view position p >= 2 is p + shift
     old_view, old_held = last.view, last.held
-    tail = unchanged if unchanged < 2 else max(unchanged - shift, 2)
-    tail = min(tail, len(view), len(old_view))
+    origin = layout.origin
+    tail = min(layout.position_from(unchanged), len(view), len(old_view))
     # The positions before the tail whose message is another object (a C-speed scan).
     moved = other_places(view, old_view, stop=tail)
     held = dict(old_held)
     sent: list[list[Any]] = []
     dropped: list[int] = []
     for place in itertools.chain(moved, range(tail, len(view))):
-        origin = place if place < 2 else place + shift
+        index = origin(place)
         message = view[place]
-        if message is messages[origin]:
-            if held.pop(origin, _ABSENT) is not _ABSENT:
-                dropped.append(origin)
+        if message is messages[index]:
+            if held.pop(index, _ABSENT) is not _ABSENT:
+                dropped.append(index)
         else:
-            held[origin] = message
-            if old_held.get(origin) is not message:
-                sent.append([origin, message])
-    for origin in range(len(messages), len(old_view) + shift):
+            held[index] = message
+            if old_held.get(index) is not message:
+                sent.append([index, message])
+    old_end = origin(len(old_view) - 1) + 1 if old_view else 0
+    for index in range(len(messages), old_end):
         # History messages past the new end (it was cut back): their overrides go.
-        if held.pop(origin, _ABSENT) is not _ABSENT:
-            dropped.append(origin)
+        if held.pop(index, _ABSENT) is not _ABSENT:
+            dropped.append(index)
     return held, sent, dropped
 
 

@@ -394,7 +394,9 @@ def _cached_view(
         if lowest is not None:
             first = min(first, lowest)
             cached = (key, cached[1])
-    if cached is not None and cached[0] == key and first > last_low + 1:
+    # A deleted set reaching the newest message leaves no last run to extend: built afresh.
+    reaches_end = spans[-1][1] >= len(messages)
+    if cached is not None and cached[0] == key and first > last_low + 1 and reaches_end:
         seam = first + last_offset  # view position of history index ``first``
         view = [*cached[1][:seam], *messages[first:]]
         if cache.lacking:
@@ -483,7 +485,8 @@ def _finish_view(
     repair); without one every pair is.
     """
     start = spans[0][0]
-    single = len(spans) == 1
+    # One run to the history's end (a deleted set reaching the newest message ends it early).
+    single = len(spans) == 1 and spans[0][1] >= len(messages)
     offset = 2 - start  # view position of history index i >= start is i + offset (one run)
     if overlay:
         # Only the edited indices from ``first`` on: a view built on the last one costs

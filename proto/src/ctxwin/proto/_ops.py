@@ -115,7 +115,7 @@ class OpSpec:
 
 
 _OPEN = ("ephemeral", "dialect", "read_tools")
-_DELTA = ("base", "base_digest", "view", "patch_base")
+_DELTA = ("base", "base_digest", "view", "patch_base", "patch_skip")
 _BUDGETING = ("strategy", "proactive", "estimate", "pricing")
 
 
@@ -264,6 +264,7 @@ PROTOCOL_FEATURES = (
     "delta",
     "view_patch",
     "view_patch_prepend",
+    "view_patch_skip",
     "budgeting",
     "dialects",
     "read_tools",
@@ -273,7 +274,9 @@ PROTOCOL_FEATURES = (
 
 ``delta``: ops that take ``messages`` also take ``base``/``base_digest``/``append``;
 ``view_patch``: ``view: "patch"`` returns views as patches; ``view_patch_prepend``:
-``view: "patch_prepend"`` returns them with ``prepend`` entries too; ``budgeting``:
+``view: "patch_prepend"`` returns them with ``prepend`` entries too; ``view_patch_skip``:
+a caller that asks for a patch with ``patch_skip: true`` gets the view of a history with
+gaps (``auto``'s deleted set) as a patch with ``skip`` runs, not whole; ``budgeting``:
 ``prepare_request`` takes ``strategy``/``proactive``/``estimate`` and tasks
 calibrate estimates; ``dialects``: task ops and ``count_tokens`` take
 ``dialect`` (``ping`` lists them, docs/DIALECTS.md); ``read_tools``: task ops

@@ -24,7 +24,10 @@ def apply_view_patch(history: Sequence[Any], patch: Mapping[str, Any]) -> list[A
     messages 0 and 1 and ``k`` to ``n - 1`` of the history (all of it when
     ``n < 2``), with each listed index replaced by its message, and each
     prepended index by the history's own message at that index with the
-    blocks put before its content.
+    blocks put before its content. With ``"skip": [[start, end], ...]``
+    (ascending, disjoint runs within ``k..n``) the view leaves out the history
+    messages ``start <= i < end`` of each run too: the gaps of a history with a
+    deleted set (``view_patch_skip``).
 
     Raises:
         ValueError: when the patch does not fit ``history``.
@@ -101,6 +104,10 @@ def _view_of(history: Sequence[Any], patch: Mapping[str, Any], held: dict[int, A
         raise ValueError("view patch does not match the history it is applied to")
     if "order" in patch:
         return _apply_ordered(history, patch["order"], held)
+    if "skip" in patch:
+        if any(isinstance(message, list) for message in held.values()):
+            raise ValueError("view patch with skip runs overrides an index with a list")
+        return _apply_ordered(history, _kept_runs(length, keep_from, patch["skip"]), held)
     if length < 2:
         view, start, shift = list(history), 0, 0
     else:
@@ -117,6 +124,38 @@ def _view_of(history: Sequence[Any], patch: Mapping[str, Any], held: dict[int, A
     return view
 
 
+def _kept_runs(length: int, keep_from: int, skip: object) -> list[list[int]]:
+    """The history runs a ``keep_from`` patch with ``skip`` keeps, as ``order`` runs: the
+    first pair, then ``keep_from..length`` less each skipped ``[start, end)`` run.
+
+    Raises:
+        ValueError: ``skip`` is not a list of ascending, disjoint, non-empty runs
+            within ``keep_from..length``.
+    """
+    if not isinstance(skip, list):
+        raise ValueError("view patch skip must be a list of [start, end] runs")
+    if length < 2:
+        if skip:
+            raise ValueError("view patch skip holds a run outside the view")
+        return [[0, length]]
+    runs = [[0, 2]]
+    low = max(keep_from, 2)
+    for run in skip:
+        if not _is_run(run) or not low <= run[0] < run[1] <= length:
+            raise ValueError(
+                "view patch skip holds a run that is empty, out of order or outside the view"
+            )
+        runs.append([low, run[0]])
+        low = run[1]
+    runs.append([low, length])
+    return runs
+
+
+def _is_run(run: object) -> bool:
+    """Whether ``run`` is a ``[start, end]`` pair of integers (a patch's ``order`` or ``skip``)."""
+    return isinstance(run, list) and len(run) == 2 and type(run[0]) is int and type(run[1]) is int
+
+
 def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, Any]) -> list[Any]:
     """A dialect view: the history indices of ``order`` (``[start, end)`` runs, in view order),
     each replaced by its override: one message, or a list of messages (docs/DIALECTS.md).
@@ -130,13 +169,7 @@ def _apply_ordered(history: Sequence[Any], order: object, replaced: dict[int, An
     view: list[Any] = []
     places: list[tuple[int, int, int]] = []  # (start, end, view position of start)
     for run in order:
-        if (
-            not isinstance(run, list)
-            or len(run) != 2
-            or type(run[0]) is not int
-            or type(run[1]) is not int
-            or not 0 <= run[0] <= run[1] <= len(history)
-        ):
+        if not _is_run(run) or not 0 <= run[0] <= run[1] <= len(history):
             raise ValueError("view patch order holds a run outside the history")
         if run[0] < run[1]:
             places.append((run[0], run[1], len(view)))
@@ -179,9 +212,13 @@ def view_origins(
         ValueError: an ``origins`` entry does not match its override.
     """
     if "order" not in patch:
+        keep = int(patch.get("keep_from", 0))
+        if "skip" in patch:
+            runs = _kept_runs(length, keep, patch["skip"])
+            return [index for start, end in runs for index in range(start, end)]
         if length < 2:
             return list(range(length))
-        return [0, 1, *range(max(int(patch.get("keep_from", 0)), 2), length)]
+        return [0, 1, *range(max(keep, 2), length)]
     found: list[int | None] = []
     for start, end in patch["order"]:
         for index in range(start, end):

@@ -275,7 +275,8 @@ class InspectResult(TypedDict):
     ascending (docs/STRATEGIES.md).
     Given ``messages``: ``view``, the view a request with them would now get
     (worked out on a copy: nothing changes), with ``origins`` (each view
-    message's history index, None for one the view added) and ``sources`` of
+    message's history index, None for one the view added; in the Cline
+    dialect the indices the range and the deleted set leave), ``sources`` of
     those messages in a native dialect, and ``restarted`` (true, present only
     then) when they are not the history the task's range and edits were made on.
     """

@@ -332,6 +332,7 @@ CHECKS: dict[str, Callable[[object], None]] = {
     "base_digest": _check_digest,
     "view": _one_of(VIEW_VALUES),
     "patch_base": _check_token,
+    "patch_skip": _check_bool,
     "strategy": _one_of(STRATEGY_VALUES),
     "proactive": _check_bool,
     "estimate": _check_bool,

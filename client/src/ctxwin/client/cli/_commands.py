@@ -335,6 +335,11 @@ def shown_range(deleted_range: Any) -> str:
     return "none" if not deleted_range else f"[{deleted_range[0]}, {deleted_range[1]}]"
 
 
+def shown_set(dropped: Any) -> str:
+    """A deleted set's inclusive ranges (``inspect``'s ``dropped``): ``[40, 51], [60, 71]``."""
+    return ", ".join(shown_range(pair) for pair in dropped) if dropped else "none"
+
+
 def ping(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     started = time.perf_counter()
     result = client.ping()

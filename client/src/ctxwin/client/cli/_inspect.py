@@ -18,9 +18,10 @@ from ._commands import (
     read_conversation,
     read_history,
     shown_range,
+    shown_set,
     table,
 )
-from ._dialects import chars_of, message_chars
+from ._dialects import message_chars
 from .page import inspect_page, page_problem, write_page
 from .replay import (
     NativeViews,
@@ -61,7 +62,8 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     overlay = parse_updates(result["updates"])
     native = history is not None and dialect != proto.CLINE
     sources = parse_sources(result.get("sources", [])) if native else None
-    rows = _overlay_rows(overlay, sources, history, result["deleted_range"])
+    dropped = [] if result.get("restarted") else result.get("dropped", [])
+    rows = _overlay_rows(overlay, sources, history, result["deleted_range"], dropped)
     variants: list[Variant] = []
     state: ViewState | None = None
     if history is not None:
@@ -72,13 +74,14 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
             state = NativeViews(history, variants).state(
                 view, origins, len(history), view_range, shown, sources
             )
-        elif args.html is not None:
-            state = view_state(history, view, view_range, shown, variants)
+        else:
+            state = view_state(history, view, view_range, shown, variants, result.get("origins"))
     hidden, hidden_chars = _hidden(result, history, state, dialect)
     saved_values = [row["saved"] for row in rows if row["saved"] is not None]
     summary = {
         "task": args.task,
         "deleted_range": result["deleted_range"],
+        "dropped": result.get("dropped", []),
         "hidden_messages": hidden,
         "hidden_chars": hidden_chars,
         "overlay_chars_saved": sum(saved_values) if history is not None else None,
@@ -86,7 +89,9 @@ def inspect(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) 
     }
     if args.html is not None and history is not None and state is not None:
         counts = message_tokens(client, history, variants, dialect)
-        page = inspect_page(args.task, history, state, variants, counts, rows, dialect)
+        page = inspect_page(
+            args.task, history, state, variants, counts, rows, dialect, result.get("dropped", [])
+        )
         try:
             write_page(args.html, page)
         except OSError as exc:
@@ -108,11 +113,13 @@ def _overlay_rows(
     sources: Sources | None,
     history: list[dict[str, Any]] | None,
     deleted_range: Any = None,
+    dropped: Any = (),
 ) -> list[dict[str, Any]]:
     """One row per block the overlay edits: what the edit did (shortened, stubbed, a
-    replaced read, a notice), its updates, size now, whether the range hides its message,
-    and (with the history) the characters it saves: from ``inspect``'s sources in another
-    dialect; none for a hidden message, whose characters the range saves."""
+    replaced read, a notice), its updates, size now, whether the range or the deleted set
+    hides its message, and (with the history) the characters it saves: from ``inspect``'s
+    sources in another dialect; none for a hidden message, whose characters the range or
+    the deleted set saves."""
     rows: list[dict[str, Any]] = []
     end = deleted_range[1] if deleted_range else 1
     for (index, block), (edit_type, texts) in sorted(overlay.items()):
@@ -123,7 +130,7 @@ def _overlay_rows(
             "updates": len(texts),
             "chars": len(texts[-1]) if texts else 0,
             "saved": None,
-            "hidden": 2 <= index <= end,
+            "hidden": 2 <= index <= end or any(a <= index <= b for a, b in dropped),
         }
         if row["hidden"]:
             pass  # not sent: the range saves all of it (hidden_chars)
@@ -146,32 +153,41 @@ def _hidden(
     dialect: str,
 ) -> tuple[int, int | None]:
     """The messages the view hides, and their characters when the history is given: the
-    ones another dialect's view neither sends nor rebuilds, else the range's."""
+    ones another dialect's view neither sends nor rebuilds, else the range's and the
+    deleted set's."""
     if history is not None and state is not None and state.order is not None:
         removed = state.removed(len(history))
         return len(removed), sum(message_chars(history[i], dialect) for i in removed)
+    if history is not None and state is not None and not result.get("restarted"):
+        removed = [i for i in range(len(history)) if not state.sent(i, len(history))]
+        return len(removed), sum(message_chars(history[i]) for i in removed)
+    # The task's range and deleted set (of a history they were not made on, or not given):
+    # messages 2..end and the set's, within the history when its length is known (a range
+    # may run past the end, or before its start, and then hides what exists of it).
     deleted_range = result["deleted_range"]
-    # Messages 2..end, within the history when its length is known (a range may
-    # run past the end, or before its start, and then hides what exists of it).
     end = deleted_range[1] if deleted_range else 1
     length = len(history) if history is not None else result.get("history")
     if isinstance(length, int):
         end = min(end, length - 1)
-    hidden = max(0, end - 1)
+    removed = list(range(2, end + 1))
+    for first, last in result.get("dropped", []):
+        if isinstance(length, int):
+            last = min(last, length - 1)
+        removed += range(max(first, end + 1), last + 1)
     if history is None:
-        return hidden, None
-    return hidden, sum(
-        chars_of(history[i].get("content")) for i in range(2, 2 + hidden) if i < len(history)
-    )
+        return len(removed), None
+    return len(removed), sum(message_chars(history[i]) for i in removed)
 
 
 def _write_text(
     result: Mapping[str, Any], summary: Mapping[str, Any], rows: list[dict[str, Any]], out: TextIO
 ) -> None:
     hidden_chars = summary["hidden_chars"]
+    dropped = summary["dropped"]
     out.write(
-        f"task {summary['task']}: range {shown_range(summary['deleted_range'])} "
-        f"({summary['hidden_messages']} messages hidden"
+        f"task {summary['task']}: range {shown_range(summary['deleted_range'])}"
+        + (f", deleted set {shown_set(dropped)}" if dropped else "")
+        + f" ({summary['hidden_messages']} messages hidden"
         + (f", {hidden_chars:,} chars" if hidden_chars is not None else "")
         + f"), {'unsaved changes' if result['dirty'] else 'saved'}\n"
     )
@@ -215,7 +231,10 @@ def _write_text(
         out,
     )
     if any(row["hidden"] for row in rows):
-        out.write("(hidden: the range hides that message; its characters count as hidden)\n")
+        out.write(
+            "(hidden: the range or the deleted set hides that message; its characters count "
+            "as hidden)\n"
+        )
     if summary["overlay_chars_saved"] is not None:
         out.write(f"overlay saves {summary['overlay_chars_saved']:,} chars\n")
     else:

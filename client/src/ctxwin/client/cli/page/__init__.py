@@ -25,6 +25,7 @@ from typing import Any
 
 from ctxwin import proto
 
+from .._commands import shown_set
 from ..replay import (
     ReplayReport,
     TokenCounts,
@@ -108,7 +109,8 @@ def replay_page(
             "turn": event.turn,
             "kind": event.kind,
             "what": (
-                f"range {_range(event.deleted_range)}, {event.removed_messages} messages removed"
+                f"range {_range(event.deleted_range)}{_set(event.dropped)}, "
+                f"{event.removed_messages} messages removed"
                 if event.kind == "truncation"
                 else "replaced file reads in messages " + _list(event.messages)
             ),
@@ -201,6 +203,7 @@ def inspect_page(
     counts: TokenCounts,
     edits: Sequence[Mapping[str, Any]],
     dialect: str = proto.CLINE,
+    dropped: Sequence[Sequence[int]] = (),
 ) -> str:
     """The page of a task now: its edits and the conversation as the model receives it.
 
@@ -214,12 +217,13 @@ def inspect_page(
         edits: one map per overlay block: ``message``, ``block``, ``edit``
             (its kind), ``updates`` (how many) and ``saved`` (chars, or None).
         dialect: the conversation's dialect.
+        dropped: the task's deleted set (``inspect``'s ``dropped``), named with its range.
 
     Returns:
         The HTML text.
     """
     deleted = view.deleted_range
-    hidden = 0 if not deleted else max(0, min(deleted[1], len(history) - 1) - 1)
+    hidden = sum(not view.sent(index, len(history)) for index in range(len(history)))
     if view.order is not None:
         hidden = len(view.removed(len(history)))
     events = [
@@ -235,9 +239,11 @@ def inspect_page(
     sent = len(history) - hidden if view.order is None else len(view.order)
     page = Page(
         title=f"ctxwin task {task}",
-        facts=[f"{len(history)} messages", f"range {_range(deleted)}"],
+        facts=[f"{len(history)} messages", f"range {_range(deleted)}{_set(dropped)}"],
         notes=[
-            "The conversation as the model receives it now, under the task's range and edits.",
+            "The conversation as the model receives it now, under the task's range"
+            + (", deleted set" if dropped else "")
+            + " and edits.",
             *filter(None, [unrecognised_line(counts.unrecognised)]),
         ],
         cards=[
@@ -265,6 +271,11 @@ def _last_request(report: ReplayReport) -> str:
 
 def _range(deleted_range: Any) -> str:
     return "none" if not deleted_range else f"[{deleted_range[0]}, {deleted_range[1]}]"
+
+
+def _set(dropped: Sequence[Sequence[int]]) -> str:
+    """``, deleted set [40, 51], [60, 71]`` (as ``ctxwin inspect`` says it), or nothing."""
+    return f", deleted set {shown_set(dropped)}" if dropped else ""
 
 
 def _list(indices: Sequence[int]) -> str:

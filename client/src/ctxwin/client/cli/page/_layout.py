@@ -2,8 +2,9 @@
 which messages each turn's view shows.
 
 Every message of the history is written once, its body folded; the messages a
-view altered are written once per distinct form. A Cline view is its range
-and its altered messages (the removed middle folded into one line); a view of
+view altered are written once per distinct form. A Cline view is its range,
+its deleted set and its altered messages (the removed middle folded into one
+line, each run of the deleted set into one line of its own); a view of
 another dialect lists its messages in order. The script (``page.js``) shows
 another turn's view by hiding, showing and moving those items; it and the
 style sheet (``page.css``) are files of this package.
@@ -83,32 +84,49 @@ def _fold(view: ViewState, page: Page, end: int) -> tuple[str, bool]:
     )
 
 
+def _gap_line(page: Page, first: int, last: int) -> str:
+    """The one line a run of the deleted set folds into (as the range's, :func:`_fold`)."""
+    hidden = range(first, last + 1)
+    chars = sum(chars_of(page.history[i].get("content")) for i in hidden)
+    tokens = sum(page.counts.messages[i] for i in hidden)
+    return f"messages {_runs(list(hidden))} dropped, {chars:,} characters ({tokens:,} tokens)"
+
+
 def render(page: Page) -> str:
     selected = page.turns[-1]
     view = page.views[selected.view]
     if page.dialect != proto.CLINE:
         return _frame(page, selected, *_ordered(page, selected), _script(ordered=True))
-    keep = view.deleted_range[1] + 1 if view.deleted_range else 2
+    # Each run of a deleted set any view leaves out folds into a line of its own, after
+    # its last message; a view shows the lines of its runs.
+    gaps = sorted({(first, last) for state in page.views for first, last in state.dropped})
+    gap_number = {gap: number for number, gap in enumerate(gaps)}
     data = {
         "turns": [[turn.turn, turn.end, turn.view, turn.estimated] for turn in page.turns],
         "views": [
             {
                 "keep": state.deleted_range[1] + 1 if state.deleted_range else 2,
                 "last": state.deleted_range[1] if state.deleted_range else 1,
+                "gaps": [gap_number[first, last] for first, last in state.dropped],
                 "altered": {str(index): variant for index, variant in state.altered.items()},
             }
             for state in page.views
         ],
+        "gaps": [list(gap) for gap in gaps],
         "chars": [chars_of(message.get("content")) for message in page.history],
         "tokens": page.counts.messages,
     }
+    ends: dict[int, list[int]] = {}
+    for number, (_, last) in enumerate(gaps):
+        ends.setdefault(last, []).append(number)
+    shown_gaps = {gap_number[first, last] for first, last in view.dropped}
     items: list[str] = []
     used = _originals_shown(page)
     by_index: dict[int, list[int]] = {}
     for number, variant in enumerate(page.variants):
         by_index.setdefault(variant.index, []).append(number)
     for index, message in enumerate(page.history):
-        in_view = index < selected.end and (index < 2 or index >= keep)
+        in_view = view.sent(index, selected.end)
         if index in used:
             items.append(
                 message_item(
@@ -135,6 +153,12 @@ def render(page: Page) -> str:
             items.append(
                 f'<li id="fold" class="fold"{"" if shown else " hidden"}>'
                 f'<span id="fold-text">{html.escape(text)}</span></li>'
+            )
+        for number in ends.get(index, []):
+            items.append(
+                f'<li class="fold gap" data-gap="{number}"'
+                f"{'' if number in shown_gaps else ' hidden'}>"
+                f"<span>{html.escape(_gap_line(page, *gaps[number]))}</span></li>"
             )
     return _frame(page, selected, data, items, _script(ordered=False))
 
@@ -296,7 +320,7 @@ def _originals_shown(page: Page) -> set[int]:
         view = page.views[turn.view]
         keep = view.deleted_range[1] + 1 if view.deleted_range else 2
         for index in (*range(min(2, turn.end)), *range(keep, turn.end)):
-            if index not in view.altered:
+            if index not in view.altered and view.sent(index, turn.end):
                 used.add(index)
     return used
 
@@ -310,8 +334,7 @@ def _summary(page: Page, turn: PageTurn) -> str:
             for index, variant in view.order
         )
         return f"{len(view.order)} of {turn.end} messages sent, {tokens:,} tokens counted{estimate}"
-    keep = view.deleted_range[1] + 1 if view.deleted_range else 2
-    shown = [i for i in range(turn.end) if i < 2 or i >= keep]
+    shown = [i for i in range(turn.end) if view.sent(i, turn.end)]
     tokens = sum(
         page.counts.variants[view.altered[i]] if i in view.altered else page.counts.messages[i]
         for i in shown

@@ -9,10 +9,21 @@
     var t = data.turns[k], end = t[1], view = data.views[t[2]];
     var sent = 0, tokens = 0;
 /* range */
+    function dropped(i) {
+      for (var g = 0; g < view.gaps.length; g++) {
+        var gap = data.gaps[view.gaps[g]];
+        if (gap[0] <= i && i <= gap[1]) { return true; }
+      }
+      return false;
+    }
+    var lines = document.querySelectorAll("#conversation li.gap");
+    for (var n = 0; n < lines.length; n++) {
+      lines[n].hidden = view.gaps.indexOf(+lines[n].dataset.gap) < 0;
+    }
     for (var n = 0; n < items.length; n++) {
       var li = items[n], i = +li.dataset.i, v = li.dataset.v;
       var want = view.altered[i];
-      var inView = i < end && (i < 2 || i >= view.keep);
+      var inView = i < end && (i < 2 || (i >= view.keep && !dropped(i)));
       var on = inView && (v === undefined ? want === undefined : +v === want);
       li.hidden = !on;
       if (on) { sent++; tokens += +li.dataset.t; }

@@ -25,6 +25,7 @@ from .._commands import (
     print_json,
     read_conversation,
     shown_range,
+    shown_set,
     table,
 )
 from .._corpus import About, model_for
@@ -372,7 +373,12 @@ def _write_events(report: ReplayReport, out: TextIO) -> None:
                 event.turn,
                 event.message,
                 event.kind,
-                shown_range(event.deleted_range) if event.kind == "truncation" else "-",
+                (
+                    shown_range(event.deleted_range)
+                    + (f", deleted set {shown_set(event.dropped)}" if event.dropped else "")
+                    if event.kind == "truncation"
+                    else "-"
+                ),
                 event.removed_messages if event.kind == "truncation" else "-",
                 _saved(event.chars_saved),
                 _saved(event.tokens_saved),

@@ -27,9 +27,9 @@ class ReplayEvent:
         kind: ``truncation`` or ``optimisation``.
         deleted_range: the range after the event (truncations); in a dialect
             other than ``cline`` it counts the engine's internal messages.
-        removed_messages: messages newly hidden by the range (truncations):
-            in a dialect other than ``cline``, the history messages the cut
-            removed from the view.
+        removed_messages: messages newly hidden by the range or the deleted
+            set (truncations): in a dialect other than ``cline``, the history
+            messages the cut removed from the view.
         messages: history indices of the messages concerned: a truncation's
             are those its range newly hid (in a dialect other than ``cline``,
             the history messages the previous turn's view sent and this
@@ -46,6 +46,9 @@ class ReplayEvent:
     messages: list[int]
     chars_saved: int
     tokens_saved: int
+    dropped: list[list[int]] = field(default_factory=list)
+    """The deleted set after the event (truncations; ``auto``'s, docs/STRATEGIES.md): the
+    inclusive ranges after the range that are not sent either, counted as the range is."""
 
 
 @dataclass(slots=True)
@@ -180,6 +183,7 @@ class ReplayReport:
         data["per_turn"] = [asdict(turn) for turn in self.per_turn]
         data["views"] = [
             {"deleted_range": view.deleted_range, "altered": sorted(view.altered)}
+            | ({"dropped": view.dropped} if view.dropped else {})
             for view in self.views
         ]
         for shown, view in zip(data["views"], self.views, strict=True):

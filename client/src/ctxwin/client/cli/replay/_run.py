@@ -216,6 +216,7 @@ class _Run:
         )
         start = self.task.inspect()
         self.deleted_range: DeletedRange = start["deleted_range"]
+        self.dropped: list[list[int]] = start.get("dropped", [])
         self.overlay = parse_updates(start["updates"])
         self.last_state: ViewState | None = None
         self.clock = now_ms()
@@ -231,11 +232,14 @@ class _Run:
         inspected = self.task.inspect()
         overlay = parse_updates(inspected["updates"])
         sources = parse_sources(inspected.get("sources", [])) if self.native else None
-        state = self._state(view, end, new_range, overlay, sources)
-        if _hidden_end(new_range) > _hidden_end(self.deleted_range):
-            assert new_range is not None
-            self.report.events.append(self._truncation(turn, end, new_range, state))
+        dropped = inspected.get("dropped", [])
+        state = self._state(view, end, new_range, overlay, sources, dropped)
+        if _hidden_end(new_range) > _hidden_end(self.deleted_range) or _size(dropped) > _size(
+            self.dropped
+        ):
+            self.report.events.append(self._truncation(turn, end, new_range, dropped, state))
         self.deleted_range = new_range
+        self.dropped = dropped
         event = optimisation(
             self.client, self.history, self.overlay, overlay, turn, end, new_range, sources
         )
@@ -266,33 +270,50 @@ class _Run:
         deleted_range: DeletedRange,
         overlay: Overlay,
         sources: Sources | None,
+        dropped: list[list[int]],
     ) -> ViewState:
-        """The view mapped back to the history: by the range (Cline), else by its origins."""
-        if sources is None:
-            return view_state(self.history, view, deleted_range, overlay, self.report.variants)
+        """The view mapped back to the history by its origins (in the Cline dialect, by the
+        range alone when a daemon without them sent no deleted set)."""
         origins = self.task.view_origins()
+        if sources is None:
+            if origins is None and dropped:
+                # A view with gaps that came whole: the daemon names its messages' indices.
+                origins = self.task.inspect(messages=self.history[:end]).get("origins")
+            return view_state(
+                self.history, view, deleted_range, overlay, self.report.variants, origins
+            )
         if origins is None:  # a view holding no message of the history came whole
             origins = [None] * len(view)
         return self.mapper.state(view, origins, end, deleted_range, overlay, sources)
 
     def _truncation(
-        self, turn: int, end: int, new_range: list[int], state: ViewState
+        self,
+        turn: int,
+        end: int,
+        new_range: DeletedRange,
+        dropped: list[list[int]],
+        state: ViewState,
     ) -> ReplayEvent:
-        """The event of a range that grew: the messages the cut removed, as the model last
-        saw them (with the previous turn's overlay)."""
+        """The event of a range or a deleted set that grew: the messages the cut removed, as
+        the model last saw them (with the previous turn's overlay)."""
         if self.native:
             hidden, removed = cut_from_view(
                 self.history, self.report.variants, self.last_state, state, end
             )
         else:
-            first = self.deleted_range[1] + 1 if self.deleted_range else 2
-            hidden = list(range(first, new_range[1] + 1))
+            last = self.last_state
+            hidden = [
+                index
+                for index in range(2, end)
+                if not state.sent(index, end) and (last is None or last.sent(index, end))
+            ]
             removed = [with_overlay(self.history[index], index, self.overlay) for index in hidden]
         return ReplayEvent(
             turn=turn,
             message=end,
             kind="truncation",
-            deleted_range=list(new_range),
+            deleted_range=None if new_range is None else list(new_range),
+            dropped=[list(pair) for pair in dropped],
             removed_messages=len(hidden),
             messages=hidden,
             chars_saved=sum(message_chars(message, self.dialect) for message in removed),
@@ -394,6 +415,11 @@ class _Run:
                 report.over_window_cause = _over_window_cause(
                     self.history, sent.get("largest"), row.turn, self.points, tokens, report
                 )
+
+
+def _size(dropped: list[list[int]]) -> int:
+    """How many messages a deleted set's inclusive ranges hold."""
+    return sum(last - first + 1 for first, last in dropped)
 
 
 def _hidden_end(deleted_range: DeletedRange) -> int:

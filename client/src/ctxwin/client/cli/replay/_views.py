@@ -10,6 +10,7 @@ here too (:func:`parse_updates`, :func:`parse_sources`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,12 +58,28 @@ class ViewState:
         merged: history index -> the history index of the rebuilt message it
             went into, for each message a native view sends merged into
             another (calls split over consecutive messages, sent as one).
+        dropped: a Cline view's runs ``[first, last]`` (inclusive history
+            indices, ascending) after the range that it leaves out too: the
+            ``auto`` strategy's deleted set (docs/STRATEGIES.md).
     """
 
     deleted_range: DeletedRange
     altered: dict[int, int] = field(default_factory=dict)
     order: list[tuple[int, int | None]] | None = None
     merged: dict[int, int] = field(default_factory=dict)
+    dropped: list[list[int]] = field(default_factory=list)
+
+    def sent(self, index: int, end: int) -> bool:
+        """Whether a Cline view of the history's first ``end`` messages sends message
+        ``index`` (as it is or altered): the first pair, and what the range and the
+        deleted set leave."""
+        if index >= end:
+            return False
+        if index < 2:
+            return True
+        if self.deleted_range and index <= self.deleted_range[1]:
+            return False
+        return not any(first <= index <= last for first, last in self.dropped)
 
     def removed(self, end: int) -> list[int]:
         """The history indices below ``end`` a native view neither sends, rebuilds nor
@@ -210,16 +227,32 @@ def view_state(
     deleted_range: DeletedRange,
     overlay: Overlay,
     variants: list[Variant],
+    origins: Sequence[int | None] | None = None,
 ) -> ViewState:
     """How ``view`` (a view of ``history``, SPEC.md §4) differs from the history.
 
+    ``origins`` is the history index of each view message, as the daemon
+    gives it (a patch's, ``inspect``'s); the runs after the range it skips are
+    the view's :attr:`ViewState.dropped`. Without it (an older daemon) the
+    view is taken to be the first pair and everything after the range.
     Messages the view changed are added to ``variants`` once each (an equal
     variant of the same message is reused).
+
+    Raises:
+        ValueError: ``origins`` do not fit the view.
     """
     state = ViewState(None if deleted_range is None else list(deleted_range))
     keep = deleted_range[1] + 1 if deleted_range and len(view) >= 2 else 2
+    if origins is not None:
+        indices = [at for at in origins if at is not None]
+        if len(indices) != len(view) or any(b <= a for a, b in itertools.pairwise(indices)):
+            raise ValueError("view origins do not fit the view")
+        state.dropped = [[a + 1, b - 1] for a, b in itertools.pairwise(indices[2:]) if b > a + 1]
     for position, message in enumerate(view):
-        index = position if position < 2 else keep + position - 2
+        if origins is not None:
+            index = indices[position]
+        else:
+            index = position if position < 2 else keep + position - 2
         original = history[index] if index < len(history) else None
         if message is original or message == original or original is None:
             continue
