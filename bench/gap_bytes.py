@@ -107,8 +107,8 @@ def run(messages: list[Message], window: int) -> dict[str, Any]:
         (root / "run").mkdir()
         daemon = Daemon(root)
         try:
+            daemon.start()  # answers ping once started
             connection = _Counted(daemon.endpoint)
-            connection.wait_ready()
             clients = {
                 "whole": _Client(connection, "gaps-whole", False, model),
                 "skip": _Client(connection, "gaps-skip", True, model),
