@@ -251,3 +251,19 @@ def test_the_generator_refuses_an_op_without_a_builder(monkeypatch: pytest.Monke
     monkeypatch.setattr(generate.proto, "OPS", {**proto.OPS, "echo": echo})
     with pytest.raises(LookupError, match=r"'echo' is declared .* has no builder"):
         generate.outputs()
+
+
+@pytest.mark.parametrize("op", sorted(proto.OPS))
+def test_every_declared_argument_has_a_check(op: str) -> None:
+    """Each argument an op declares is checked before the daemon reads it: by the op's own
+    ``checks`` or the common table, so a request never meets a missing check (a KeyError,
+    answered ``internal``) instead of ``bad_request``."""
+    from ctxwin.proto._schema import CHECKS
+
+    spec = proto.OPS[op]
+    own = spec.checks or {}
+    special = {"task", "messages", "append"}
+    assert (
+        sorted(name for name in spec.fields - special if name not in own and name not in CHECKS)
+        == []
+    )
