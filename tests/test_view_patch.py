@@ -92,8 +92,9 @@ def test_patches_made_from_the_last_rebuild_every_view_as_the_full_form_does(
         state.drop([(first, first + size) for first, size in firsts], ts)
         view = state.truncated_messages(history.messages)
         base = receiver.token if holds else None
-        maker.expect_gaps(state.dropped)
-        patch = maker.of_history(view, history, state.deleted_range, base, prepend=prepend)
+        patch = maker.of_history(
+            view, history, state.deleted_range, base, prepend=prepend, gaps=state.dropped
+        )
         assert patch is not None
         if not prepend:
             assert "prepend" not in patch
@@ -137,14 +138,12 @@ def test_history_messages_replaced_behind_a_gap_are_looked_at_again() -> None:
     history = History(messages)
     dropped = [(3, 6)]
     old_view = [messages[index] for index in (0, 1, 2, *range(7, 14))]
-    maker.expect_gaps(dropped)
-    first = maker.of_history(old_view, history, None, None)
+    first = maker.of_history(old_view, history, None, None, gaps=dropped)
     assert first is not None
     assert first["skip"] == [[3, 7]]
     copies = copy.deepcopy(messages[9:])
     history.apply(9, history.digest_of(9), copies)  # equal messages, other objects
-    maker.expect_gaps(dropped)
-    patch = maker.of_history(list(old_view), history, None, None)
+    patch = maker.of_history(list(old_view), history, None, None, gaps=dropped)
     assert patch is not None
     expected = view_patch(old_view, history.messages, None, dropped)["overrides"]
     assert [origin for origin, _ in expected] == list(range(9, 14))

@@ -146,6 +146,7 @@ class KeptHistory:
                     state.deleted_range,
                     args.get("patch_base"),
                     prepend=form == "patch_prepend",
+                    gaps=state.dropped if args.get("patch_skip") else None,
                 )
                 if patch is not None:
                     del result["messages"]

@@ -305,7 +305,6 @@ class TaskSession:
         await _checkpoint(args)
         # 5. The view as the caller's messages, a list or a patch (with the gaps of the
         # deleted set the view was made with, to a caller that applies them).
-        kept.patches.expect_gaps(target.dropped if args.get("patch_skip") else None)
         return kept.view_back(state, op, args, result, history, mapped)
 
     async def _budgeting(

@@ -123,7 +123,7 @@ class PatchMaker:
     keeping them costs references only).
     """
 
-    __slots__ = ("_gaps", "_last", "_resume", "_salt", "_serial", "_token")
+    __slots__ = ("_last", "_resume", "_salt", "_serial", "_token")
 
     def __init__(self) -> None:
         self._token: bytes | None = None
@@ -131,18 +131,11 @@ class PatchMaker:
         self._salt = os.urandom(8)
         self._last: _LastView | _LastOrder | None = None
         self._resume: _Resume | None = None  # the ``order`` form's pieces, for the next view
-        self._gaps: Sequence[Sequence[int]] | None = None  # :meth:`expect_gaps`
 
     def forget(self) -> None:
         """Forget the overrides sent (the history went): the next patch is sent whole."""
         self._last = None
         self._resume = None
-
-    def expect_gaps(self, dropped: Sequence[Sequence[int]] | None) -> None:
-        """The deleted set the next :meth:`of_history` view was made with, when its caller
-        applies ``skip`` runs (``patch_skip``); None when it does not: a view with gaps
-        is then sent whole, as to a caller from before the ``skip`` form."""
-        self._gaps = dropped
 
     def of_history(
         self,
@@ -152,6 +145,7 @@ class PatchMaker:
         base: bytes | None,
         *,
         prepend: bool = False,
+        gaps: Sequence[Sequence[int]] | None = None,
     ) -> dict[str, Any] | None:
         """``view`` as a ``keep_from`` patch on ``history``; None when it is not a view of it.
 
@@ -161,13 +155,14 @@ class PatchMaker:
         two messages costs the few it changed, not the whole view; when
         ``base`` names that patch, only new or changed overrides are sent.
         With ``prepend``, a repaired message that only puts blocks before the
-        history's own ones is sent as those blocks. A view that leaves out the
-        deleted set :meth:`expect_gaps` gave carries its gaps as ``skip`` runs.
+        history's own ones is sent as those blocks. A view that leaves out
+        ``gaps`` (the deleted set it was made with, given when the caller applies
+        ``skip`` runs) carries them as ``skip`` runs; without ``gaps`` such a view
+        is not a patch (None: it is sent whole, as to a caller from before that form).
         """
         messages = history.messages
         length = len(messages)
-        layout = _view_layout(view, length, deleted_range, self._gaps)
-        self._gaps = None  # one view's: the next op states its own
+        layout = _view_layout(view, length, deleted_range, gaps)
         unchanged = history.take_unchanged()
         if layout is None:
             self._last = None  # the next one starts afresh: changes since are not known
