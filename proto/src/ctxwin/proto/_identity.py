@@ -20,11 +20,12 @@ def _differs(
     a: Sequence[object], b: Sequence[object], start: int, stop: int | None
 ) -> Iterator[bool]:
     """Whether ``a[i] is not b[i]``, for ``i`` from ``start`` to ``stop`` or the shorter's end."""
-    if start:
-        # Slices, not islice: islice would step over the prefix one by one.
-        a, b = a[start:], b[start:]
-    differs = map(operator.is_not, a, b)
-    return differs if stop is None else itertools.islice(differs, max(stop - start, 0))
+    if start or stop is not None:
+        # Slices, not islice: islice would step over the prefix one by one (and a slice to
+        # ``stop`` copies no more than is compared).
+        end = None if stop is None else max(stop, start)  # never a slice from the end
+        a, b = a[start:end], b[start:end]
+    return map(operator.is_not, a, b)
 
 
 def first_other(
