@@ -10,7 +10,6 @@ later. What a reply means (retries, referrals) is the client's (``_sync.py``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import time
 from typing import Any
@@ -60,8 +59,8 @@ class BlockingSocket:
 
     def turn(self, op: str, budget: float) -> contextlib.AbstractContextManager[None]:
         """The client's turn for a call of ``op`` (one at a time), waited for within ``budget``."""
-        too_long = functools.partial(_core.queued_too_long, op, self.owner.endpoint, "client")
-        return self._turns.take(_core.lock_wait(budget), too_long)
+        wait = _core.lock_wait(budget)
+        return self._turns.take(wait, _core.queued_too_long, op, self.owner.endpoint, "client")
 
     def close(self) -> None:
         """Close for good, after the call in flight (if any)."""

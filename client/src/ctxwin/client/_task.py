@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -155,8 +154,8 @@ class BlockingTurns:
         """Wait for the handle's history op before, within the call's time; yields the deadline."""
         budget = _core.call_budget(call, None, client.timeout)
         deadline = time.monotonic() + budget
-        too_long = functools.partial(_core.queued_too_long, call.op, client.endpoint, "task handle")
-        with self._turns.take(_core.lock_wait(budget), too_long):
+        wait = _core.lock_wait(budget)
+        with self._turns.take(wait, _core.queued_too_long, call.op, client.endpoint, "task handle"):
             yield deadline
 
 

@@ -27,12 +27,16 @@ class Turns:
         self._queue: deque[object] = deque()
 
     @contextlib.contextmanager
-    def take(self, seconds: float | None, too_long: Callable[[], Exception]) -> Iterator[None]:
+    def take(
+        self, seconds: float | None, too_long: Callable[..., Exception], *why: str
+    ) -> Iterator[None]:
         """Hold the turn for the ``with`` block.
 
         Args:
             seconds: how long to wait for it (None: as long as it takes).
-            too_long: the exception to raise when the wait runs out.
+            too_long: makes the exception raised when the wait runs out, from ``why``
+                (called only then: a turn taken at once builds nothing).
+            why: the arguments of ``too_long``.
         """
         claimed = False
         try:
@@ -52,7 +56,7 @@ class Turns:
                         if not claimed:
                             self._condition.notify_all()  # the next in line may be free to go
             if not claimed:
-                raise too_long()
+                raise too_long(*why)
             yield
         finally:
             if claimed:
