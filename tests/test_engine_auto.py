@@ -258,24 +258,34 @@ def test_pins_keep_the_most_files_that_fit_smallest_first() -> None:
     assert "Read:3:" + "y" * large not in kept
 
 
+BIG = {"id": "m", "context_window": 1_000_000}
+"""A window no test conversation fills: every edit made under it is voluntary."""
+
+
+def questions(count: int, size: int) -> list[Message]:
+    """A task, then ``count`` questions of ``size`` characters each answered with text, then
+    one last question (no tool calls: turns of text alone)."""
+    messages = [user("task"), {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    for number in range(count):
+        messages.append(user(f"question {number} " + "q" * size))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 100}]})
+    messages.append(user("last"))
+    return messages
+
+
 def test_the_governor_counts_new_messages_as_the_provider_does() -> None:
     """The governor's share is cache reads over every input token, new messages included:
     where each turn brings much new text a voluntary rebuild that would take that share
     under the governor waits, while one that the share leaves room for goes through."""
     memory = AutoMemory(seen_input=9_000, seen_cached=8_000, last_tokens=1_000)
     assert memory.share_with(1_000, 2_000) == 9_000 / 12_000
-    messages = [user("task"), {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
-    for number in range(40):
-        messages.append(user(f"question {number} " + "q" * 400))
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 100}]})
-    messages.append(user("last"))
-    big = {"id": "m", "context_window": 1_000_000}
+    messages = questions(40, 400)
     eager = replace(DEFAULT_POLICY, rent_multiple=0.05)  # the rent rule alone: soon due
     ungoverned = native(replace(eager, governor=0.0))
     governed = native(replace(eager, governor=0.97))
     for end in range(3, len(messages) + 1, 2):
         for state in (ungoverned, governed):
-            state.prepare_request(messages[:end], None, big, budgeting=auto(), ts=end)
+            state.prepare_request(messages[:end], None, BIG, budgeting=auto(), ts=end)
     assert ungoverned.dropped  # due by the rent rule
     assert not governed.dropped  # each turn's new text keeps the provider's rate low
 
@@ -283,12 +293,7 @@ def test_the_governor_counts_new_messages_as_the_provider_does() -> None:
 def test_a_rebuild_waits_for_the_rent_to_reach_its_rewrite_cost() -> None:
     """Views that fit are rebuilt when what not rebuilding cost (the cached reads of what a
     rebuild drops) reaches what the rebuild writes again, not before, and never without rent."""
-    messages = [user("task"), {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
-    for number in range(60):
-        messages.append(user(f"question {number} " + "q" * 150))
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": "a" * 100}]})
-    messages.append(user("last"))
-    big = {"id": "m", "context_window": 1_000_000}
+    messages = questions(60, 150)
     sheet = proto.PRICE_SHEETS["anthropic"]
     price = sheet.cache_write - sheet.cache_read
 
@@ -300,9 +305,9 @@ def test_a_rebuild_waits_for_the_rent_to_reach_its_rewrite_cost() -> None:
         for end in range(3, len(messages) + 1, 2):
             rent = state.auto.rent
             sent = messages[:end]
-            result = state.prepare_request(sent, None, big, budgeting=auto(), ts=end)
+            result = state.prepare_request(sent, None, BIG, budgeting=auto(), ts=end)
             planner = Planner(state, sent, auto(), sheet, state.auto.policy, end)
-            plan = _Turn(planner, state.auto.budget(big)).plan()
+            plan = _Turn(planner, state.auto.budget(BIG)).plan()
             out.append((rent, plan.rewritten if plan.dropped_tokens else math.inf, result))
         return out
 
