@@ -107,6 +107,9 @@ class _Layout:
         """The first view position whose history index is ``index`` or after it."""
         if index < 2:
             return index
+        if not self.skip:  # one run
+            low, high, offset = self.spans[0]
+            return min(max(index, low), high) + offset
         for low, high, offset in self.spans:
             if index < high:
                 return max(index, low) + offset
@@ -313,13 +316,13 @@ def _view_layout(
     set ``gaps``, when given); an op that answers with the history unchanged
     (nothing optimised) gives a view without a range.
     """
-    candidates: list[tuple[list[int] | None, Sequence[Sequence[int]]]] = []
     if gaps:
-        candidates.append((deleted_range, gaps))
-    candidates += [(deleted_range, ()), (None, ())]
-    for candidate, dropped in candidates:
-        layout = _Layout(length, keep_from(candidate), dropped)
-        if len(view) == layout.size and (layout.skip or not dropped):
+        layout = _Layout(length, keep_from(deleted_range), gaps)
+        if len(view) == layout.size and layout.skip:
+            return layout
+    for candidate in (deleted_range, None):
+        layout = _Layout(length, keep_from(candidate))
+        if len(view) == layout.size:
             return layout
     return None
 
@@ -363,7 +366,10 @@ def _patch_step(
     override exactly when it was one, with the same message.
     """
     old_view, old_held = last.view, last.held
-    origin = layout.origin
+    # View position to history index: one shift past the first pair in a view without
+    # gaps (the usual case, worked out inline), through the runs in one with gaps.
+    shift = layout.start - 2
+    origin = layout.origin if layout.skip else None
     tail = min(layout.position_from(unchanged), len(view), len(old_view))
     # The positions before the tail whose message is another object (a C-speed scan).
     moved = other_places(view, old_view, stop=tail)
@@ -371,7 +377,7 @@ def _patch_step(
     sent: list[list[Any]] = []
     dropped: list[int] = []
     for place in itertools.chain(moved, range(tail, len(view))):
-        index = origin(place)
+        index = (place if place < 2 else place + shift) if origin is None else origin(place)
         message = view[place]
         if message is messages[index]:
             if held.pop(index, _ABSENT) is not _ABSENT:
@@ -380,7 +386,13 @@ def _patch_step(
             held[index] = message
             if old_held.get(index) is not message:
                 sent.append([index, message])
-    old_end = origin(len(old_view) - 1) + 1 if old_view else 0
+    last_place = len(old_view) - 1
+    if not old_view:
+        old_end = 0
+    elif origin is None:
+        old_end = (last_place if last_place < 2 else last_place + shift) + 1
+    else:
+        old_end = origin(last_place) + 1
     for index in range(len(messages), old_end):
         # History messages past the new end (it was cut back): their overrides go.
         if held.pop(index, _ABSENT) is not _ABSENT:
