@@ -28,12 +28,27 @@ def call_block(
     """The ``tool_use`` block of a call in history message ``index``, the call recorded in
     ``history.calls`` (by id: its name and that index)."""
     history.calls[call_id] = (name, index)
-    return block("tool_use", index, part, id=call_id, name=name, input=arguments)
+    # What block() makes, written out: every call of a mapped message comes here.
+    return {
+        "type": "tool_use",
+        "id": call_id,
+        "name": name,
+        "input": arguments,
+        SRC: index,
+        PART: part,
+    }
 
 
 def result_block(index: int, part: object, call_id: str, content: list[Block]) -> Block:
     """The ``tool_result`` block answering call ``call_id`` in history message ``index``."""
-    return block("tool_result", index, part, tool_use_id=call_id, content=content)
+    # What block() makes, written out: every result of a mapped message comes here.
+    return {
+        "type": "tool_result",
+        "tool_use_id": call_id,
+        "content": content,
+        SRC: index,
+        PART: part,
+    }
 
 
 def parse_arguments(arguments: object) -> object:
