@@ -100,18 +100,19 @@ def writer(
             task = task_of(writer_task, step, per_task)
             deleted = [2, 2 + step - first_step(task, per_task)]
             try:
-                reply = client.call(
-                    "rollback", {"task": task, "ts": 0, "deleted_range": deleted}, timeout=1
+                reply = _call(
+                    client, "rollback", {"task": task, "ts": 0, "deleted_range": deleted}, 1
                 )
                 out.write(f"{_kind('range', reply)} {step} {time.monotonic()!r}\n")
-                reply = client.call(
+                reply = _call(
+                    client,
                     "apply_truncation_notice",
                     {"task": task, "ts": step, "messages": messages},
-                    timeout=1,
+                    1,
                 )
                 out.write(f"{_kind('notice', reply)} {step} {time.monotonic()!r}\n")
                 if flush_every and step % flush_every == 0:
-                    reply = client.call("flush", {"task": task}, timeout=2)
+                    reply = _call(client, "flush", {"task": task}, 2)
                     out.write(f"{_kind('flush', reply)} {step} {time.monotonic()!r}\n")
             except TimeoutError:
                 # The daemon is gone: drop what is queued and wait for the next one.
@@ -123,6 +124,21 @@ def writer(
                     except TimeoutError:
                         client.reset()
     client.close()
+
+
+def _call(client: Client, op: str, args: dict[str, Any], timeout: float) -> proto.Reply:
+    """One request, sent again while the daemon answers ``busy`` (a request it did not take:
+    a task stopping as the writer's request came, a full mailbox), as ctxwin's client does,
+    for up to ``timeout``; the last reply.
+
+    Raises:
+        TimeoutError: no reply within ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = client.call(op, args, timeout=timeout)
+        if reply.code != proto.ErrorCode.BUSY or time.monotonic() > deadline:
+            return reply
 
 
 def _kind(kind: str, reply: proto.Reply) -> str:
