@@ -69,12 +69,28 @@ class Daemon(DaemonProcess):
 
     def __init__(self, root: Path, profile: str | None = None) -> None:
         super().__init__(root, "--log-level", "warning")
-        self.profiler = ["-m", "cProfile", "-o", profile] if profile else []
+        self.profile = Path(profile).resolve() if profile else None
+        self.profiler = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
+        if self.profile is not None:
+            self.profile.unlink(missing_ok=True)  # what stop() finds is then this run's
 
     @property
     def argv(self) -> list[str]:
         python, *rest = super().argv
         return [python, *self.profiler, *rest]
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; with ``profile``, the stats must have been written.
+
+        Raises:
+            RuntimeError: the daemon exited without writing its stats (killed after
+                ``timeout``, or it failed), naming its exit code.
+        """
+        running = self.proc is not None
+        code = super().stop(timeout)
+        if running and self.profile is not None and not self.profile.exists():
+            raise RuntimeError(f"ctxwind exited with {code} and wrote no profile {self.profile}")
+        return code
 
     @property
     def pid(self) -> int:
@@ -471,14 +487,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pings", type=int, default=1000, help="--floor: pings per slice")
     parser.add_argument("--big", action="store_true", help="--floor: add the 10 MB conversation")
     parser.add_argument("--profile-client", metavar="FILE", help="--floor: cProfile stats file")
-    parser.add_argument("--profile-daemon", metavar="FILE", help="--floor: the daemon's, at exit")
+    parser.add_argument(
+        "--profile-daemon", metavar="FILE", help="the daemon's cProfile stats, written at its exit"
+    )
     options = parser.parse_args(argv)
     if options.floor:
         options.corpus = corpus_file(options.corpus, CLINE_TASK)
         return floor_main(options)
     messages = build_conversation(options.messages, options.target_bytes)
     with tempfile.TemporaryDirectory(prefix="ctxwin-turns-") as temp:
-        daemon = Daemon(Path(temp))
+        daemon = Daemon(Path(temp), options.profile_daemon)
         try:
             daemon.start()
             connection = Connection(daemon.endpoint)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.reliability import access, descriptors, faults, flood
+from bench.reliability import access, crash, descriptors, faults, flood
 from bench.reliability._harness import NOBODY, REPO, Client, Daemon, as_uid, closed_dirs, scratch
 
 pytestmark = pytest.mark.skipif(
@@ -157,6 +157,22 @@ def test_oversize_frames_cost_the_connection_and_are_never_handled(tmp_path: Pat
         assert daemon.call("ping").ok
     finally:
         assert 0 == daemon.stop()
+
+
+def test_the_crash_writer_steps_through_its_tasks_without_a_refusal(tmp_path: Path) -> None:
+    """The crash bench's writer gets every request taken across a change of task, and a
+    flushed task's last step is on disk with its notice."""
+    with Daemon(tmp_path, "--log-level", "warning") as daemon:
+        records = tmp_path / "w.acks"
+        crash.writer(daemon.endpoint, "w", records, 1.5, flush_every=5, per_task=10)
+    log = crash.AckLog(records)
+    log.read()
+    assert log.refusals == []
+    assert max(ack.step for ack in log.pending) > 10  # the writer went on with task w-1
+    disk = crash.read_disk(daemon.task_dir("w-0"), crash.first_step("w-0", 10))
+    assert isinstance(disk, crash.DiskState)
+    assert (disk.step, disk.notice) == (10, 10)
+    assert crash.one_state(disk) is None
 
 
 def test_a_flooder_is_refused_while_another_client_keeps_being_answered(tmp_path: Path) -> None:
