@@ -137,7 +137,7 @@ def _changed(mapped: ViewSource, view: Sequence[Message], spans: Spans, scan: in
         kept = internal[scan - 2 + spans[0][0] :]
     else:
         kept = [*internal[:2], *itertools.chain(*(internal[a:b] for a, b, _ in spans))][scan:]
-    return [scan + place for place in other_places(view[scan:], kept)]
+    return list(other_places(view[scan:], kept, counted_from=scan))
 
 
 def _with_merges(

@@ -69,8 +69,12 @@ def _full_patch(
         raise ValueError(f"a view of {len(view)} messages is not one of this history")
     # Positions whose message is not the history's own object (a C-speed scan).
     changed = other_places(view, kept)
-    origin = layout.origin
-    overrides = [[origin(place), view[place]] for place in changed]
+    if layout.skip:
+        origin = layout.origin
+        overrides = [[origin(place), view[place]] for place in changed]
+    else:  # one run: a view position past the first pair is its index less one shift
+        shift = layout.start - 2
+        overrides = [[place if place < 2 else place + shift, view[place]] for place in changed]
     patch: dict[str, Any] = {"length": length, "keep_from": layout.start, "overrides": overrides}
     if layout.skip:
         patch["skip"] = [list(run) for run in layout.skip]

@@ -45,13 +45,26 @@ def first_other(
         less than ``start``).
     """
     end = min(len(a), len(b)) if stop is None else min(len(a), len(b), stop)
-    places = itertools.compress(itertools.count(start), _differs(a, b, start, stop))
-    return next(places, max(end, start))
+    if start >= end:
+        return start
+    if start or end < len(a):
+        a = a[start:end]
+    if start or end < len(b):
+        b = b[start:end]
+    return next(itertools.compress(itertools.count(start), map(operator.is_not, a, b)), end)
 
 
 def other_places(
-    a: Sequence[object], b: Sequence[object], start: int = 0, stop: int | None = None
+    a: Sequence[object],
+    b: Sequence[object],
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    counted_from: int = 0,
 ) -> Iterator[int]:
     """Every position from ``start`` (to ``stop``) at which ``a`` and ``b`` hold other
-    objects, in order; positions past the shorter sequence are not compared."""
-    return itertools.compress(itertools.count(start), _differs(a, b, start, stop))
+    objects, in order; positions past the shorter sequence are not compared. With
+    ``counted_from``, a position is numbered that much higher (``a`` and ``b`` being
+    slices that begin there in the caller's numbering), at no cost per position."""
+    numbers = itertools.count(start + counted_from)
+    return itertools.compress(numbers, _differs(a, b, start, stop))
