@@ -16,18 +16,6 @@ from collections.abc import Iterator, Sequence
 __all__ = ["first_other", "other_places"]
 
 
-def _differs(
-    a: Sequence[object], b: Sequence[object], start: int, stop: int | None
-) -> Iterator[bool]:
-    """Whether ``a[i] is not b[i]``, for ``i`` from ``start`` to ``stop`` or the shorter's end."""
-    if start or stop is not None:
-        # Slices, not islice: islice would step over the prefix one by one (and a slice to
-        # ``stop`` copies no more than is compared).
-        end = None if stop is None else max(stop, start)  # never a slice from the end
-        a, b = a[start:end], b[start:end]
-    return map(operator.is_not, a, b)
-
-
 def first_other(
     a: Sequence[object], b: Sequence[object], start: int = 0, stop: int | None = None
 ) -> int:
@@ -47,11 +35,7 @@ def first_other(
     end = min(len(a), len(b)) if stop is None else min(len(a), len(b), stop)
     if start >= end:
         return start
-    if start or end < len(a):
-        a = a[start:end]
-    if start or end < len(b):
-        b = b[start:end]
-    return next(itertools.compress(itertools.count(start), map(operator.is_not, a, b)), end)
+    return next(_places(a, b, start, end, 0), end)
 
 
 def other_places(
@@ -66,5 +50,18 @@ def other_places(
     objects, in order; positions past the shorter sequence are not compared. With
     ``counted_from``, a position is numbered that much higher (``a`` and ``b`` being
     slices that begin there in the caller's numbering), at no cost per position."""
-    numbers = itertools.count(start + counted_from)
-    return itertools.compress(numbers, _differs(a, b, start, stop))
+    end = min(len(a), len(b)) if stop is None else min(len(a), len(b), stop)
+    return _places(a, b, start, end, counted_from)
+
+
+def _places(
+    a: Sequence[object], b: Sequence[object], start: int, end: int, counted_from: int
+) -> Iterator[int]:
+    """The positions ``start <= i < end`` where ``a[i] is not b[i]``, numbered from
+    ``counted_from`` on. The positions are the selectors' data: ``compress`` stops at the
+    end of that range, so from 0 nothing is copied; from further on, the two sequences are
+    sliced (islice would step over the prefix one by one)."""
+    if start:
+        a, b = a[start:end], b[start:end]
+    numbers = range(start + counted_from, max(end, start) + counted_from)
+    return itertools.compress(numbers, map(operator.is_not, a, b))
