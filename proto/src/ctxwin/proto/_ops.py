@@ -66,6 +66,11 @@ class OpSpec:
             dialect the daemon maps each entry's index back from the internal
             form to the caller's history (``ctxwin.daemon._kept``, which reads
             this and nothing else).
+        doc: its row of docs/PROTOCOL.md's op table, (arguments, result), as the
+            table reads: ``?`` after each optional argument (the delta parts and
+            the open arguments every task op takes left out), the fields its result
+            always has, notes in parentheses. ``client/scripts/generate.py``
+            writes the table from these.
     """
 
     name: str
@@ -77,6 +82,7 @@ class OpSpec:
     feature: str | None = dataclasses.field(default=None, kw_only=True)
     safe_to_repeat: bool = dataclasses.field(default=False, kw_only=True)
     history_indices: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    doc: tuple[str, str] = dataclasses.field(default=("", ""), kw_only=True)
     # Every argument name, worked out once: validate_args asks for each argument
     # of every request (it was 8 set builds a request, about 1 us each).
     _fields: frozenset[str] = dataclasses.field(init=False, repr=False, compare=False)
@@ -133,12 +139,29 @@ def _history_op(
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        OpSpec("ping", result=results.PingResult, safe_to_repeat=True),
-        OpSpec("stats", result=results.StatsResult, safe_to_repeat=True),
+        OpSpec(
+            "ping",
+            result=results.PingResult,
+            doc=("-", "pong, version, proto, features, dialects"),
+            safe_to_repeat=True,
+        ),
+        OpSpec(
+            "stats",
+            result=results.StatsResult,
+            doc=(
+                "-",
+                (
+                    "tasks (ids used since start), actors (tasks loaded now), requests, flushes, "
+                    "write_failures, uptime_s, store, ..."
+                ),
+            ),
+            safe_to_repeat=True,
+        ),
         OpSpec(
             "context_window_info",
             ("model",),
             result=results.ContextWindowInfoResult,
+            doc=("model", "context_window, max_allowed_size"),
             safe_to_repeat=True,
         ),
         OpSpec(
@@ -146,12 +169,17 @@ OPS: dict[str, OpSpec] = {
             ("usage", "model"),
             ("threshold", "task", "messages", *_OPEN),
             result=results.ShouldCompactResult,
+            doc=(
+                "usage, model, threshold?, task?, messages?",
+                "compact, total_tokens, threshold_tokens",
+            ),
             safe_to_repeat=True,
         ),
         OpSpec(
             "next_truncation_range",
             ("messages", "deleted_range", "keep"),
             result=results.NextTruncationRangeResult,
+            doc=("messages, deleted_range, keep", "deleted_range"),
             safe_to_repeat=True,
         ),
         _history_op(
@@ -166,6 +194,17 @@ OPS: dict[str, OpSpec] = {
                 *_BUDGETING,
             ),
             result=results.PrepareRequestResult,
+            doc=(
+                (
+                    "task, messages, model, previous_request?, use_auto_condense?, summaries?, "
+                    "threshold?, deleted_range?, strategy?, proactive?, estimate?, pricing?"
+                ),
+                (
+                    "deleted_range, range_updated, messages, stalled, (estimated_tokens, fits, "
+                    "largest, calibration, cache, receipts), (summary_due, summary_prompt), "
+                    "(restarted)"
+                ),
+            ),
             history_indices=("largest",),
         ),
         _history_op(
@@ -173,6 +212,17 @@ OPS: dict[str, OpSpec] = {
             ("task", "model"),
             ("previous_request", "use_auto_condense", "strategy", "proactive", "pricing"),
             result=results.PlanResult,
+            doc=(
+                (
+                    "task, messages, model, previous_request?, use_auto_condense?, strategy?, "
+                    "proactive?, pricing?"
+                ),
+                (
+                    "deleted_range, range_updated, file_reads, tokens_before, tokens_after, "
+                    "budget, "
+                    "fits, stalled, largest, calibration"
+                ),
+            ),
             feature="plan",
             safe_to_repeat=True,
             history_indices=("largest",),
@@ -182,6 +232,7 @@ OPS: dict[str, OpSpec] = {
             ("task",),
             ("deleted_range",),
             result=results.TruncatedMessagesResult,
+            doc=("task, messages, deleted_range?", "messages"),
             # It sets the range it is given, if any: the same twice.
             safe_to_repeat=True,
         ),
@@ -190,21 +241,28 @@ OPS: dict[str, OpSpec] = {
             ("task", "ts"),
             ("deleted_range",),
             result=results.OptimizeFileReadsResult,
+            doc=("task, messages, ts, deleted_range?", "changed, need_to_truncate, percent_saved"),
         ),
         _history_op(
             "optimize_file_reads_in_memory",
             ("task", "ts"),
             ("deleted_range",),
             result=results.OptimizeFileReadsInMemoryResult,
+            doc=("task, messages, ts, deleted_range?", "changed, need_to_truncate, messages"),
         ),
         _history_op(
-            "compact_subagent", ("task",), ("deleted_range",), result=results.CompactSubagentResult
+            "compact_subagent",
+            ("task",),
+            ("deleted_range",),
+            result=results.CompactSubagentResult,
+            doc=("task, messages, deleted_range?", "compacted, deleted_range, messages"),
         ),
         _history_op(
             "apply_truncation_notice",
             ("task", "ts"),
             ("keep_task",),
             result=results.ApplyTruncationNoticeResult,
+            doc=("task, ts, messages, keep_task?", "changed"),
         ),
         _history_op(
             "compact",
@@ -212,32 +270,84 @@ OPS: dict[str, OpSpec] = {
             ("keep_task",),
             checks={"keep": _one_of(COMPACT_KEEP_VALUES)},
             result=results.CompactResult,
+            doc=(
+                "task, messages, keep (quarter or none), ts, keep_task?",
+                "deleted_range, changed",
+            ),
         ),
-        _history_op("condensed", ("task",), result=results.CondensedResult),
+        _history_op(
+            "condensed",
+            ("task",),
+            result=results.CondensedResult,
+            doc=("task, messages", "deleted_range"),
+        ),
         _history_op(
             "condense",
             ("task", "model", "ts"),
             ("summary", "threshold", "usage"),
             result=results.CondenseResult,
+            doc=(
+                "task, messages, model, ts, summary?, threshold?, usage?",
+                (
+                    "condensed, reason, deleted_range, summary, fallback, tokens_before, "
+                    "tokens_after, trigger, messages"
+                ),
+            ),
             feature="summaries",
         ),
         OpSpec(
-            "rollback", ("task", "ts"), ("deleted_range", *_OPEN), result=results.RollbackResult
+            "rollback",
+            ("task", "ts"),
+            ("deleted_range", *_OPEN),
+            result=results.RollbackResult,
+            doc=(
+                "task, ts, deleted_range?",
+                (
+                    "removed (refused for a task that does not exist, without a range; and for a "
+                    "range past the history the task was last sent)"
+                ),
+            ),
         ),
         OpSpec(
             "inspect",
             ("task",),
             ("messages", *_OPEN),
             result=results.InspectResult,
+            doc=(
+                "task, messages?",
+                (
+                    "updates (on-disk form), deleted_range, dirty, calibration, history, "
+                    "read_tools, "
+                    "store, owner, fence, (sources), (summaries, summary), (dropped: auto's "
+                    "deleted "
+                    "set), (exists: false for a task neither loaded nor stored, which inspecting "
+                    "does"
+                    " not create), (view, origins, restarted: given messages)"
+                ),
+            ),
             safe_to_repeat=True,
         ),
-        OpSpec("flush", (), ("task",), result=results.FlushResult, safe_to_repeat=True),
-        OpSpec("close", ("task",), result=results.CloseResult, safe_to_repeat=True),
+        OpSpec(
+            "flush",
+            (),
+            ("task",),
+            result=results.FlushResult,
+            doc=("task?", "flushed, loaded (with a task)"),
+            safe_to_repeat=True,
+        ),
+        OpSpec(
+            "close",
+            ("task",),
+            result=results.CloseResult,
+            doc=("task", "closed, loaded"),
+            safe_to_repeat=True,
+        ),
         OpSpec(
             "count_tokens",
             optional=("dialect",),
             one_of=(("messages", "text"),),
             result=results.CountTokensResult,
+            doc=("messages or text, dialect?", "tokens, (unrecognised)"),
             safe_to_repeat=True,
         ),
     )
