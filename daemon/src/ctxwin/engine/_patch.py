@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ctxwin.proto import first_other, other_places, prepended_blocks, runs_overlap
@@ -93,7 +93,7 @@ class _Layout:
         if not dropped:  # one run (what view_spans gives), made at no cost: the usual case
             self.spans: Spans = ((start, max(start, length), 2 - start),)
             self.skip: tuple[tuple[int, int], ...] = ()
-            self.size = view_length(length, start)
+            self.size = length if length < 2 else 2 + max(length - start, 0)  # view_length
         else:
             spans = self.spans = view_spans(length, start, dropped)
             skip = [(a[1], b[0]) for a, b in itertools.pairwise(spans) if a[1] < b[0]]
@@ -320,14 +320,14 @@ def _view_layout(
     set ``gaps``, when given); an op that answers with the history unchanged
     (nothing optimised) gives a view without a range.
     """
+    start = keep_from(deleted_range)
     if gaps:
-        layout = _Layout(length, keep_from(deleted_range), gaps)
+        layout = _Layout(length, start, gaps)
         if len(view) == layout.size and layout.skip:
             return layout
-    for candidate in (deleted_range, None):
-        layout = _Layout(length, keep_from(candidate))
-        if len(view) == layout.size:
-            return layout
+    for candidate in (start, 2):
+        if len(view) == view_length(length, candidate):
+            return _Layout(length, candidate)
     return None
 
 
@@ -373,8 +373,13 @@ def _patch_step(
     # View position to history index: one shift past the first pair in a view without
     # gaps (the usual case, worked out inline), through the runs in one with gaps.
     shift = layout.start - 2
-    origin = layout.origin if layout.skip else None
-    tail = min(layout.position_from(unchanged), len(view), len(old_view))
+    if layout.skip:
+        origin: Callable[[int], int] | None = layout.origin
+        tail = layout.position_from(unchanged)
+    else:
+        origin = None
+        tail = unchanged if unchanged < 2 else max(unchanged - shift, 2)
+    tail = min(tail, len(view), len(old_view))
     # The positions before the tail whose message is another object (a C-speed scan).
     moved = other_places(view, old_view, stop=tail)
     held = dict(old_held)
