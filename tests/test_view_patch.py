@@ -210,3 +210,28 @@ def test_a_prepend_entry_that_does_not_fit_is_refused(prepend: Any, problem: str
         proto.apply_view_patch(history, patch)
     with pytest.raises(ValueError, match=problem):
         proto.PatchReceiver().apply(history, patch)
+
+
+def test_a_history_cut_back_behind_a_gap_drops_the_overrides_past_its_end() -> None:
+    """With the same gaps, a view of a history cut back to the gap reuses the last patch: the
+    overrides of messages past the new end are dropped, found by the last view's own runs
+    (which reached its longer history), so none names a message the view no longer holds."""
+    messages = tool_turns(3)  # 8 messages
+    maker = PatchMaker()
+    receiver = proto.PatchReceiver()
+    dropped = [(3, 4)]  # the assistant turn at 3-4 left out
+    history = History(messages[:7])
+    edited = {**messages[6], "content": [{"type": "text", "text": "shortened"}]}
+    view = [*messages[:3], messages[5], edited]
+    first = maker.of_history(view, history, None, None, gaps=dropped)
+    assert first is not None
+    assert first["overrides"] == [[6, edited]]
+    caller = [copy.deepcopy(message) for message in history.messages]
+    assert receiver.apply(caller, wire(first)) == view
+    history.apply(5, history.digest_of(5), [])  # cut back to 5 messages: 0-2, then the gap
+    shorter = list(messages[:3])
+    patch = maker.of_history(shorter, history, None, receiver.token, gaps=[(3, 4)])
+    assert patch is not None
+    assert patch.get("dropped") == [6]
+    caller = [copy.deepcopy(message) for message in history.messages]
+    assert receiver.apply(caller, wire(patch)) == shorter

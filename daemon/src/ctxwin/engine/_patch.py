@@ -395,13 +395,15 @@ def _patch_step(
             held[index] = message
             if old_held.get(index) is not message:
                 sent.append([index, message])
+    # The last view's end, by the last view's own layout: its runs reach the history it was
+    # made of (the same start and gaps, but another length than this one's).
     last_place = len(old_view) - 1
     if not old_view:
         old_end = 0
     elif origin is None:
         old_end = (last_place if last_place < 2 else last_place + shift) + 1
     else:
-        old_end = origin(last_place) + 1
+        old_end = last.layout.origin(last_place) + 1
     for index in range(len(messages), old_end):
         # History messages past the new end (it was cut back): their overrides go.
         if held.pop(index, _ABSENT) is not _ABSENT:
