@@ -204,6 +204,7 @@ def run_auto(
     memory = state.auto
     planner = Planner(state, messages, budgeting, sheet, policy, ts)
     turn = _Turn(planner, budget)
+    read, write = planner.sheet.cache_read, planner.sheet.cache_write
     cached = float(min(memory.last_tokens, turn.total))  # the last view: the cached prefix
     # 1. The rolling mask: the turn that just left the recent window.
     every = planner.facts().users
@@ -220,7 +221,6 @@ def run_auto(
         # What the last view held from the first stub on is written again instead of read:
         # the mask is made when that costs no more than what it saves by the next request.
         before = max(cached - prefix, saved)
-        read, write = planner.sheet.cache_read, planner.sheet.cache_write
         pays = write * (before - saved) - read * before <= read * saved
         if turn.total > budget or pays:
             rewrite = round(turn.total - prefix)
@@ -229,7 +229,6 @@ def run_auto(
             cached = min(cached, prefix)
     # 2. Rebuilds by the rent rule, or when the view does not fit.
     plan = turn.plan()
-    read, write = planner.sheet.cache_read, planner.sheet.cache_write
     memory.rent += read * plan.dropped_tokens
     due = (
         plan.dropped_tokens > 0
@@ -302,8 +301,9 @@ class _Turn:
 
     def plan(self, fit: bool = False) -> _Plan:
         """The rebuild now: keep the first pair, the last ``tail_turns`` turns and the turns of
-        the latest reads (newest first, up to ``pin_share`` of the budget); with ``fit``, fewer
-        pins and tail turns until the view fits the budget."""
+        the latest reads (the smallest first, the newer of two the same size first, up to
+        ``pin_share`` of the budget); with ``fit``, fewer pins (the largest left out first)
+        and tail turns until the view fits the budget."""
         planner, policy = self.planner, self.planner.policy
         messages = planner.messages
         position, sizes, ratio = self.position, self.sizes, self.ratio
