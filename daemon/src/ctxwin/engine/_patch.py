@@ -111,9 +111,6 @@ class _Layout:
         """The first view position whose history index is ``index`` or after it."""
         if index < 2:
             return index
-        if not self.skip:  # one run
-            low, high, offset = self.spans[0]
-            return min(max(index, low), high) + offset
         for low, high, offset in self.spans:
             if index < high:
                 return max(index, low) + offset
@@ -397,13 +394,7 @@ def _patch_step(
                 sent.append([index, message])
     # The last view's end, by the last view's own layout: its runs reach the history it was
     # made of (the same start and gaps, but another length than this one's).
-    last_place = len(old_view) - 1
-    if not old_view:
-        old_end = 0
-    elif origin is None:
-        old_end = (last_place if last_place < 2 else last_place + shift) + 1
-    else:
-        old_end = last.layout.origin(last_place) + 1
+    old_end = last.layout.origin(len(old_view) - 1) + 1 if old_view else 0
     for index in range(len(messages), old_end):
         # History messages past the new end (it was cut back): their overrides go.
         if held.pop(index, _ABSENT) is not _ABSENT:
