@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ctxwin.daemon._tokens import TokenCounter
 from ctxwin.engine import basic_summary, shell_reads, task_ledger, user_instructions
+from tests import _messages
 from tests._corpus import corpus_file, corpus_param
 from tests._dialect_data import Call, Turn, conversations, render_cline
 from tests._ledger_data import (
@@ -337,28 +338,8 @@ def _bash_turns(commands: list[str]) -> list[Message]:
     """A task, then one Bash call per command, each answered ok."""
     messages: list[Message] = [user("Start."), assistant("ok"), user("go on")]
     for number, command in enumerate(commands):
-        tool_id = f"b{number}"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": [
-                    {
-                        "type": "tool_use",
-                        "id": tool_id,
-                        "name": "Bash",
-                        "input": {"command": command},
-                    }
-                ],
-            }
-        )
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": tool_id, "content": "x" * 4000},
-                ],
-            }
-        )
+        messages.append(_messages.call(f"b{number}", "Bash", {"command": command}))
+        messages.append(_messages.result(f"b{number}", "x" * 4000))
     return messages
 
 
